@@ -280,6 +280,11 @@ async def test_killed_learner_resumes_to_the_same_next_loss(tmp_path):
         resumed = await _train_steps(learner, 2, 4)
         status = await learner.Status(learner_pb2.LearnerStatusRequest())
         assert status.policy_version == 4 and status.step == 8 and status.world_size == 1
+        # A resumed trainer lifts the version above what rollout replicas served since.
+        bumped = await learner.LoadCheckpoint(
+            learner_pb2.LoadCheckpointRequest(path=str(tmp_path / "ckpt"), min_policy_version=9)
+        )
+        assert (bumped.policy_version, bumped.step) == (9, 4)
         await channel.close()
     finally:
         assert second.stop() == 0

@@ -16,7 +16,7 @@ from types import ModuleType
 
 from aflowrl import __version__
 
-COMMAND_MODULES: tuple[str, ...] = ("crd", "spec", "eval", "model", "serve")
+COMMAND_MODULES: tuple[str, ...] = ("crd", "spec", "eval", "model", "serve", "train")
 """Modules of ``aflowrl.cli`` that define commands, in ``--help`` order."""
 
 

@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "aflowrl_request_id", default=None
@@ -62,17 +63,34 @@ class TextFormatter(logging.Formatter):
         return super().format(record)
 
 
-def setup_logging(level: str = "INFO", fmt: str = "text", component: str | None = None) -> None:
-    """Configure the root logger once per process (idempotent)."""
+def setup_logging(
+    level: str = "INFO",
+    fmt: str = "text",
+    component: str | None = None,
+    *,
+    file: str | Path | None = None,
+) -> None:
+    """Configure the root logger once per process (idempotent).
+
+    With ``file`` (a local run's log), records go to that file and only warnings and errors to
+    stderr, where a progress bar is drawn.
+    """
     root = logging.getLogger()
     for handler in list(root.handlers):
         if getattr(handler, "_aflowrl", False):
             root.removeHandler(handler)
-    handler = logging.StreamHandler(sys.stderr)
-    handler._aflowrl = True  # type: ignore[attr-defined]
-    handler.addFilter(_RequestIdFilter())
-    handler.setFormatter(JsonFormatter(component) if fmt == "json" else TextFormatter(component))
-    root.addHandler(handler)
+            handler.close()
+    formatter = JsonFormatter(component) if fmt == "json" else TextFormatter(component)
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if file is not None:
+        Path(file).parent.mkdir(parents=True, exist_ok=True)
+        handlers[0].setLevel(logging.WARNING)
+        handlers.append(logging.FileHandler(file, encoding="utf-8"))
+    for handler in handlers:
+        handler._aflowrl = True  # type: ignore[attr-defined]
+        handler.addFilter(_RequestIdFilter())
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
     root.setLevel(level.upper())
     # gRPC's and aiohttp's access chatter is not useful at INFO.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

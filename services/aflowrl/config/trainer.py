@@ -15,6 +15,9 @@ class OffPolicySpec(SpecModel):
     """Overlap rollout and training (faster; actions come from a slightly stale policy)."""
     max_staleness: int = Field(default=1, ge=1, le=8)
     """Most policy versions a training row may lag behind (older rows are dropped)."""
+    importance_weight_cap: float = Field(default=2.0, ge=1.0, le=100.0)
+    """Truncation C of the importance weight min(pi_old / pi_behaviour, C) that corrects the
+    advantages of rows sampled by an older policy version (decoupled PPO)."""
 
 
 class TrainerSpec(SpecModel):

@@ -282,7 +282,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     ) -> learner_pb2.CheckpointResponse:
         if not request.path:
             raise BadBatchError("empty path", field="path")
-        client_state, seconds = await self._run(LoadCommand(request.path))
+        client_state, seconds = await self._run(
+            LoadCommand(request.path, int(request.min_policy_version))
+        )
         self.metrics.checkpoint_duration.labels("load").observe(seconds)
         state = self.learner.state
         self.metrics.policy_version.set(state.policy_version)

@@ -255,11 +255,13 @@ class Learner:
         )
         return time.perf_counter() - started
 
-    def load_checkpoint(self, path: str) -> tuple[bytes, float]:
+    def load_checkpoint(self, path: str, min_policy_version: int = 0) -> tuple[bytes, float]:
+        """Restore ``path``; the policy version becomes at least ``min_policy_version``."""
         started = time.perf_counter()
         self.state, client_state = checkpoint.load(
             self.ctx, Path(path), self.policy.module, self.optimizer
         )
+        self.state.policy_version = max(self.state.policy_version, min_policy_version)
         return client_state, time.perf_counter() - started
 
     def gather_weights(self, dtype: str | None) -> dict[str, torch.Tensor]:
@@ -364,9 +366,10 @@ class SaveCommand(Command):
 @dataclass(frozen=True)
 class LoadCommand(Command):
     path: str
+    min_policy_version: int = 0
 
     def run(self, learner: Learner) -> tuple[bytes, float]:
-        return learner.load_checkpoint(self.path)
+        return learner.load_checkpoint(self.path, self.min_policy_version)
 
 
 @dataclass(frozen=True)

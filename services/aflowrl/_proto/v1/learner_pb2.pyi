@@ -304,16 +304,23 @@ class LoadCheckpointRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PATH_FIELD_NUMBER: _builtins.int
+    MIN_POLICY_VERSION_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     """Directory of a checkpoint written by SaveCheckpoint."""
+    min_policy_version: _builtins.int
+    """After loading, the policy version is at least this (0: the checkpoint's own). A resumed
+    trainer sets it above every rollout replica's serving version, so the restored weights can
+    be pushed to replicas that served later (now abandoned) versions: versions only increase.
+    """
     def __init__(
         self,
         *,
         path: _builtins.str = ...,
+        min_policy_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["min_policy_version", b"min_policy_version", "path", b"path"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,108 @@
+"""Checks of a run's inputs before any work starts, each failure naming what to fix.
+
+``aflowrl train`` validates the spec first (``RunSpec``: an unknown benchmark or a bad value is
+reported as ``spec.environment.benchmark: ...``). Then, before a process is started, these
+checks look at what the spec points to:
+
+- the benchmark's data: a benchmark without a packaged copy needs ``environment.data.dir`` (or
+  ``$AFLOWRL_DATA_DIR``) holding its split files; both splits are loaded, so a missing file or
+  a malformed line is reported now rather than by an environment replica later;
+- the executor: an ``openai`` endpoint must answer HTTP at ``baseUrl`` (any status will do: it
+  proves something listens); ``serve`` exists only on Kubernetes;
+- the policy: a model directory must hold a ``config.json``; ``tiny`` is built on first use;
+- the weight transport: ``nccl`` is not implemented.
+
+Used by :mod:`aflowrl.cli.train` for local runs (a cluster's pods check their own inputs).
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from aflowrl import envs
+from aflowrl.config import TINY_MODEL, OpenAIExecutorSpec, RunSpec
+from aflowrl.errors import AflowRLError
+from aflowrl.local.errors import PreflightError
+
+logger = logging.getLogger(__name__)
+
+
+def check_data(spec: RunSpec) -> None:
+    """Both splits of the benchmark load (module docstring)."""
+    from aflowrl.benchmarks import get_benchmark
+
+    data = spec.environment.data.dir or envs.AFLOWRL_DATA_DIR
+    field = "spec.environment.data.dir"
+    name = spec.environment.benchmark
+    if spec.needs_data_dir():
+        if not data:
+            raise PreflightError(
+                f"{name} has no packaged copy: set it to a directory of AFlow's split files "
+                f"({name}_validate.jsonl, {name}_test.jsonl), or set AFLOWRL_DATA_DIR",
+                field=field,
+            )
+        if not Path(data).expanduser().is_dir():
+            raise PreflightError(f"{data} is not a directory", field=field)
+    benchmark = get_benchmark(name)
+    for split in ("validate", "test"):
+        try:
+            problems = benchmark.load(split, data)
+        except AflowRLError as exc:
+            raise PreflightError(str(exc), field=field) from None
+        if not problems:
+            raise PreflightError(f"the {split} split of {name} is empty", field=field)
+
+
+def check_executor(spec: RunSpec, *, timeout_s: float = 5.0) -> None:
+    """An ``openai`` executor's endpoint answers (module docstring)."""
+    executor = spec.environment.executor
+    if not isinstance(executor, OpenAIExecutorSpec):
+        return
+    field = "spec.environment.executor.baseUrl"
+    if executor.base_url is None:
+        raise PreflightError(
+            "executor.serve is served by the operator on Kubernetes; locally, point baseUrl at "
+            "a running OpenAI-compatible server",
+            field=field,
+        )
+    url = executor.base_url.rstrip("/") + "/models"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+            reply.read(1)
+    except urllib.error.HTTPError:
+        return  # it answered (401, 404...): something listens there
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise PreflightError(f"cannot reach {executor.base_url}: {reason}", field=field) from None
+
+
+def check_policy(spec: RunSpec) -> None:
+    """The policy model directory exists (``tiny`` is built on first use)."""
+    model = spec.policy.model
+    if model == TINY_MODEL:
+        return
+    path = Path(model).expanduser()
+    if not (path / "config.json").is_file():
+        raise PreflightError(
+            f"{model} is not a model directory (no config.json); nothing is downloaded",
+            field="spec.policy.model",
+        )
+
+
+def check_transport(spec: RunSpec) -> None:
+    if spec.weight_transport.type == "nccl":
+        raise PreflightError(
+            "nccl is not implemented yet; use 'grpc' or 'filesystem'",
+            field="spec.weightTransport.type",
+        )
+
+
+def check_local_run(spec: RunSpec) -> None:
+    """Every check of the module docstring, cheapest first."""
+    check_transport(spec)
+    check_policy(spec)
+    check_executor(spec)
+    check_data(spec)

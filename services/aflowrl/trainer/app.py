@@ -1,0 +1,133 @@
+"""Wiring a trainer to running services: clients, run directory, progress, status, metrics.
+
+:func:`connect` builds the service clients from gRPC targets (an environment target may name
+several replicas: a headless Service or ``ipv4:a:p,b:p``), :func:`wait_for_services` waits
+until every replica is SERVING (pods start in any order), and :func:`train` runs the loop and
+closes everything. Called by ``aflowrl train`` in both modes: against a cluster's services
+(:mod:`aflowrl.cli.train`) and against local children (:mod:`aflowrl.local.run`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from aflowrl import envs
+from aflowrl.common.client import MIB, ChannelOptions, make_channel, wait_until_serving
+from aflowrl.common.metrics import MetricsHttpServer
+from aflowrl.common.run_status import RunStatusReporter
+from aflowrl.config import RunSpec
+from aflowrl.errors import DeadlineExceededError
+from aflowrl.trainer.acting import Actor, RolloutClient
+from aflowrl.trainer.learner_client import LearnerClient
+from aflowrl.trainer.loop import RunResult, Services, Trainer
+from aflowrl.trainer.metrics import TrainerMetrics
+from aflowrl.trainer.progress import Progress
+from aflowrl.trainer.records import RunDirectory, utc_now
+from aflowrl.trainer.routing import EnvironmentClient
+from aflowrl.trainer.weight_sync import make_weight_sync, replica_targets
+
+logger = logging.getLogger(__name__)
+
+
+def _target(addresses: str | Sequence[str]) -> str | list[str]:
+    return addresses if isinstance(addresses, str) else list(addresses)
+
+
+def _addresses(target: str | Sequence[str]) -> list[str]:
+    return replica_targets(target) if isinstance(target, str) else list(target)
+
+
+def channel_options(spec: RunSpec, timeout_s: float) -> ChannelOptions:
+    """Channel options of the run (message size, auth token from a mounted Secret)."""
+    return ChannelOptions(
+        timeout_s=timeout_s,
+        max_message_bytes=spec.grpc.max_message_mib * MIB,
+        auth_token=envs.AFLOWRL_AUTH_TOKEN,
+    )
+
+
+def connect(
+    spec: RunSpec,
+    *,
+    env: str | Sequence[str],
+    rollout: str | Sequence[str],
+    learner: str,
+) -> Services:
+    """Clients of the three services (no call is made)."""
+    rollouts = _addresses(rollout)
+    return Services(
+        env=EnvironmentClient(
+            _target(env),
+            options=channel_options(spec, 120.0),
+            step_timeout_s=spec.trainer.step_timeout_s,
+        ),
+        rollout=RolloutClient(_target(rollout), options=channel_options(spec, 1800.0)),
+        learner=LearnerClient(learner, options=channel_options(spec, 3600.0)),
+        weights=make_weight_sync(spec, learner, rollouts),
+    )
+
+
+async def wait_for_services(
+    spec: RunSpec,
+    *,
+    env: str | Sequence[str],
+    rollout: str | Sequence[str],
+    learner: str,
+    timeout_s: float = 900.0,
+    learner_needed: bool = True,
+) -> None:
+    """Wait until every replica of every service is SERVING; the error names the flag."""
+    checks: list[tuple[str, str]] = [("--env", a) for a in _addresses(env)]
+    checks += [("--rollout", a) for a in _addresses(rollout)]
+    if learner_needed:
+        checks.append(("--learner", learner))
+
+    async def one(flag: str, address: str) -> None:
+        channel = make_channel(address, channel_options(spec, 10.0))
+        try:
+            await wait_until_serving(channel, timeout_s=timeout_s)
+        except DeadlineExceededError as exc:
+            raise DeadlineExceededError(f"{flag} {address}: {exc}") from None
+        finally:
+            await channel.close()
+
+    await asyncio.gather(*(one(flag, address) for flag, address in checks))
+
+
+async def train(
+    spec: RunSpec,
+    services: Services,
+    run_dir: Path,
+    *,
+    progress: Progress | None = None,
+    metrics_port: int | None = None,
+    actor: Actor | None = None,
+    train_policy: bool = True,
+) -> RunResult:
+    """Run the trainer until done; services are closed on every path."""
+    metrics = TrainerMetrics()
+    reporter = RunStatusReporter.from_environment()
+    trainer = Trainer(
+        spec,
+        services,
+        RunDirectory(run_dir),
+        progress=progress,
+        reporter=reporter,
+        metrics=metrics,
+        actor=actor,
+        train=train_policy,
+    )
+    server = MetricsHttpServer(metrics.registry, metrics_port) if metrics_port is not None else None
+    try:
+        if server is not None:
+            await server.__aenter__()
+        if reporter is not None:
+            await reporter.areport(start_time=utc_now())
+        return await trainer.run()
+    finally:
+        if server is not None:
+            await server.__aexit__(None, None, None)
+        await services.close()

@@ -1,0 +1,212 @@
+"""Collecting one iteration's episodes: reset the groups, then act and step until all are done.
+
+For iteration i the trainer starts ``trainer.tasksPerIteration`` (B) task seeds, each
+``trainer.groupSize`` (n) times: the n episodes of a group start identically (same benchmark,
+seed and seed workflow), which is what GiGPO's and GRPO's group baselines need. Then, while any
+episode is active: one rollout call decides for every active episode
+(:mod:`aflowrl.trainer.acting`), and all of them step in parallel across the environment
+replicas (:mod:`aflowrl.trainer.routing`). Resets go to the replica owning the seed workflow's
+hash, so its evaluation is cached once for every group.
+
+Randomness is derived from ``(trainer.seed, iteration)`` only (task seeds, the choice sampler,
+generation seeds), so an iteration collects the same episodes whether or not the run was
+interrupted before it. Used by :mod:`aflowrl.trainer.loop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from aflowrl._proto.v1 import environment_pb2
+from aflowrl.config import RunSpec
+from aflowrl.errors import FailedPreconditionError
+from aflowrl.trainer.acting import Actor, Observed
+from aflowrl.trainer.clock import Timeline
+from aflowrl.trainer.routing import EnvironmentClient
+from aflowrl.trainer.rows import Batch, Decision, Episode, StepRow
+from aflowrl.workflow import Graph
+
+logger = logging.getLogger(__name__)
+
+_ACTION_MODES = {
+    "choice": environment_pb2.ACTION_MODE_CHOICE,
+    "text": environment_pb2.ACTION_MODE_TEXT,
+    "freeform": environment_pb2.ACTION_MODE_FREEFORM,
+}
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 62-bit seed from ``parts`` (SHA-256: stable across processes and platforms)."""
+    text = "/".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 2
+
+
+def iteration_rng(seed: int, iteration: int) -> np.random.Generator:
+    """The generator of an iteration's choices (PCG64 seeded by the run seed and iteration)."""
+    return np.random.default_rng([seed, iteration])
+
+
+class Collector:
+    """Runs the episodes of an iteration (module docstring)."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        env: EnvironmentClient,
+        actor: Actor,
+        seed_workflow: Graph,
+        *,
+        on_phase: Callable[[int, str], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.env = env
+        self.actor = actor
+        self.seed_workflow = seed_workflow
+        self._seed_json = seed_workflow.to_json(indent=None)
+        self._on_phase = on_phase or (lambda _i, _t: None)
+
+    def episodes(self, iteration: int) -> list[Episode]:
+        """The episodes of ``iteration``: B groups of n, each group on one task seed."""
+        trainer = self.spec.trainer
+        out = []
+        for group in range(trainer.tasks_per_iteration):
+            task_seed = derive_seed(trainer.seed, "task", iteration, group)
+            for member in range(trainer.group_size):
+                out.append(
+                    Episode(
+                        traj=group * trainer.group_size + member,
+                        group=group,
+                        seed=task_seed,
+                        episode_id=f"it{iteration}-g{group}-e{member}",
+                    )
+                )
+        return out
+
+    async def collect(self, iteration: int, timeline: Timeline) -> Batch:
+        """Reset, then act and step until every episode is done."""
+        episodes = self.episodes(iteration)
+        self._on_phase(iteration, "reset")
+        with timeline.phase("reset"):
+            await asyncio.gather(*(self._reset(e, timeline) for e in episodes))
+        rng = iteration_rng(self.spec.trainer.seed, iteration)
+        max_steps = self.spec.environment.search.max_steps
+        step = 0
+        while active := [e for e in episodes if not e.done]:
+            if step >= max_steps:
+                raise FailedPreconditionError(
+                    f"the environment did not end {len(active)} episodes after "
+                    f"environment.search.maxSteps={max_steps} steps"
+                )
+            self._on_phase(iteration, f"step {step + 1}/{max_steps}")
+            observed = [Observed(e.observation_text, e.admissible) for e in active]
+            with timeline.phase("generate"):
+                async with timeline.call():
+                    decisions = await self.actor.act(
+                        observed,
+                        rng=rng,
+                        seed=derive_seed(self.spec.trainer.seed, "generate", iteration, step),
+                    )
+            with timeline.phase("step"):
+                await asyncio.gather(
+                    *(
+                        self._step(e, d, step, timeline)
+                        for e, d in zip(active, decisions, strict=True)
+                    )
+                )
+            step += 1
+        return Batch(iteration, episodes)
+
+    async def _reset(self, episode: Episode, timeline: Timeline) -> None:
+        search = self.spec.environment.search
+        request = environment_pb2.ResetRequest(
+            task=self.spec.environment.benchmark,
+            seed=episode.seed,
+            episode_id=episode.episode_id,
+            max_steps=search.max_steps,
+            action_mode=_ACTION_MODES[search.action_mode],
+            seed_workflow_json=self._seed_json,
+        )
+        async with timeline.call():
+            reply = await self.env.reset(request, key=self.seed_workflow.content_hash)
+        episode.state = reply.state
+        episode.seed_score = reply.seed_score
+        _observe(episode, reply.observation)
+
+    async def _step(self, episode: Episode, decision: Decision, step: int, tl: Timeline) -> None:
+        async with tl.call():
+            reply, replica = await self.env.step(
+                episode.state, decision.action, episode_key=episode.episode_id
+            )
+        info = reply.info
+        episode.rows.append(
+            StepRow(
+                traj=episode.traj,
+                group=episode.group,
+                step=step,
+                anchor=episode.anchor,
+                decision=decision,
+                reward=reply.reward,
+                valid=info.valid_action,
+                done=reply.done,
+                child_hash=info.child_hash,
+                child_score=info.child_score,
+                parent_score=info.parent_score,
+                best_score=info.best_score,
+                canonical_action=info.canonical_action,
+                duplicate=info.duplicate,
+                executor_calls=info.executor_calls,
+                cache_hits=info.cache_hits,
+                cost_usd=info.cost_usd,
+                cost_known=info.cost_known,
+                replica=replica,
+            )
+        )
+        episode.state = reply.state
+        episode.done = reply.done
+        if not reply.done:
+            _observe(episode, reply.observation)
+
+
+def _observe(episode: Episode, observation: environment_pb2.Observation) -> None:
+    episode.observation_text = observation.text
+    episode.admissible = tuple(observation.admissible_actions)
+    episode.anchor = observation.anchor
+
+
+def batch_summary(batch: Batch) -> dict[str, float]:
+    """``charts/`` and ``env/`` scalars of a collected batch."""
+    from aflowrl.trainer.rows import mean, std
+
+    rows = batch.rows
+    returns = [e.episode_return for e in batch.episodes]
+    calls = sum(r.executor_calls for r in rows)
+    hits = sum(r.cache_hits for r in rows)
+    return {
+        "charts/episode_return": mean(returns),
+        "charts/episode_return_std": std(returns),
+        "charts/step_reward": mean([r.reward for r in rows]),
+        "charts/iteration_best_score": max(e.best_score for e in batch.episodes),
+        "charts/seed_score": mean([e.seed_score for e in batch.episodes]),
+        "charts/valid_action_ratio": mean([1.0 if r.valid else 0.0 for r in rows]),
+        "charts/duplicate_ratio": mean([1.0 if r.duplicate else 0.0 for r in rows]),
+        "charts/episodes": float(len(batch.episodes)),
+        "charts/steps": float(len(rows)),
+        "env/executor_calls": float(calls),
+        "env/cache_hits": float(hits),
+        "env/cache_hit_ratio": hits / (calls + hits) if calls + hits else 0.0,
+        "env/cost_usd": sum(r.cost_usd for r in rows),
+        "env/cost_known": 1.0 if all(r.cost_known for r in rows) else 0.0,
+    }
+
+
+def replicas_used(rows: Sequence[StepRow]) -> dict[str, int]:
+    """Steps served per environment replica."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.replica] = counts.get(row.replica, 0) + 1
+    return counts

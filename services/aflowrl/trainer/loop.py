@@ -1,0 +1,542 @@
+"""The RL loop: collect episodes, compute advantages, update the policy, push weights, record.
+
+Per iteration (``trainer.iterations`` of them)::
+
+    collect     reset B task seeds x n episodes; act and step until done     (collect.py)
+    advantage   gigpo (default), grpo/rloo or ppo-with-critic targets         (advantages.py)
+    logprob     ComputeLogProbs: critic values (ppo), old log-probs of rows from an older
+                policy version (and of every row when rollout and learner numerics differ),
+                reference log-probs when learner.loss.klCoef > 0
+    train       one Train call with every row                                 (learner_client.py)
+    weight_sync push the new version to every rollout replica                 (weight_sync.py)
+    record      metrics.jsonl, curves.png, best workflows, progress, status   (records.py)
+    checkpoint  every trainer.checkpointEvery iterations and at the end       (state.py)
+
+**Off-policy overlap** (``trainer.offPolicy.enabled``): the next iteration's episodes are
+collected while the current update runs, so their actions come from a policy one version
+behind. Rows more than ``maxStaleness`` versions behind the learner are dropped; the others are
+trained with decoupled PPO (Hilton et al., 2022, arXiv 2110.00641): the learner's current
+log-probs serve as pi_old for the clipped ratio, and the advantages are multiplied by the
+truncated importance weight w_t = min(exp(log pi_old - log pi_behaviour), C).
+
+**Resume.** A checkpoint is the learner's checkpoint plus this trainer's state as its
+``client_state``. On start the trainer loads the newest checkpoint of its run directory's index,
+drops later records from ``metrics.jsonl`` and goes on from the next iteration: every iteration
+is recorded exactly once. Rollout replicas may have served versions newer than the checkpoint
+(the learner trained on after it); the restored weights then get a version above them, since
+versions only increase. A learner whose version is not the one the trainer expects (it
+restarted) stops the trainer, whose restart resumes from the checkpoint.
+
+Runs are reproducible on a CPU with overlap off (every random choice derives from
+``trainer.seed`` and the iteration). Called by ``aflowrl train`` (:mod:`aflowrl.cli.train`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aflowrl.benchmarks import get_benchmark
+from aflowrl.common.run_status import RunStatusReporter
+from aflowrl.config import RunSpec
+from aflowrl.errors import FailedPreconditionError, InvalidInputError, NotFoundError
+from aflowrl.trainer import collect as collecting
+from aflowrl.trainer.acting import Actor, ChoiceActor, RolloutClient, TextActor
+from aflowrl.trainer.advantages import RowTargets, compute_advantages
+from aflowrl.trainer.clock import Timeline
+from aflowrl.trainer.errors import LearnerDivergedError, NoReplicaError
+from aflowrl.trainer.final import Contender, FinalRow, evaluate_contenders, final_table
+from aflowrl.trainer.learner_client import LearnerClient, TrainRow
+from aflowrl.trainer.metrics import TrainerMetrics
+from aflowrl.trainer.progress import Progress
+from aflowrl.trainer.records import RunDirectory, utc_now
+from aflowrl.trainer.routing import EnvironmentClient
+from aflowrl.trainer.rows import Batch, StepRow, mean
+from aflowrl.trainer.state import (
+    BestWorkflow,
+    CheckpointEntry,
+    CheckpointIndex,
+    TrainerState,
+    spec_fingerprint,
+)
+from aflowrl.trainer.weight_sync import WeightSync
+from aflowrl.trainer.workflows import WorkflowBook
+from aflowrl.workflow import Graph, library
+
+logger = logging.getLogger(__name__)
+
+KEEP_BEST = 5
+"""Distinct best workflows kept (and written to ``best/``)."""
+
+
+@dataclass
+class Services:
+    """Clients of the three services (the trainer owns and closes them)."""
+
+    env: EnvironmentClient
+    rollout: RolloutClient
+    learner: LearnerClient
+    weights: WeightSync
+
+    async def close(self) -> None:
+        await self.env.close()
+        await self.rollout.close()
+        await self.learner.close()
+        await self.weights.close()
+
+
+@dataclass
+class RunResult:
+    """What a finished run leaves: its state, the final comparison and the run directory."""
+
+    state: TrainerState
+    final_rows: list[FinalRow] = field(default_factory=list)
+    final_table: str = ""
+    run_dir: Path | None = None
+
+
+def recompute_all_old_logprobs(spec: RunSpec) -> bool:
+    """Whether rollout and learner numerics may differ (vLLM, or 16-bit weights on GPU)."""
+    gpus = spec.rollout.resources.gpus > 0 or spec.learner.resources.gpus > 0
+    half = spec.policy.dtype in ("bfloat16", "float16") or (spec.policy.dtype == "auto" and gpus)
+    return spec.rollout.engine == "vllm" or half
+
+
+class Trainer:
+    """The loop of the module docstring."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        services: Services,
+        run_dir: RunDirectory,
+        *,
+        progress: Progress | None = None,
+        reporter: RunStatusReporter | None = None,
+        metrics: TrainerMetrics | None = None,
+        actor: Actor | None = None,
+        train: bool = True,
+    ) -> None:
+        self.spec = spec
+        self.services = services
+        self.run_dir = run_dir
+        self.progress = progress
+        self.reporter = reporter
+        self.metrics = metrics or TrainerMetrics()
+        self.train_policy = train
+        mode = spec.environment.search.action_mode
+        self.actor = actor or (
+            ChoiceActor(services.rollout) if mode == "choice" else TextActor(services.rollout, spec)
+        )
+        benchmark = get_benchmark(spec.environment.benchmark)
+        self.task_type = benchmark.task_type
+        self.seed_workflow = library.load("seed", benchmark.task_type)
+        self.book = WorkflowBook(self.seed_workflow)
+        self.collector = collecting.Collector(
+            spec,
+            services.env,
+            self.actor,
+            self.seed_workflow,
+            on_phase=progress.phase if progress is not None else None,
+        )
+        self.index = CheckpointIndex(run_dir.path)
+        self.state = TrainerState(seed=spec.trainer.seed, fingerprint=spec_fingerprint(spec))
+        self._started = time.monotonic()
+        self._elapsed_before = 0.0
+
+    # ---- start ----------------------------------------------------------------------------------
+
+    async def check_services(self) -> None:
+        """Fail early, naming the problem, when a service cannot serve this run."""
+        env = self.services.env
+        await env.refresh()
+        infos = await env.info()
+        if not infos:
+            raise NoReplicaError(f"no environment replica answered at {env.target}")
+        benchmark = self.spec.environment.benchmark
+        for info in infos:
+            if benchmark not in info.tasks:
+                raise InvalidInputError(
+                    f"{benchmark!r} is not served by environment replica "
+                    f"{info.service.hostname} (it serves {', '.join(info.tasks) or 'nothing'})",
+                    field="spec.environment.benchmark",
+                )
+        self.services.rollout.refresh()
+        if self.train_policy:
+            status = await self.services.learner.status()
+            wants_critic = self.spec.learner.algorithm.type == "ppo"
+            if status.has_critic != wants_critic:
+                raise FailedPreconditionError(
+                    f"the learner {'has' if status.has_critic else 'has no'} critic but "
+                    f"learner.algorithm.type is {self.spec.learner.algorithm.type!r}: "
+                    "the learner runs another spec"
+                )
+
+    async def start(self) -> None:
+        """Resume from the newest loadable checkpoint, or start fresh."""
+        if self.train_policy:
+            await self._restore()
+        else:
+            self.run_dir.truncate_metrics(0)
+        self.run_dir.write_spec(self.spec)
+        if self.state.best:
+            self.run_dir.write_best(self.state.best, benchmark=self.spec.environment.benchmark)
+
+    async def _restore(self) -> None:
+        learner = self.services.learner
+        rollout_top = max((await self.services.rollout.versions()).values(), default=0)
+        entries = self.index.entries()
+        for entry in reversed(entries):
+            # Replicas may serve versions trained after this checkpoint: lift the restored
+            # weights above them (versions only increase), so the push below reaches them.
+            bump = rollout_top + 1 if rollout_top >= entry.policy_version else 0
+            try:
+                loaded = await learner.load(entry.path, min_policy_version=bump)
+            except NotFoundError as exc:
+                logger.warning("checkpoint %s cannot be loaded: %s", entry.path, exc)
+                continue
+            state = TrainerState.from_bytes(loaded.client_state, source=entry.path)
+            state.check_resumable(self.spec)
+            state.policy_version = int(loaded.policy_version)
+            self.state = state
+            self.index.discard_after(state.iteration)
+            dropped = self.run_dir.truncate_metrics(state.iteration)
+            if state.last_record is not None and len(self.run_dir.read_metrics()) < state.iteration:
+                # Saved, then stopped before its record was written: write it now.
+                self.run_dir.append_metrics(state.last_record)
+            self._elapsed_before = state.elapsed_s
+            logger.info(
+                "resumed from %s: %d iterations done, policy v%d (%d later records dropped)",
+                entry.path,
+                state.iteration,
+                state.policy_version,
+                dropped,
+            )
+            break
+        else:
+            if entries:
+                raise NotFoundError(f"no checkpoint listed in {self.index.file} could be loaded")
+            self.run_dir.truncate_metrics(0)
+            version = int((await learner.status()).policy_version)
+            if rollout_top > version:
+                raise LearnerDivergedError(
+                    f"rollout replicas serve policy v{rollout_top} but the learner is at "
+                    f"v{version} and this run has no checkpoint: restart the rollout replicas"
+                )
+            self.state.policy_version = version
+        await self._push(Timeline())
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    async def _collect(self, iteration: int) -> tuple[Batch, Timeline]:
+        timeline = Timeline()
+        return await self.collector.collect(iteration, timeline), timeline
+
+    async def run(self) -> RunResult:
+        """Check the services, resume or start, train every iteration left, then evaluate."""
+        await self.check_services()
+        await self.start()
+        if self.progress is not None:
+            self.progress.start_at(self.state.iteration)
+        total = self.spec.trainer.iterations
+        overlap = self.spec.trainer.off_policy.enabled and self.train_policy
+        pending: asyncio.Task[tuple[Batch, Timeline]] | None = None
+        try:
+            for iteration in range(self.state.iteration, total):
+                if pending is None:
+                    batch, timeline = await self._collect(iteration)
+                else:
+                    batch, timeline = await pending
+                    pending = None
+                if overlap and iteration + 1 < total:
+                    pending = asyncio.create_task(self._collect(iteration + 1))
+                await self._iteration(batch, timeline)
+        finally:
+            if pending is not None:
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+        result = RunResult(self.state, run_dir=self.run_dir.path)
+        if self.spec.trainer.final_test_eval:
+            result.final_rows = await self.final_evaluation()
+            result.final_table = final_table(
+                result.final_rows, benchmark=self.spec.environment.benchmark
+            )
+            self.run_dir.write_final([r.to_dict() for r in result.final_rows], result.final_table)
+        if self.reporter is not None:
+            await self.reporter.areport(completion_time=utc_now())
+        return result
+
+    async def _iteration(self, batch: Batch, timeline: Timeline) -> None:
+        iteration = batch.iteration
+        self._note_workflows(batch)
+        learned: dict[str, float] = {}
+        if self.train_policy:
+            if self.progress is not None:
+                self.progress.phase(iteration, "update")
+            learned = await self._learn(batch, timeline)
+        self.state.iteration = iteration + 1
+        self.state.episodes += len(batch.episodes)
+        self.state.elapsed_s = self._elapsed_before + time.monotonic() - self._started
+        record = self._record(batch, learned)
+        if self._checkpoint_due(iteration):
+            if self.progress is not None:
+                self.progress.phase(iteration, "checkpoint")
+            with timeline.phase("checkpoint"):
+                async with timeline.call():
+                    await self._checkpoint({**record, **timeline.record()})
+        timeline.finish()
+        record.update(timeline.record())
+        self.run_dir.append_metrics(record)
+        await self._publish(record, timeline)
+
+    def _checkpoint_due(self, iteration: int) -> bool:
+        if not self.train_policy:
+            return False
+        done, every = iteration + 1, self.spec.trainer.checkpoint_every
+        return done == self.spec.trainer.iterations or (every > 0 and done % every == 0)
+
+    async def _checkpoint(self, record: dict[str, Any]) -> None:
+        done = self.state.iteration
+        path = Path(self.spec.trainer.checkpoint_dir) / "checkpoints" / f"iter-{done:06d}"
+        self.state.metrics_lines = done
+        self.state.last_record = record
+        reply = await self.services.learner.save(str(path), self.state.to_bytes())
+        self.index.add(
+            CheckpointEntry(done, str(path), int(reply.policy_version)),
+            self.spec.trainer.keep_checkpoints,
+        )
+        logger.info("checkpoint %s saved (%.1fs)", path, reply.seconds)
+
+    # ---- learning -------------------------------------------------------------------------------
+
+    async def _learn(self, batch: Batch, timeline: Timeline) -> dict[str, float]:
+        """ComputeLogProbs, Train and the weight push for one batch; returns its metrics."""
+        spec, learner = self.spec, self.services.learner
+        algorithm = spec.learner.algorithm
+        async with timeline.call():
+            version = int((await learner.status()).policy_version)
+        if version != self.state.policy_version:
+            raise LearnerDivergedError(
+                f"the learner is at policy v{version}, the trainer expects "
+                f"v{self.state.policy_version}: it restarted (or another trainer drives it); "
+                "restart the trainer to resume from the last checkpoint"
+            )
+        rows = batch.rows
+        trainable = [i for i, r in enumerate(rows) if r.decision.trainable]
+        values: list[list[float]] | None = None
+        if algorithm.type == "ppo":
+            with timeline.phase("logprob"):
+                async with timeline.call():
+                    scored = await learner.compute_logprobs(
+                        [rows[i].decision for i in trainable], values=True
+                    )
+            values = [[] for _ in rows]
+            for i, row_values in zip(trainable, scored.values or [], strict=True):
+                values[i] = row_values
+        with timeline.phase("advantage"):
+            targets = compute_advantages(rows, algorithm, values=values)
+        cap = spec.trainer.off_policy.max_staleness
+        fresh = [i for i in trainable if version - rows[i].decision.version <= cap]
+        stats: dict[str, float] = {
+            "charts/rows_trained": float(len(fresh)),
+            "charts/rows_dropped_stale": float(len(trainable) - len(fresh)),
+            "charts/staleness_mean": mean([version - rows[i].decision.version for i in fresh]),
+        }
+        if not fresh:
+            logger.warning("iteration %d: no row to train on", batch.iteration)
+            return stats
+        train_rows, extra = await self._train_rows(rows, fresh, targets, version, timeline)
+        stats.update(extra)
+        with timeline.phase("train"):
+            async with timeline.call():
+                learned, new_version = await learner.train(train_rows, batch.iteration)
+        self.state.policy_version = new_version
+        stats.update(learned)
+        report = await self._push(timeline)
+        stats["weights/seconds"] = report.seconds
+        stats["weights/replicas_failed"] = float(len(report.failed))
+        return stats
+
+    async def _train_rows(
+        self,
+        rows: list[StepRow],
+        fresh: list[int],
+        targets: RowTargets,
+        version: int,
+        timeline: Timeline,
+    ) -> tuple[list[TrainRow], dict[str, float]]:
+        """Training samples: old log-probs (recomputed where needed), IS-weighted advantages."""
+        spec, learner = self.spec, self.services.learner
+        recompute_all = recompute_all_old_logprobs(spec)
+        redo = [i for i in fresh if recompute_all or rows[i].decision.version != version]
+        old: dict[int, list[float]] = {}
+        reference: dict[int, list[float]] = {}
+        with timeline.phase("logprob"):
+            if redo:
+                async with timeline.call():
+                    scored = await learner.compute_logprobs([rows[i].decision for i in redo])
+                old = dict(zip(redo, scored.logprobs, strict=True))
+            if spec.learner.loss.kl_coef > 0:
+                async with timeline.call():
+                    scored = await learner.compute_logprobs(
+                        [rows[i].decision for i in fresh], reference=True
+                    )
+                reference = dict(zip(fresh, scored.logprobs, strict=True))
+        cap = spec.trainer.off_policy.importance_weight_cap
+        weights: list[float] = []
+        out = []
+        for i in fresh:
+            decision = rows[i].decision
+            advantages = np.array(targets.advantages[i], dtype=np.float64)
+            old_logprobs = np.array(decision.logprobs, dtype=np.float64)
+            if i in old:
+                # Decoupled PPO: w_t = min(pi_old / pi_behaviour, C) corrects the sampling.
+                proximal = np.array(old[i], dtype=np.float64)
+                weight = np.minimum(np.exp(proximal - old_logprobs), cap)
+                advantages = advantages * weight
+                old_logprobs = proximal
+                weights.extend(weight.tolist())
+            out.append(
+                TrainRow(
+                    decision,
+                    old_logprobs.tolist(),
+                    advantages.tolist(),
+                    ref_logprobs=reference.get(i, ()),
+                    returns=targets.returns[i] if targets.returns else (),
+                    old_values=targets.old_values[i] if targets.old_values else (),
+                )
+            )
+        flat = np.concatenate([np.asarray(r.advantages) for r in out])
+        extra = {
+            "charts/advantage_mean": float(flat.mean()),
+            "charts/advantage_std": float(flat.std()),
+            "charts/is_weight_mean": mean(weights),
+            "charts/rows_recomputed": float(len(redo)),
+        }
+        return out, extra
+
+    async def _push(self, timeline: Timeline) -> Any:
+        with timeline.phase("weight_sync"):
+            async with timeline.call():
+                report = await self.services.weights.push()
+        if not report.ok:
+            failed = ", ".join(f"{r.target} ({r.error})" for r in report.failed)
+            logger.warning("weights v%d did not reach: %s", report.version, failed)
+        return report
+
+    # ---- records --------------------------------------------------------------------------------
+
+    def _note_workflows(self, batch: Batch) -> None:
+        """Rebuild the iteration's new workflows and offer them to the best list."""
+        for episode in batch.episodes:
+            self.state.offer(
+                BestWorkflow(
+                    self.seed_workflow.content_hash,
+                    episode.seed_score,
+                    batch.iteration,
+                    "seed",
+                    self.seed_workflow.to_json(indent=None),
+                ),
+                KEEP_BEST,
+            )
+            for row in episode.rows:
+                if not (row.valid and row.child_hash) or row.duplicate:
+                    continue
+                graph = self.book.replay(row.anchor, row.canonical_action, row.child_hash)
+                self.state.offer(
+                    BestWorkflow(
+                        row.child_hash,
+                        row.child_score,
+                        batch.iteration,
+                        episode.episode_id,
+                        graph.to_json(indent=None) if graph is not None else None,
+                    ),
+                    KEEP_BEST,
+                )
+
+    def _record(self, batch: Batch, learned: dict[str, float]) -> dict[str, Any]:
+        routing = self.services.env.take_stats()
+        record: dict[str, Any] = {
+            "iteration": batch.iteration,
+            "time": utc_now(),
+            "policy_version": self.state.policy_version,
+            **collecting.batch_summary(batch),
+            "charts/best_score": self.state.best_score,
+            "charts/episodes_total": float(self.state.episodes),
+            "env/failovers": float(len(routing.failovers)),
+            "env/replicas_live": float(len(self.services.env.live_addresses())),
+            **learned,
+        }
+        return record
+
+    async def _publish(self, record: dict[str, Any], timeline: Timeline) -> None:
+        """Progress, Prometheus, curves, best workflows and the run's status."""
+        m = self.metrics
+        m.iteration.set(self.state.iteration)
+        m.mean_reward.set(_finite(record["charts/episode_return"]))
+        m.best_score.set(_finite(record["charts/best_score"]))
+        m.iteration_best_score.set(_finite(record["charts/iteration_best_score"]))
+        m.valid_action_ratio.set(_finite(record["charts/valid_action_ratio"]))
+        m.policy_version.set(self.state.policy_version)
+        m.episodes.inc(record["charts/episodes"])
+        for name, seconds in timeline.phases.items():
+            m.phase_duration.labels(name).observe(seconds)
+        m.iteration_duration.observe(timeline.total_s)
+        m.overhead.set(record["time/overhead_ratio"])
+        self.run_dir.plot_curves()
+        self.run_dir.write_best(self.state.best, benchmark=self.spec.environment.benchmark)
+        if self.progress is not None:
+            self.progress.iteration_done(record)
+        if self.reporter is not None:
+            best = self.state.best[0] if self.state.best else None
+            await self.reporter.areport(
+                iteration=self.state.iteration,
+                best_score=best.score if best else None,
+                seed_score=_finite_or_none(record["charts/seed_score"]),
+                mean_reward=_finite_or_none(record["charts/episode_return"]),
+                valid_action_ratio=_finite_or_none(record["charts/valid_action_ratio"]),
+                policy_version=self.state.policy_version,
+                best_workflow=best.hash if best else None,
+            )
+
+    # ---- the final comparison -------------------------------------------------------------------
+
+    def contenders(self) -> list[Contender]:
+        """The best workflow found, the seed and the classic baselines."""
+        out: list[Contender] = []
+        seed_hash = self.seed_workflow.content_hash
+        best = next((b for b in self.state.best if b.workflow_json is not None), None)
+        if best is not None and best.hash != seed_hash:
+            graph = Graph.from_json(best.workflow_json or "", source="best workflow")
+            out.append(Contender(f"best ({best.hash[:8]})", graph, best.score))
+        seed_score = next((b.score for b in self.state.best if b.hash == seed_hash), None)
+        out.append(Contender("seed", self.seed_workflow, seed_score))
+        out += [Contender(n, library.load(n, self.task_type)) for n in library.CLASSIC]
+        return out
+
+    async def final_evaluation(self) -> list[FinalRow]:
+        if self.progress is not None:
+            self.progress.write("evaluating the best workflow and the baselines on the test split")
+        await self.services.env.refresh()
+        return await evaluate_contenders(
+            self.services.env,
+            self.contenders(),
+            benchmark=self.spec.environment.benchmark,
+            repeats=self.spec.environment.evaluation.repeats,
+            seed=self.spec.trainer.seed,
+        )
+
+
+def _finite(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else 0.0
+
+
+def _finite_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None

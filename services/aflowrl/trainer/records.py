@@ -1,0 +1,171 @@
+"""The run directory: what a user reads after (and during) a training run.
+
+::
+
+    spec.yaml           the resolved RunSpec (every default filled in)
+    metrics.jsonl       one JSON object per iteration, namespaced keys (charts/, losses/, time/...)
+    curves.png          episode return and best validation score per iteration
+    best/               the best workflows found, best first:
+      index.json          hash, validation score, iteration and episode of each
+      1-<hash>/           workflow.json, graph.py + prompt.py (AFlow), workflow.png (picture)
+    final.json, final.md  the best workflow against the seed and classic baselines (test split)
+    checkpoints.json    the trainer's checkpoint index (aflowrl.trainer.state)
+    logs/               service logs (local runs)
+
+``metrics.jsonl`` holds every iteration exactly once: a resumed run first drops the records
+after its checkpoint (:meth:`RunDirectory.truncate_metrics`), then appends. Files other than the
+metrics are replaced atomically. Written by :mod:`aflowrl.trainer.loop`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from aflowrl.config import RunSpec
+from aflowrl.trainer.state import BestWorkflow
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+CURVES_FILE = "curves.png"
+
+
+def utc_now() -> str:
+    """The time as RFC 3339 UTC with seconds (``2025-01-31T12:00:00Z``)."""
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _atomic_write(path: Path, data: str | bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _json_value(value: Any) -> Any:
+    """NaN and infinities as null (JSON has none)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class RunDirectory:
+    """Files of one run (module docstring)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.metrics_file = self.path / METRICS_FILE
+        self.logs = self.path / "logs"
+
+    # ---- spec ---------------------------------------------------------------------------------
+
+    def write_spec(self, spec: RunSpec) -> Path:
+        target = self.path / "spec.yaml"
+        _atomic_write(target, yaml.safe_dump(spec.to_document(), sort_keys=False, width=100))
+        return target
+
+    # ---- metrics ------------------------------------------------------------------------------
+
+    def append_metrics(self, record: Mapping[str, Any]) -> None:
+        """Append one iteration's record (one line, flushed and synced)."""
+        line = json.dumps({k: _json_value(v) for k, v in record.items()}, sort_keys=False)
+        with self.metrics_file.open("a", encoding="utf-8") as out:
+            out.write(line + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """Every complete record (a torn last line, from a crash mid-write, is skipped)."""
+        if not self.metrics_file.is_file():
+            return []
+        records = []
+        for number, line in enumerate(self.metrics_file.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                logger.warning("%s:%d: torn record skipped", self.metrics_file, number)
+        return records
+
+    def truncate_metrics(self, iterations: int) -> int:
+        """Keep only the records of iterations ``< iterations``; returns how many were dropped."""
+        records = self.read_metrics()
+        kept = [r for r in records if int(r.get("iteration", -1)) < iterations]
+        dropped = len(records) - len(kept)
+        text = "".join(json.dumps(r) + "\n" for r in kept)
+        if dropped or (self.metrics_file.is_file() and self.metrics_file.read_text() != text):
+            _atomic_write(self.metrics_file, text)
+        return dropped
+
+    # ---- curves ------------------------------------------------------------------------------
+
+    def plot_curves(self, records: Sequence[Mapping[str, Any]] | None = None) -> Path | None:
+        """Draw ``curves.png`` from the metrics (None when there is nothing to draw)."""
+        from aflowrl.trainer import plots
+
+        records = self.read_metrics() if records is None else records
+        if not records:
+            return None
+        target = self.path / CURVES_FILE
+        _atomic_write(target, plots.curves_png(records))
+        return target
+
+    # ---- best workflows --------------------------------------------------------------------------
+
+    def write_best(self, best: Sequence[BestWorkflow], *, benchmark: str) -> Path:
+        """``best/``: index.json and, per workflow, its JSON, AFlow code and picture."""
+        from aflowrl.workflow import Graph, export_aflow, save_png
+
+        root = self.path / "best"
+        root.mkdir(exist_ok=True)
+        index = []
+        keep = set()
+        for rank, entry in enumerate(best, 1):
+            name = f"{rank}-{entry.hash[:12]}"
+            keep.add(name)
+            folder = root / name
+            folder.mkdir(exist_ok=True)
+            files: list[str] = []
+            if entry.workflow_json is not None:
+                graph = Graph.from_json(entry.workflow_json, source=f"best workflow {entry.hash}")
+                _atomic_write(folder / "workflow.json", graph.to_json() + "\n")
+                for file, text in export_aflow(graph, dataset=benchmark).items():
+                    _atomic_write(folder / file, text)
+                save_png(graph, folder / "workflow.png")
+                files = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+            index.append(
+                {
+                    "rank": rank,
+                    "hash": entry.hash,
+                    "validation_score": entry.score,
+                    "iteration": entry.iteration,
+                    "episode": entry.episode,
+                    "dir": f"best/{name}",
+                    "files": files,
+                }
+            )
+        for stale in root.iterdir():  # ranks that moved
+            if stale.is_dir() and stale.name not in keep:
+                shutil.rmtree(stale)
+        _atomic_write(root / "index.json", json.dumps(index, indent=2) + "\n")
+        return root
+
+    # ---- final table ---------------------------------------------------------------------------
+
+    def write_final(self, rows: Sequence[Mapping[str, Any]], table: str) -> None:
+        _atomic_write(self.path / "final.json", json.dumps(list(rows), indent=2) + "\n")
+        _atomic_write(self.path / "final.md", table + "\n")

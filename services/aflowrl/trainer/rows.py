@@ -1,0 +1,132 @@
+"""What one iteration collects: episodes, their step rows, and the policy's decisions.
+
+One *row* is one agent step: the observation the policy saw, its decision (a sampled response in
+text mode, a chosen candidate in choice mode), the behaviour log-probabilities and the policy
+version that produced them, and what the environment answered (reward, validity, anchor, scores).
+A *group* is the ``trainer.groupSize`` episodes started from the same task seed (GiGPO's episode
+group); ``traj`` numbers the episodes of the iteration. Built by :mod:`aflowrl.trainer.loop`,
+read by :mod:`aflowrl.trainer.advantages` and the run records.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The policy's output for one observation."""
+
+    action: str
+    """Text sent to the environment's Step."""
+    prompt_ids: tuple[int, ...] = ()
+    """Prompt tokens (chat template applied), as the rollout saw them."""
+    response_ids: tuple[int, ...] = ()
+    """Text mode: the generated tokens (the trained part)."""
+    candidate_ids: tuple[tuple[int, ...], ...] = ()
+    """Choice mode: each admissible action's continuation tokens, in listed order."""
+    chosen: int = -1
+    """Choice mode: index of the sampled candidate."""
+    logprobs: tuple[float, ...] = ()
+    """Behaviour log-probabilities: one per response token, or one (log pi(chosen))."""
+    version: int = 0
+    """Policy version that produced the decision."""
+
+    @property
+    def is_choice(self) -> bool:
+        return bool(self.candidate_ids)
+
+    @property
+    def width(self) -> int:
+        """Values per training row: response tokens, or 1 for a choice."""
+        return 1 if self.is_choice else len(self.response_ids)
+
+    @property
+    def trainable(self) -> bool:
+        """Whether the decision can be a training row (it has something to score)."""
+        return self.width > 0 and len(self.logprobs) == self.width
+
+
+@dataclass
+class StepRow:
+    """One agent step."""
+
+    traj: int
+    """Episode index within the iteration."""
+    group: int
+    """Episode group (task seed) index within the iteration."""
+    step: int
+    """Step index within the episode."""
+    anchor: str
+    """Canonical hash of the workflow the step modified (GiGPO's anchor state)."""
+    decision: Decision
+    reward: float = 0.0
+    """The environment's reward (no invalid-action penalty)."""
+    valid: bool = True
+    done: bool = False
+    child_hash: str = ""
+    child_score: float = 0.0
+    parent_score: float = 0.0
+    best_score: float = 0.0
+    canonical_action: str = ""
+    duplicate: bool = False
+    executor_calls: int = 0
+    cache_hits: int = 0
+    cost_usd: float = 0.0
+    cost_known: bool = True
+    replica: str = ""
+    """The environment replica that served the Step."""
+
+
+@dataclass
+class Episode:
+    """One optimisation episode and its rows."""
+
+    traj: int
+    group: int
+    seed: int
+    episode_id: str
+    state: bytes = b""
+    observation_text: str = ""
+    admissible: tuple[str, ...] = ()
+    anchor: str = ""
+    seed_score: float = 0.0
+    done: bool = False
+    rows: list[StepRow] = field(default_factory=list)
+
+    @property
+    def episode_return(self) -> float:
+        """Undiscounted sum of the environment's rewards."""
+        return math.fsum(r.reward for r in self.rows)
+
+    @property
+    def best_score(self) -> float:
+        """Best validation score in the episode's tree (the seed's when nothing was added)."""
+        return max([self.seed_score, *(r.best_score for r in self.rows)])
+
+
+@dataclass
+class Batch:
+    """Everything one iteration collected."""
+
+    iteration: int
+    episodes: list[Episode]
+
+    @property
+    def rows(self) -> list[StepRow]:
+        return [row for episode in self.episodes for row in episode.rows]
+
+
+def mean(values: Sequence[float]) -> float:
+    """Arithmetic mean; NaN for no values."""
+    return math.fsum(values) / len(values) if values else math.nan
+
+
+def std(values: Sequence[float]) -> float:
+    """Population standard deviation; NaN for no values."""
+    if not values:
+        return math.nan
+    m = mean(values)
+    return math.sqrt(math.fsum((v - m) ** 2 for v in values) / len(values))
