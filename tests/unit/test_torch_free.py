@@ -39,6 +39,13 @@ TORCH_FREE_MODULES = [
     "aflowrl.executor.pricing",
     "aflowrl.common.run_status",
     "aflowrl.trainer.weight_sync",
+    "aflowrl.trainer.app",
+    "aflowrl.trainer.loop",
+    "aflowrl.trainer.plots",
+    "aflowrl.local.launcher",
+    "aflowrl.local.preflight",
+    "aflowrl.local.run",
+    "aflowrl.cli.train",
     "aflowrl.models.transport",
 ]
 

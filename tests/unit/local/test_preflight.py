@@ -1,0 +1,116 @@
+"""Bad inputs of a local run fail before anything starts, naming what to fix."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from pathlib import Path
+
+import pytest
+
+from aflowrl.config import RunSpec
+from aflowrl.local import preflight
+from aflowrl.local.errors import PreflightError
+from aflowrl.local.launcher import local_spec, service_commands
+from aflowrl.local.processes import free_ports
+
+
+def _spec(**doc) -> RunSpec:
+    return RunSpec.from_document(doc)
+
+
+def test_the_embedded_default_passes():
+    preflight.check_local_run(RunSpec())
+
+
+def test_a_benchmark_without_a_packaged_copy_needs_a_data_dir(monkeypatch):
+    monkeypatch.delenv("AFLOWRL_DATA_DIR", raising=False)
+    with pytest.raises(PreflightError) as info:
+        preflight.check_data(_spec(environment={"benchmark": "gsm8k"}))
+    assert info.value.field == "spec.environment.data.dir"
+    assert "gsm8k_validate.jsonl" in str(info.value) and "AFLOWRL_DATA_DIR" in str(info.value)
+
+
+def test_a_missing_or_incomplete_data_dir_is_named(tmp_path):
+    spec = _spec(environment={"benchmark": "gsm8k", "data": {"dir": str(tmp_path / "nope")}})
+    with pytest.raises(PreflightError, match="is not a directory"):
+        preflight.check_data(spec)
+    (tmp_path / "gsm8k_validate.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    spec = _spec(environment={"benchmark": "gsm8k", "data": {"dir": str(tmp_path)}})
+    with pytest.raises(PreflightError, match="gsm8k_test.jsonl does not exist"):
+        preflight.check_data(spec)
+
+
+def test_a_malformed_data_line_is_named(tmp_path):
+    for split in ("validate", "test"):
+        (tmp_path / f"gsm8k_{split}.jsonl").write_text("{not json\n")
+    spec = _spec(environment={"benchmark": "gsm8k", "data": {"dir": str(tmp_path)}})
+    with pytest.raises(PreflightError, match=r"gsm8k_validate.jsonl.*1"):
+        preflight.check_data(spec)
+
+
+def _openai(base_url: str) -> RunSpec:
+    return _spec(environment={"executor": {"type": "openai", "baseUrl": base_url}})
+
+
+def test_an_unreachable_executor_is_named():
+    port = free_ports(1)[0]  # nothing listens there
+    with pytest.raises(PreflightError) as info:
+        preflight.check_executor(_openai(f"http://127.0.0.1:{port}/v1"))
+    assert info.value.field == "spec.environment.executor.baseUrl"
+    assert f"cannot reach http://127.0.0.1:{port}/v1" in str(info.value)
+
+
+def test_an_executor_that_answers_anything_is_reachable():
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        preflight.check_executor(_openai(f"http://127.0.0.1:{server.server_port}/v1"))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_missing_policy_directory_is_named(tmp_path):
+    with pytest.raises(PreflightError) as info:
+        preflight.check_policy(_spec(policy={"model": str(tmp_path / "Qwen2.5-7B")}))
+    assert info.value.field == "spec.policy.model" and "nothing is downloaded" in str(info.value)
+
+
+def test_nccl_is_refused():
+    doc = {
+        "weightTransport": {"type": "nccl"},
+        "rollout": {"engine": "vllm", "resources": {"gpus": 1}},
+    }
+    with pytest.raises(PreflightError, match="nccl is not implemented"):
+        preflight.check_transport(_spec(**doc))
+
+
+def test_cluster_paths_move_into_the_run_directory(tmp_path):
+    spec = _spec(weightTransport={"type": "filesystem"})
+    local = local_spec(spec, tmp_path / "run")
+    assert local.trainer.checkpoint_dir == str((tmp_path / "run").resolve())
+    assert local.weight_transport.path == str((tmp_path / "run").resolve() / "weights")
+    chosen = _spec(trainer={"checkpointDir": "/data/ckpt"})
+    assert local_spec(chosen, tmp_path) == chosen  # a path the user chose is kept
+
+
+def test_service_commands_start_learner_ranks_under_torchrun():
+    spec = _spec(learner={"procsPerNode": 2})
+    ports = {"env-0": 1, "env-1": 2, "rollout-0": 3, "learner": 4, "rendezvous": 5}
+    commands = service_commands(spec, Path("/run/spec.yaml"), ports)
+    assert sorted(commands) == ["env-0", "env-1", "learner", "rollout-0"]
+    learner = commands["learner"]
+    assert learner[1:3] == ["-m", "torch.distributed.run"]
+    assert learner[learner.index("--nproc-per-node") + 1] == "2"
+    assert learner[-10:-6] == ["serve", "learner", "--spec", "/run/spec.yaml"]
+    assert commands["env-1"][3:5] == ["serve", "env"] and "2" in commands["env-1"]
