@@ -1,11 +1,15 @@
 """The policy's decisions for a batch of observations: one rollout call for all active episodes.
 
-- **choice mode** (:class:`ChoiceActor`): one ``ScoreCandidates`` call scores every admissible
-  action's continuation ``<action>{text}</action>`` after the observation; the action is sampled
-  from the softmax over the candidates' summed token log-probabilities (Carta et al., 2023,
-  arXiv 2302.02662), log pi_k = ll_k - logsumexp_j ll_j, and log pi(chosen) is the behaviour
-  log-probability the learner's ``rl.choice`` recomputes. The environment gets
-  ``<action>{k+1}</action>``.
+- **choice mode** (:class:`ChoiceActor`): one ``ScoreCandidates`` call scores, after the
+  observation, every reply the observation allows: ``<action>{k}</action>`` for each numbered
+  admissible action k; the action is sampled from the softmax over the candidates' summed token
+  log-probabilities (Carta et al., 2023, arXiv 2302.02662), log pi_k = ll_k - logsumexp_j ll_j,
+  and log pi(chosen) is the behaviour log-probability the learner's ``rl.choice`` recomputes.
+  The environment gets that same reply. Scoring the numbered replies rather than the actions'
+  texts keeps the candidates the same length (up to 9 actions: one digit each), so a summed
+  log-likelihood is not a length penalty: a fresh small model starts near uniform over the
+  actions (it explores) instead of always taking the shortest text. The numbering follows the
+  environment's enumeration order, which groups actions by family, so a number carries meaning.
 - **text mode** (:class:`TextActor`): one ``Generate`` call samples a reply per observation,
   seeded by (run seed, iteration, step).
 - :class:`UniformActor`: uniform over the admissible actions, no model (the random baseline of
@@ -52,14 +56,14 @@ SYSTEM_PROMPT = (
 """The policy's system message (the same words ``aflowrl optimize``'s proposers use)."""
 
 
-def choice_continuation(action: str) -> str:
-    """The text whose likelihood scores admissible action ``action`` in choice mode."""
-    return f"<action>{action}</action>"
-
-
 def choice_response(index: int) -> str:
-    """The Step action choosing listed action ``index`` (0-based)."""
+    """The reply choosing listed action ``index`` (0-based): scored, then sent to Step."""
     return f"<action>{index + 1}</action>"
+
+
+def text_response(action: str) -> str:
+    """A text-mode reply writing ``action`` out."""
+    return f"<action>{action}</action>"
 
 
 def prompt_of(observation: str) -> common_pb2.Prompt:
@@ -221,7 +225,7 @@ class ChoiceActor(Actor):
         items = [
             rollout_pb2.CandidateSet(
                 prompt=prompt_of(observed[i].text),
-                candidates=[choice_continuation(a) for a in observed[i].admissible],
+                candidates=[choice_response(k) for k in range(len(observed[i].admissible))],
             )
             for i in scorable
         ]
@@ -299,6 +303,6 @@ class UniformActor(Actor):
             if self.mode == "choice" or not o.admissible:
                 action = choice_response(k)
             else:
-                action = choice_continuation(o.admissible[k])
+                action = text_response(o.admissible[k])
             decisions.append(Decision(action=action))
         return decisions

@@ -14,7 +14,9 @@ from aflowrl.trainer.rows import Decision, StepRow
 
 
 def _choice() -> Decision:
-    return Decision(action="<action>1</action>", candidate_ids=((1,), (2,)), chosen=0, logprobs=(-0.7,))
+    return Decision(
+        action="<action>1</action>", candidate_ids=((1,), (2,)), chosen=0, logprobs=(-0.7,)
+    )
 
 
 def _text(width: int) -> Decision:

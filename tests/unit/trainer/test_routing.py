@@ -104,7 +104,9 @@ async def test_a_dead_replica_is_skipped_and_its_keys_served_by_the_next(two_rep
     await client.refresh()
     (server0, env0), (_, env1) = two_replicas
     dead = f"127.0.0.1:{server0.port}"
-    action = next(a for a in (f"x{i}" for i in range(100)) if client.route(f"child-of-{a}")[0] == dead)
+    action = next(
+        a for a in (f"x{i}" for i in range(100)) if client.route(f"child-of-{a}")[0] == dead
+    )
     await server0.stop()
     reply, served_by = await client.step(b"s", action, episode_key="ep-2")
     assert served_by != dead and reply.info.child_hash == "r1"

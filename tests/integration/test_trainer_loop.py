@@ -1,0 +1,185 @@
+"""The trainer's loop over the real rollout and learner services and a toy environment.
+
+The environment here is a test double (toy_env.py) so these tests are fast and deterministic;
+tests/e2e/ runs the same loop against the real environment service. Checked: rows reach the
+learner and change the policy, new weights reach the rollout, the run directory, checkpoints
+and an exact resume, failover when an environment replica stops, off-policy overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from aflowrl._proto.v1 import rollout_pb2
+from aflowrl.config import RunSpec
+from aflowrl.trainer import app
+from aflowrl.trainer.acting import choice_distribution, choice_response, prompt_of
+
+from policy_services import start_service
+from toy_env import ACTIONS, serve_toy
+
+SERVICES_SPEC = """
+policy: {dtype: float32}
+learner:
+  fsdp: {mixedPrecision: none}
+  loss: {miniBatchSize: 8, microBatchSize: 8, klCoef: 0.01}
+  optimizer: {lr: 0.02}
+environment: {search: {maxSteps: 2}}
+trainer: {tasksPerIteration: 2, groupSize: 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    """One rollout and one learner process shared by the module's tests."""
+    root = tmp_path_factory.mktemp("policy")
+    spec_file = root / "spec.yaml"
+    spec_file.write_text(SERVICES_SPEC)
+    learner = start_service("learner", spec_file, root)
+    try:
+        rollout = start_service("rollout", spec_file, root)
+    except BaseException:
+        learner.stop()
+        raise
+    yield rollout, learner
+    assert rollout.stop() == 0
+    assert learner.stop() == 0
+
+
+def _spec(tmp_path, **trainer) -> RunSpec:
+    doc = RunSpec.from_yaml(SERVICES_SPEC).to_document()
+    doc["trainer"].update({"checkpointDir": str(tmp_path), "finalTestEval": True, **trainer})
+    return RunSpec.from_document(doc)
+
+
+async def _train(spec, policy, env_servers, run_dir, **kwargs):
+    rollout, learner = policy
+    targets = [f"127.0.0.1:{server.port}" for server, _ in env_servers]
+    services = app.connect(spec, env=targets, rollout=[rollout.target], learner=learner.target)
+    return await app.train(spec, services, run_dir, **kwargs)
+
+
+async def _p_good(rollout_target: str) -> float:
+    """P(action 1) under the rollout's current weights, on a fixed observation."""
+    from aflowrl.trainer.acting import RolloutClient
+
+    client = RolloutClient([rollout_target])
+    observation = "## Task\nBenchmark: HumanEval. Step 1 of 2.\n" + "\n".join(ACTIONS)
+    item = rollout_pb2.CandidateSet(
+        prompt=prompt_of(observation), candidates=[choice_response(k) for k in range(len(ACTIONS))]
+    )
+    [(scores, _)] = await client.score([item])
+    await client.close()
+    return float(
+        np.exp(choice_distribution([list(c.values) for c in scores.candidate_logprobs]))[0]
+    )
+
+
+async def test_the_loop_trains_pushes_records_and_checkpoints(policy, tmp_path):
+    rollout, _ = policy
+    servers = [await serve_toy("a"), await serve_toy("b")]
+    spec = _spec(tmp_path, iterations=3, checkpointEvery=2)
+    before = await _p_good(rollout.target)
+    try:
+        result = await _train(spec, policy, servers, tmp_path)
+    finally:
+        for server, _ in servers:
+            await server.stop()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    first = records[0]
+    assert first["charts/episodes"] == 4 and first["charts/steps"] == 8
+    assert first["charts/rows_trained"] == 8 and first["charts/valid_action_ratio"] == 1.0
+    assert math.isfinite(first["losses/policy"]) and first["losses/kl"] >= 0
+    assert first["weights/replicas_failed"] == 0
+    versions = [r["policy_version"] for r in records]
+    assert versions == [versions[0], versions[0] + 1, versions[0] + 2]
+    assert 0 < first["time/overhead_ratio"] < 1 and first["time/train"] > 0
+    # Both replicas served steps: routed by child hash.
+    assert all(env.steps > 0 for _, env in servers), ([env.steps for _, env in servers], records)
+    checkpoints = json.loads((tmp_path / "checkpoints.json").read_text())["checkpoints"]
+    assert [c["iteration"] for c in checkpoints] == [2, 3]
+    assert (tmp_path / "checkpoints" / "iter-000003" / "complete.json").is_file()
+    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
+    assert (tmp_path / "spec.yaml").is_file() and (tmp_path / "final.md").is_file()
+    assert [row.name for row in result.final_rows][:1] == ["seed"]  # best = the seed (no graphs)
+    assert "cot_sc" in result.final_table
+    # The rollout serves the learner's last version, and the policy moved towards action 1.
+    from aflowrl.trainer.acting import RolloutClient
+
+    client = RolloutClient([rollout.target])
+    assert (await client.versions())[rollout.target] == versions[-1]
+    await client.close()
+    assert await _p_good(rollout.target) > before
+
+
+async def test_a_resumed_run_records_every_iteration_once(policy, tmp_path):
+    servers = [await serve_toy("a")]
+    try:
+        await _train(_spec(tmp_path, iterations=2, checkpointEvery=1), policy, servers, tmp_path)
+        # The trainer stopped after its checkpoint at 2; as if it had crashed in iteration 3,
+        # after writing a record that the checkpoint does not cover:
+        with (tmp_path / "metrics.jsonl").open("a") as out:
+            out.write(json.dumps({"iteration": 2, "charts/episode_return": 9.0}) + "\n")
+        resumed = await _train(
+            _spec(tmp_path, iterations=4, checkpointEvery=1, finalTestEval=False),
+            policy,
+            servers,
+            tmp_path,
+        )
+    finally:
+        for server, _ in servers:
+            await server.stop()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [0, 1, 2, 3]
+    assert records[2]["charts/episode_return"] != 9.0
+    assert resumed.state.iteration == 4
+    # The rollout had served the version saved at 2: the restored weights got a higher one.
+    assert records[2]["policy_version"] > records[1]["policy_version"] + 1
+
+
+async def test_a_stopped_environment_replica_fails_over(policy, tmp_path):
+    import asyncio
+
+    servers = [await serve_toy("a"), await serve_toy("b")]
+    spec = _spec(tmp_path, iterations=2, checkpointEvery=0, finalTestEval=False)
+
+    async def stop_first_after_some_steps():
+        server, env = servers[0]
+        while env.steps < 3:
+            await asyncio.sleep(0.01)
+        await server.stop()
+
+    stopper = asyncio.create_task(stop_first_after_some_steps())
+    try:
+        result = await _train(spec, policy, servers, tmp_path)
+    finally:
+        await stopper
+        await servers[1][0].stop()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [0, 1] and result.state.iteration == 2
+    assert sum(r["env/failovers"] for r in records) >= 1
+    assert records[-1]["env/replicas_live"] == 1
+    assert all(r["charts/steps"] == 8 for r in records)  # no step was lost
+
+
+async def test_off_policy_overlap_corrects_stale_rows(policy, tmp_path):
+    servers = [await serve_toy("a")]
+    spec = _spec(
+        tmp_path, iterations=3, checkpointEvery=0, finalTestEval=False, offPolicy={"enabled": True}
+    )
+    try:
+        await _train(spec, policy, servers, tmp_path)
+    finally:
+        await servers[0][0].stop()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    later = records[1:]
+    assert any(r["charts/staleness_mean"] > 0 for r in later)
+    assert all(r["charts/rows_dropped_stale"] == 0 for r in records)
+    stale = [r for r in later if r["charts/rows_recomputed"] > 0]
+    assert stale and all(0 < r["charts/is_weight_mean"] <= 2.0 for r in stale)
