@@ -96,10 +96,11 @@ images:
 	docker build -f docker/env.Dockerfile -t $(REGISTRY)/aflow-rl-env:$(TAG) .
 	docker build -f docker/gpu.Dockerfile -t $(REGISTRY)/aflow-rl-gpu:$(TAG) .
 
-demo: $(STAMP)
-	@echo "The local training run (make demo's real job) arrives with the end-to-end RL issue."
-	@echo "Until then, this validates and prints the run it will train:"
-	$(VENV)/bin/aflowrl spec default
+# The embedded default run: every service a local process (tiny policy, surrogate executor,
+# HumanEval); ends with the best workflow against the seed and the classic baselines on test.
+DEMO_ARGS ?=
+demo: install
+	$(VENV)/bin/aflowrl train $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

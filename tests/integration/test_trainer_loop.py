@@ -13,14 +13,13 @@ import math
 
 import numpy as np
 import pytest
+from policy_services import start_service
+from toy_env import ACTIONS, serve_toy
 
 from aflowrl._proto.v1 import rollout_pb2
 from aflowrl.config import RunSpec
 from aflowrl.trainer import app
 from aflowrl.trainer.acting import choice_distribution, choice_response, prompt_of
-
-from policy_services import start_service
-from toy_env import ACTIONS, serve_toy
 
 SERVICES_SPEC = """
 policy: {dtype: float32}
@@ -150,7 +149,9 @@ async def test_a_stopped_environment_replica_fails_over(policy, tmp_path):
 
     async def stop_first_after_some_steps():
         server, env = servers[0]
-        while env.steps < 3:
+        for _ in range(60_000):
+            if env.steps >= 3:
+                break
             await asyncio.sleep(0.01)
         await server.stop()
 
@@ -183,3 +184,39 @@ async def test_off_policy_overlap_corrects_stale_rows(policy, tmp_path):
     assert all(r["charts/rows_dropped_stale"] == 0 for r in records)
     stale = [r for r in later if r["charts/rows_recomputed"] > 0]
     assert stale and all(0 < r["charts/is_weight_mean"] <= 2.0 for r in stale)
+
+
+@pytest.mark.parametrize("algorithm", [{"type": "grpo"}, {"type": "grpo", "leaveOneOut": True}])
+async def test_grpo_and_rloo_train_on_the_same_services(policy, tmp_path, algorithm):
+    doc = _spec(tmp_path, iterations=1, finalTestEval=False).to_document()
+    doc["learner"]["algorithm"] = algorithm
+    servers = [await serve_toy("a")]
+    try:
+        await _train(RunSpec.from_document(doc), policy, servers, tmp_path)
+    finally:
+        await servers[0][0].stop()
+    [record] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert record["charts/rows_trained"] == 8 and math.isfinite(record["losses/policy"])
+
+
+async def test_ppo_trains_the_critic_on_gae_returns(tmp_path):
+    spec_file = tmp_path / "spec.yaml"
+    doc = RunSpec.from_yaml(SERVICES_SPEC).to_document()
+    doc["learner"]["algorithm"] = {"type": "ppo", "gamma": 0.9, "lam": 0.9}
+    spec_file.write_text(json.dumps(doc))
+    learner = start_service("learner", spec_file, tmp_path)
+    rollout = start_service("rollout", spec_file, tmp_path)
+    servers = [await serve_toy("a")]
+    try:
+        doc["trainer"].update(
+            {"iterations": 2, "checkpointDir": str(tmp_path), "finalTestEval": False}
+        )
+        await _train(RunSpec.from_document(doc), (rollout, learner), servers, tmp_path / "run")
+    finally:
+        await servers[0][0].stop()
+        assert rollout.stop() == 0 and learner.stop() == 0
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["iteration"] for r in records] == [0, 1]
+    assert all(math.isfinite(r["losses/value"]) and r["losses/value"] > 0 for r in records)
+    assert all(r["time/logprob"] > 0 for r in records)  # the critic's values were asked for

@@ -196,6 +196,8 @@ def batch_summary(batch: Batch) -> dict[str, float]:
         "charts/duplicate_ratio": mean([1.0 if r.duplicate else 0.0 for r in rows]),
         "charts/episodes": float(len(batch.episodes)),
         "charts/steps": float(len(rows)),
+        "rollout/version_min": float(min((r.decision.version for r in rows), default=0)),
+        "rollout/version_max": float(max((r.decision.version for r in rows), default=0)),
         "env/executor_calls": float(calls),
         "env/cache_hits": float(hits),
         "env/cache_hit_ratio": hits / (calls + hits) if calls + hits else 0.0,

@@ -37,7 +37,7 @@ def test_a_missing_or_incomplete_data_dir_is_named(tmp_path):
         preflight.check_data(spec)
     (tmp_path / "gsm8k_validate.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
     spec = _spec(environment={"benchmark": "gsm8k", "data": {"dir": str(tmp_path)}})
-    with pytest.raises(PreflightError, match="gsm8k_test.jsonl does not exist"):
+    with pytest.raises(PreflightError, match=r"gsm8k_test\.jsonl does not exist"):
         preflight.check_data(spec)
 
 

@@ -109,9 +109,8 @@ async def test_timeline_counts_overlapping_calls_once():
     assert record["time/step"] == pytest.approx(0.2, abs=0.05)
     assert record["time/service_calls"] == pytest.approx(0.2, abs=0.05)
     assert record["time/overhead_ratio"] == pytest.approx(0.1 / 0.3, abs=0.1)
-    with pytest.raises(ValueError, match="unknown phase"):
-        with timeline.phase("nap"):
-            pass
+    with pytest.raises(ValueError, match="unknown phase"), timeline.phase("nap"):
+        pass
 
 
 def test_final_table_aligns_scores_and_unknown_costs():

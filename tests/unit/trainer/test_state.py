@@ -77,7 +77,7 @@ def test_the_index_keeps_the_newest_and_deletes_older_checkpoints(tmp_path):
     index.discard_after(4)
     assert [e.iteration for e in index.entries()] == [4]
     (tmp_path / "checkpoints.json").write_text("{broken")
-    with pytest.raises(ResumeError, match="checkpoints.json: unreadable"):
+    with pytest.raises(ResumeError, match=r"checkpoints\.json: unreadable"):
         index.entries()
 
 

@@ -1,0 +1,226 @@
+"""End to end: a short training through real gRPC services on this machine, and its faults.
+
+Every service is a real process (two environment replicas with the surrogate executor and the
+sandbox, an hf rollout, a learner), started by the local launcher as ``aflowrl train`` starts
+them. Checked:
+
+- a short training writes every artifact, changes the policy's weights, and the rollout acts
+  with each new version;
+- an environment replica killed mid-iteration: the run completes, its steps served by the other;
+- ``aflowrl train`` stopped (SIGTERM) after a checkpoint and started again: it resumes, and
+  ``metrics.jsonl`` holds every iteration exactly once; no service is left behind either time;
+- Ctrl-C while the services start: the run stops, nothing left behind.
+
+Bad inputs (unknown benchmark, missing data, unreachable executor, a spec error) are refused
+before any work starts: tests/unit/local/test_train_cli.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aflowrl._proto.v1 import rollout_pb2
+from aflowrl.config import RunSpec
+from aflowrl.local.launcher import local_services, local_spec
+from aflowrl.trainer import app
+from aflowrl.trainer.acting import RolloutClient, choice_distribution, choice_response, prompt_of
+
+pytestmark = pytest.mark.slow
+
+SPEC = """
+policy: {dtype: float32}
+learner:
+  fsdp: {mixedPrecision: none}
+  optimizer: {lr: 0.01}
+  loss: {miniBatchSize: 8, microBatchSize: 8, klCoef: 0.01}
+environment:
+  evaluation: {maxProblems: 4, repeats: 1}
+  search: {maxSteps: 2, maxAdmissibleActions: 6, maxObservationChars: 1500}
+trainer: {iterations: 3, tasksPerIteration: 2, groupSize: 2, checkpointEvery: 1}
+"""
+"""A few small iterations: 2 tasks x 2 episodes x 2 steps, four problems per evaluation."""
+
+
+def _spec(run_dir: Path, **trainer) -> RunSpec:
+    doc = RunSpec.from_yaml(SPEC).to_document()
+    doc["trainer"].update(trainer)
+    return local_spec(RunSpec.from_document(doc), run_dir)
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _leftovers(run_dir: Path) -> list[str]:
+    """Command lines of live processes serving this run (their --spec is in the run dir)."""
+    marker = str(run_dir.resolve())
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (proc / "stat").read_text().split()[2]
+        except (FileNotFoundError, ProcessLookupError, IndexError, PermissionError):
+            continue
+        if marker in cmdline and "serve" in cmdline and state != "Z":
+            found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+def _wait_no_leftovers(run_dir: Path, timeout: float = 30.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (left := _leftovers(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+async def _choice_scores(rollout: str, text: str) -> list[float]:
+    client = RolloutClient([rollout])
+    item = rollout_pb2.CandidateSet(
+        prompt=prompt_of(text), candidates=[choice_response(k) for k in range(6)]
+    )
+    [(scores, _)] = await client.score([item])
+    await client.close()
+    return choice_distribution([list(c.values) for c in scores.candidate_logprobs]).tolist()
+
+
+async def test_a_short_training_through_real_services(tmp_path):
+    spec = _spec(tmp_path)
+    probe = "## Task\nBenchmark: HumanEval.\n## Current workflow (score 0.500)\nnode generate"
+    async with local_services(spec, tmp_path) as (targets, _group):
+        before = await _choice_scores(targets.rollout[0], probe)
+        services = app.connect(
+            spec, env=targets.env, rollout=targets.rollout, learner=targets.learner
+        )
+        result = await app.train(spec, services, tmp_path)
+        after = await _choice_scores(targets.rollout[0], probe)
+        client = RolloutClient(targets.rollout)
+        serving = (await client.versions())[targets.rollout[0]]
+        await client.close()
+    assert _wait_no_leftovers(tmp_path) == []
+    records = _records(tmp_path)
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    for record in records:
+        assert record["charts/episodes"] == 4 and record["charts/steps"] == 8
+        assert record["charts/rows_trained"] > 0 and np.isfinite(record["losses/policy"])
+    # The weights changed, and each iteration acted with the version the previous one pushed.
+    assert serving == records[-1]["policy_version"] == 3
+    assert not np.allclose(before, after, atol=1e-6)
+    for previous, record in itertools.pairwise(records):
+        assert record["rollout/version_min"] == previous["policy_version"]
+        assert record["rollout/version_max"] == previous["policy_version"]
+    # The artifacts.
+    assert (tmp_path / "spec.yaml").is_file()
+    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
+    index = json.loads((tmp_path / "best" / "index.json").read_text())
+    assert index and index[0]["validation_score"] == result.state.best_score
+    first = tmp_path / index[0]["dir"]
+    for name in ("workflow.json", "graph.py", "prompt.py", "workflow.png"):
+        assert (first / name).is_file(), name
+    final = json.loads((tmp_path / "final.json").read_text())
+    names = [row["name"] for row in final]
+    assert "seed" in names and {"io", "cot", "cot_sc", "medprompt", "self_refine"} <= set(names)
+    assert all(0.0 <= row["test_mean"] <= 1.0 and row["num_problems"] > 0 for row in final)
+    assert "test score" in (tmp_path / "final.md").read_text()
+    for log in ("env-0", "env-1", "rollout-0", "learner"):
+        assert (tmp_path / "logs" / f"{log}.log").is_file()
+
+
+async def test_an_environment_replica_killed_mid_iteration(tmp_path):
+    spec = _spec(tmp_path, iterations=2, checkpointEvery=0, finalTestEval=False)
+
+    async def kill_env_0(group) -> None:
+        victim = next(c for c in group.children if c.name == "env-0")
+        # Mid-iteration: after the first iteration's record, while the second steps.
+        for _ in range(20_000):  # at most ~17 minutes
+            if (tmp_path / "metrics.jsonl").is_file():
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        victim.signal_group(signal.SIGKILL)
+
+    async with local_services(spec, tmp_path) as (targets, group):
+        killer = asyncio.create_task(kill_env_0(group))
+        services = app.connect(
+            spec, env=targets.env, rollout=targets.rollout, learner=targets.learner
+        )
+        result = await app.train(spec, services, tmp_path)
+        await killer
+    records = _records(tmp_path)
+    assert [r["iteration"] for r in records] == [0, 1] and result.state.iteration == 2
+    assert records[1]["env/failovers"] >= 1 and records[1]["env/replicas_live"] == 1
+    assert all(r["charts/steps"] == 8 for r in records)  # every step was served
+    assert _wait_no_leftovers(tmp_path) == []
+
+
+def _train_cli(run_dir: Path, spec_file: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "aflowrl", "train", "-f", str(spec_file), "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+
+
+def test_a_stopped_trainer_resumes_and_records_every_iteration_once(tmp_path):
+    run_dir = tmp_path / "run"
+    spec_file = tmp_path / "run.yaml"
+    doc = RunSpec.from_yaml(SPEC).to_document()
+    doc["trainer"].update({"iterations": 3, "checkpointEvery": 1, "finalTestEval": False})
+    spec_file.write_text(json.dumps(doc))
+    first = _train_cli(run_dir, spec_file)
+    try:
+        index = run_dir / "checkpoints.json"
+        deadline = time.monotonic() + 600
+        while not (index.is_file() and json.loads(index.read_text())["checkpoints"]):
+            assert first.poll() is None, first.communicate()[0].decode()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint within 10 minutes"
+            time.sleep(0.1)
+        first.send_signal(signal.SIGTERM)
+        output = first.communicate(timeout=120)[0].decode()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 143, output[-3000:]
+    assert _wait_no_leftovers(run_dir) == [], "services left behind after SIGTERM"
+    done_before = len(_records(run_dir))
+    assert 1 <= done_before < 3
+    second = _train_cli(run_dir, spec_file)
+    output = second.communicate(timeout=900)[0].decode()
+    assert second.returncode == 0, output[-3000:]
+    assert [r["iteration"] for r in _records(run_dir)] == [0, 1, 2]
+    assert "resumed from" in (run_dir / "logs" / "trainer.log").read_text()
+    assert _wait_no_leftovers(run_dir) == []
+
+
+def test_ctrl_c_while_starting_leaves_nothing_behind(tmp_path):
+    run_dir = tmp_path / "run"
+    spec_file = tmp_path / "run.yaml"
+    spec_file.write_text(SPEC)
+    process = _train_cli(run_dir, spec_file)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_leftovers(run_dir)) < 4:  # every service has started
+            assert process.poll() is None, process.communicate()[0].decode()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=120)[0].decode()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, output[-3000:]
+    assert "interrupted" in output
+    assert _wait_no_leftovers(run_dir) == []
