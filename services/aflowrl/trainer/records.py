@@ -15,6 +15,27 @@
 ``metrics.jsonl`` holds every iteration exactly once: a resumed run first drops the records
 after its checkpoint (:meth:`RunDirectory.truncate_metrics`), then appends. Files other than the
 metrics are replaced atomically. Written by :mod:`aflowrl.trainer.loop`.
+
+Keys of a record (NaN is written as null):
+
+- ``iteration`` (0-based), ``time`` (UTC), ``policy_version`` (after the update);
+- ``charts/episode_return`` (mean undiscounted return of the iteration's episodes) and
+  ``_std``; ``charts/step_reward``; ``charts/iteration_best_score`` (best validation score any
+  episode reached), ``charts/best_score`` (the run's best workflow, mean over the episodes that
+  evaluated it), ``charts/seed_score``; ``charts/valid_action_ratio``,
+  ``charts/duplicate_ratio``; ``charts/episodes``, ``charts/steps``, ``charts/episodes_total``;
+- training rows: ``charts/rows_trained``, ``charts/rows_dropped_stale`` (older than
+  ``offPolicy.maxStaleness``), ``charts/staleness_mean`` (versions behind the learner),
+  ``charts/rows_recomputed`` (old log-probs from the learner), ``charts/is_weight_mean``
+  (truncated importance weights), ``charts/advantage_mean`` / ``_std``;
+- the learner's ``losses/*``, ``charts/*`` and ``perf/*`` (aflowrl.learner's Train metrics);
+- ``rollout/version_min`` / ``_max``: policy versions that made the iteration's decisions;
+- ``env/executor_calls``, ``env/cache_hits``, ``env/cache_hit_ratio``, ``env/cost_usd``,
+  ``env/cost_known``, ``env/failovers`` (calls moved to another replica), ``env/replicas_live``;
+- ``weights/seconds``, ``weights/replicas_failed``: the weight push;
+- ``time/<phase>`` for reset, generate, step, advantage, logprob, train, weight_sync,
+  checkpoint; ``time/iteration``; ``time/service_calls`` (some call in flight);
+  ``time/overhead_ratio`` (the trainer's own share of the iteration).
 """
 
 from __future__ import annotations
