@@ -92,6 +92,8 @@ class Collector:
         episodes = self.episodes(iteration)
         self._on_phase(iteration, "reset")
         with timeline.phase("reset"):
+            # New replicas (an autoscaled Service) join, recovered ones come back.
+            await self.env.refresh()
             await asyncio.gather(*(self._reset(e, timeline) for e in episodes))
         rng = iteration_rng(self.spec.trainer.seed, iteration)
         max_steps = self.spec.environment.search.max_steps
