@@ -139,7 +139,7 @@ class EnvironmentClient:
 
     async def refresh(self) -> list[str]:
         """Re-resolve the target, open channels to new replicas, revive recovered ones."""
-        addresses = sorted(set(self._addresses()))
+        addresses = sorted(set(await asyncio.to_thread(self._addresses)))  # DNS may block
         for address in addresses:
             if address not in self._replicas:
                 channel = make_channel(address, self.options)
