@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--spec",
         dest="spec",
         help="RunSpec file (bare spec or TrainingRun); default $AFLOWRL_SPEC_FILE, else the "
-        "embedded default",
+        "embedded default run (aflowrl/local/default_run.yaml: tiny policy, surrogate, HumanEval)",
     )
     for name, flag in _TARGETS:
         parser.add_argument(
@@ -65,7 +65,6 @@ def run(args: argparse.Namespace) -> int:
     from aflowrl.cli._io import load_spec
     from aflowrl.errors import InvalidInputError
 
-    spec = load_spec(args.spec or envs.AFLOWRL_SPEC_FILE)
     given = [flag for name, flag in _TARGETS if getattr(args, name)]
     if given and len(given) < len(_TARGETS):
         missing = [flag for name, flag in _TARGETS if not getattr(args, name)]
@@ -74,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
             "none (start everything here)",
             field=", ".join(missing),
         )
+    path = args.spec or envs.AFLOWRL_SPEC_FILE
+    if path is None and not given:
+        from aflowrl.local.launcher import default_run
+
+        spec = default_run()
+    else:
+        spec = load_spec(path)
     work = _against_services(spec, args) if given else _local(spec, args)
     try:
         return asyncio.run(_until_sigterm(work))

@@ -114,3 +114,14 @@ def test_service_commands_start_learner_ranks_under_torchrun():
     assert learner[learner.index("--nproc-per-node") + 1] == "2"
     assert learner[-10:-6] == ["serve", "learner", "--spec", "/run/spec.yaml"]
     assert commands["env-1"][3:5] == ["serve", "env"] and "2" in commands["env-1"]
+
+
+def test_the_embedded_default_run_is_the_tiny_surrogate_humaneval_run():
+    from aflowrl.local.launcher import default_run
+
+    spec = default_run()
+    assert spec.policy.model == "tiny" and spec.environment.benchmark == "humaneval"
+    assert spec.environment.executor.type == "surrogate"
+    assert spec.environment.replicas.min == 2 and spec.rollout.engine == "hf"
+    assert spec.environment.search.max_admissible_actions <= 9  # one-digit replies
+    preflight.check_local_run(spec)
