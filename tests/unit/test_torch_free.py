@@ -47,6 +47,10 @@ TORCH_FREE_MODULES = [
     "aflowrl.local.run",
     "aflowrl.cli.train",
     "aflowrl.models.transport",
+    "aflowrl.executor.surrogate",
+    "aflowrl.executor.surrogate.server",
+    "aflowrl.executor.surrogate.calibrate",
+    "aflowrl.cli.surrogate",
 ]
 
 _BLOCKER = """

@@ -16,7 +16,16 @@ from types import ModuleType
 
 from aflowrl import __version__
 
-COMMAND_MODULES: tuple[str, ...] = ("crd", "spec", "eval", "model", "serve", "train")
+COMMAND_MODULES: tuple[str, ...] = (
+    # one per line, so parallel additions merge cleanly
+    "crd",
+    "spec",
+    "eval",
+    "model",
+    "serve",
+    "surrogate",
+    "train",
+)
 """Modules of ``aflowrl.cli`` that define commands, in ``--help`` order."""
 
 
