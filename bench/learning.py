@@ -13,7 +13,8 @@ Each runs with 3 seeds (``trainer.seed``: task seeds and sampling). Printed per 
 episode return over the last ``--last`` iterations and the best validation score of the run,
 each as mean ± standard error over the seeds; then GiGPO's margin over random in standard errors
 (sqrt(se_gigpo^2 + se_random^2)). The learning problem (choice mode over at most 9 numbered
-actions, the tiny model's learning rate, iterations) is the spec below.
+actions, the tiny model's learning rate) is the embedded default run's
+(``aflowrl/local/default_run.yaml``), without checkpoints and the final test evaluation.
 
     python bench/learning.py [--seeds 0 1 2] [--iterations 12] [--last 4]
 """
@@ -29,26 +30,19 @@ import time
 from pathlib import Path
 
 from aflowrl.config import RunSpec
-from aflowrl.local.launcher import local_services, local_spec
+from aflowrl.local.launcher import default_run, local_services, local_spec
 from aflowrl.trainer import app
 from aflowrl.trainer.acting import RolloutClient, UniformActor
 from aflowrl.trainer.learner_client import LearnerClient
 from aflowrl.trainer.records import RunDirectory
 
-SPEC = """
-policy: {dtype: float32}
-rollout: {sampling: {temperature: 1.0}}
-learner:
-  fsdp: {mixedPrecision: none}
-  optimizer: {lr: 0.003, warmupSteps: 0}
-  loss: {miniBatchSize: 32, microBatchSize: 32, klCoef: 0.0, epochs: 2}
-environment:
-  benchmark: humaneval
-  evaluation: {maxProblems: 12, repeats: 1}
-  search: {maxSteps: 4, maxAdmissibleActions: 9, maxObservationChars: 2500}
-trainer: {tasksPerIteration: 2, groupSize: 4, checkpointEvery: 0, finalTestEval: false}
-"""
-"""The learning problem (see the module docstring)."""
+
+def _base() -> RunSpec:
+    """The embedded default run's learning problem, without checkpoints or the final test."""
+    doc = default_run().to_document()
+    doc["trainer"].update({"checkpointEvery": 0, "finalTestEval": False})
+    return RunSpec.from_document(doc)
+
 
 METHODS = ("gigpo", "grpo", "random")
 
@@ -71,7 +65,7 @@ def _mean_se(values: list[float]) -> tuple[float, float]:
 
 
 async def _bench(args: argparse.Namespace, root: Path) -> dict[str, list[tuple[float, float]]]:
-    base = local_spec(RunSpec.from_yaml(SPEC), root)
+    base = local_spec(_base(), root)
     results: dict[str, list[tuple[float, float]]] = {m: [] for m in METHODS}
     async with local_services(base, root) as (targets, _group):
         learner = LearnerClient(targets.learner)
@@ -113,7 +107,7 @@ async def _bench(args: argparse.Namespace, root: Path) -> dict[str, list[tuple[f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--iterations", type=int, default=12)
+    parser.add_argument("--iterations", type=int, default=default_run().trainer.iterations)
     parser.add_argument("--last", type=int, default=4, help="iterations averaged at the end")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="aflowrl-learning-") as tmp:
