@@ -47,6 +47,11 @@ TORCH_FREE_MODULES = [
     "aflowrl.local.run",
     "aflowrl.cli.train",
     "aflowrl.models.transport",
+    "aflowrl.search",
+    "aflowrl.search.optimize",
+    "aflowrl.search.proposers",
+    "aflowrl.search.policy",  # torch only inside, when the policy proposer is used
+    "aflowrl.cli.optimize",
     "aflowrl.executor.surrogate",
     "aflowrl.executor.surrogate.server",
     "aflowrl.executor.surrogate.calibrate",

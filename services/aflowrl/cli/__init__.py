@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "crd",
     "spec",
     "eval",
+    "optimize",
     "model",
     "serve",
     "surrogate",

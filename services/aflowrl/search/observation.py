@@ -1,0 +1,202 @@
+"""The observation: the text the policy reads before it proposes one edit.
+
+It holds, in this order: the task (benchmark, task type, round, best score so far), the workflow
+to modify (rendered readably; as JSON in free-form mode) with its score, the experience of its
+children (each action tried on it, whether it improved the score, duplicates and rejected
+actions with the reason), a few problems it got wrong (question, expected, produced), the
+operator descriptions, the action language (text and free-form modes), the numbered admissible
+actions (choice mode), and how to reply.
+
+The text is at most ``max_chars`` long. The task, the workflow, the admissible actions and the
+reply instructions always stay; the operator list, the experience and the wrong problems share
+what is left, in that order of priority, each item clipped and the rest dropped with a line
+saying how many were cut. If even the fixed parts do not fit, the workflow's prompts are shown
+shorter, then the text is cut in the middle with a note. Used by
+:mod:`aflowrl.search.episode`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from aflowrl.benchmarks.base import Problem
+from aflowrl.search.actions import GRAMMAR
+from aflowrl.search.projection import ActionMode
+from aflowrl.search.state import Attempt, EpisodeState, TreeNode, WrongRun
+from aflowrl.workflow import Graph, describe_operators, render_text
+
+_QUESTION_CHARS: Final = 700
+_EXPECTED_CHARS: Final = 300
+_PRODUCED_CHARS: Final = 300
+_ACTION_CHARS: Final = 220
+_EXPERIENCE_LINES: Final = 12
+_CUT_NOTE: Final = "\n[... observation cut to {limit} characters: {cut} characters left out ...]\n"
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` on one line, cut at ``limit`` characters with the cut stated."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    keep = max(0, limit - 24)
+    return f"{flat[:keep]}... [+{len(flat) - keep} chars]"
+
+
+@dataclass(frozen=True)
+class ObservationInput:
+    """Everything the observation shows (gathered by the episode module)."""
+
+    benchmark: str
+    state: EpisodeState
+    graph: Graph
+    """The workflow the next step modifies."""
+    mode: ActionMode
+    listed: Sequence[str]
+    """Admissible actions in canonical form (numbered in choice mode)."""
+    problems: Mapping[str, Problem]
+    """Problems by id (for the wrong examples)."""
+
+
+def _percent(score: float) -> str:
+    return f"{100 * score:.1f}%"
+
+
+def _experience_line(attempt: Attempt, nodes: Sequence[TreeNode], parent: TreeNode) -> str:
+    action = clip(attempt.action, _ACTION_CHARS)
+    if not attempt.valid:
+        return f"- [rejected] {action}: {clip(attempt.reason, 160)}"
+    assert attempt.child is not None
+    child = nodes[attempt.child]
+    delta = 100 * (child.score - parent.score)
+    if attempt.duplicate:
+        return (
+            f"- [duplicate of workflow #{attempt.child}] {action} -> {_percent(child.score)}"
+            f" ({delta:+.1f})"
+        )
+    verdict = "improved" if delta > 0 else ("no change" if delta == 0 else "worse")
+    return f"- [{verdict}] {action} -> {_percent(child.score)} ({delta:+.1f})"
+
+
+def _wrong_item(index: int, wrong: WrongRun, problem: Problem | None) -> str:
+    question = clip(problem.question, _QUESTION_CHARS) if problem else "(problem not loaded)"
+    expected = clip(problem.gold, _EXPECTED_CHARS) if problem else "?"
+    produced = clip(wrong.produced, _PRODUCED_CHARS) if wrong.produced else "(no answer)"
+    return (
+        f"Problem {index} ({wrong.problem_id}, scored {wrong.score:.2f}):\n"
+        f"  question: {question}\n  expected: {expected}\n  produced: {produced}"
+    )
+
+
+def _fit(title: str, items: Sequence[str], budget: int) -> str:
+    """``title`` and as many items as fit in ``budget``, then how many were cut."""
+    if not items:
+        return ""
+    lines = [title]
+    used = len(title) + 1
+    for i, item in enumerate(items):
+        note = f"[{len(items) - i} more cut to fit the observation]"
+        last = i == len(items) - 1
+        if used + len(item) + 1 + (0 if last else len(note) + 1) > budget:
+            if used + len(note) + 1 <= budget:
+                lines.append(note)
+            break
+        lines.append(item)
+        used += len(item) + 1
+    return "\n".join(lines) + "\n" if len(lines) > 1 else ""
+
+
+def _cut_middle(text: str, tail: str, max_chars: int) -> str:
+    """``text`` (which ends with ``tail``) cut to ``max_chars``, keeping ``tail`` if it fits."""
+    note = _CUT_NOTE.format(limit=max_chars, cut=len(text))
+    for _ in range(2):  # the note's own length depends on the count it states
+        room = max_chars - len(note)
+        keep_tail = tail if len(tail) <= room else ""
+        head = text[: max(0, room - len(keep_tail))]
+        if not keep_tail:
+            half = room // 2
+            head, keep_tail = text[:half], text[len(text) - (room - half) :]
+        note = _CUT_NOTE.format(limit=max_chars, cut=len(text) - len(head) - len(keep_tail))
+    return head + note + keep_tail
+
+
+def _workflow(obs: ObservationInput, prompt_chars: int | None) -> str:
+    node = obs.state.nodes[obs.state.parent]
+    head = (
+        f"## Workflow to modify: #{obs.state.parent}, validation score {_percent(node.score)}"
+        f" (+- {100 * node.std:.1f}, {obs.state.problem_count} problems x {obs.state.repeats})\n"
+    )
+    if obs.mode == "freeform":
+        doc = obs.graph.to_dict()
+        if prompt_chars is not None:
+            doc["prompts"] = {k: clip(v, prompt_chars) for k, v in doc["prompts"].items()}
+        return head + json.dumps(doc, ensure_ascii=False) + "\n"
+    return head + render_text(obs.graph, prompt_chars=prompt_chars) + "\n"
+
+
+def _actions(obs: ObservationInput, budget: int) -> str:
+    if obs.mode != "choice":
+        return ""
+    each = max(60, min(_ACTION_CHARS, budget // max(1, len(obs.listed)) - 8))
+    lines = [f"{i}. {clip(text, each)}" for i, text in enumerate(obs.listed, start=1)]
+    return "## Admissible actions (answer with one number)\n" + "\n".join(lines) + "\n"
+
+
+def _reply(mode: ActionMode) -> str:
+    what = {
+        "choice": "the number of one admissible action, e.g. <action>3</action>",
+        "text": "one action of the language, e.g. <action>add ScEnsemble after generate "
+        "samples=5</action>",
+        "freeform": "the whole modified workflow as JSON in the format shown above (or one "
+        "action of the language)",
+    }[mode]
+    return (
+        "## Reply\nChange one detail of the workflow so it scores higher. Think inside "
+        f"<think>...</think> if you like, then give {what}, inside <action>...</action>."
+    )
+
+
+def render_observation(obs: ObservationInput, max_chars: int) -> str:
+    """The observation text, at most ``max_chars`` long (see the module docstring)."""
+    state = obs.state
+    config = state.search
+    header = (
+        f"# Optimising an agentic workflow for {obs.benchmark} ({state.task_type} tasks)\n"
+        f"Step {state.step + 1} of {config.max_steps}. The workflow is run by an executor LLM "
+        f"on the validation problems; best score so far {_percent(state.best_score)} "
+        f"(workflow #{state.best}), seed workflow {_percent(state.nodes[0].score)}.\n"
+    )
+    reply = _reply(obs.mode)
+    language = "" if obs.mode == "choice" else f"## Action language (one action)\n{GRAMMAR}\n"
+    fixed_budget = max_chars - len(header) - len(reply) - len(language)
+    workflow = _workflow(obs, 600)
+    for prompt_chars in (300, 120, 40):
+        if len(workflow) <= fixed_budget // 2:
+            break
+        workflow = _workflow(obs, prompt_chars)
+    actions = _actions(obs, fixed_budget - len(workflow))
+    budget = fixed_budget - len(workflow) - len(actions)
+
+    parent = state.nodes[state.parent]
+    tried = state.tried_from(state.parent)
+    experience_items = [_experience_line(a, state.nodes, parent) for a in tried]
+    experience_items = experience_items[-_EXPERIENCE_LINES:]
+    wrong_items = [
+        _wrong_item(i, w, obs.problems.get(w.problem_id))
+        for i, w in enumerate(parent.wrong[: config.failed_examples], start=1)
+    ]
+    operators = describe_operators(state.task_type).splitlines()
+    sections: list[str] = []
+    for title, items in (
+        ("## Operators", operators),
+        (f"## Tried on this workflow ({len(tried)} steps)", experience_items),
+        ("## Problems it got wrong", wrong_items),
+    ):
+        section = _fit(title, items, budget)
+        budget -= len(section)
+        sections.append(section)
+    tail = language + actions + reply
+    text = header + workflow + "".join(sections) + tail
+    return text if len(text) <= max_chars else _cut_middle(text, tail, max_chars)
