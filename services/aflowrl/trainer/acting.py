@@ -15,8 +15,8 @@
 - :class:`UniformActor`: uniform over the admissible actions, no model (the random baseline of
   ``bench/learning.py``); its decisions are not trainable.
 
-The prompt is the system message plus the observation text, rendered by the rollout with the
-policy's chat template. Batches are split over the rollout replicas (contiguous shares, in
+The prompt is the system message ``aflowrl optimize``'s proposers use plus the observation
+text, rendered by the rollout with the policy's chat template. Batches are split over the rollout replicas (contiguous shares, in
 parallel); a replica that is unavailable hands its share to the next. Sampling uses the
 trainer's generator, so a run is reproducible. Called by :mod:`aflowrl.trainer.loop`.
 """
@@ -39,6 +39,7 @@ from grpc import aio
 from aflowrl._proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from aflowrl.common.client import ChannelOptions, error_from_rpc, make_channel
 from aflowrl.config import RunSpec
+from aflowrl.search.proposers import SYSTEM_PROMPT
 from aflowrl.trainer.errors import NoReplicaError
 from aflowrl.trainer.rows import Decision
 from aflowrl.trainer.weight_sync import replica_targets
@@ -46,14 +47,6 @@ from aflowrl.trainer.weight_sync import replica_targets
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-SYSTEM_PROMPT = (
-    "You optimise agentic workflows: graphs of LLM operators that solve benchmark problems. "
-    "Each turn you see one workflow, its validation score, what was already tried on it and "
-    "problems it got wrong, and you propose exactly one modification that changes one detail, "
-    "aiming for a higher score. Follow the reply format you are given exactly."
-)
-"""The policy's system message (the same words ``aflowrl optimize``'s proposers use)."""
 
 
 def choice_response(index: int) -> str:

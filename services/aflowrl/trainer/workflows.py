@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 
 from aflowrl.errors import InvalidInputError
+from aflowrl.search.actions import parse_action
+from aflowrl.search.edits import apply_action
 from aflowrl.workflow import Graph, WorkflowValidationError
 
 logger = logging.getLogger(__name__)
@@ -39,9 +41,6 @@ class WorkflowBook:
         parent = self.graphs.get(anchor)
         if parent is None or not canonical_action:
             return None
-        from aflowrl.search.actions import parse_action
-        from aflowrl.search.edits import apply_action
-
         try:
             child = apply_action(parent, parse_action(canonical_action))
         except (InvalidInputError, WorkflowValidationError) as exc:
