@@ -18,7 +18,8 @@
 The prompt is the system message ``aflowrl optimize``'s proposers use plus the observation
 text, rendered by the rollout with the policy's chat template. Batches are split over the
 rollout replicas (contiguous shares, in parallel); a replica that is unavailable hands its
-share to the next. Sampling uses the trainer's generator, so a run is reproducible. Called by :mod:`aflowrl.trainer.loop`.
+share to the next. Sampling uses the trainer's generator, so a run is reproducible. Called by
+:mod:`aflowrl.trainer.loop`.
 """
 
 from __future__ import annotations
