@@ -220,3 +220,31 @@ async def test_ppo_trains_the_critic_on_gae_returns(tmp_path):
     assert [r["iteration"] for r in records] == [0, 1]
     assert all(math.isfinite(r["losses/value"]) and r["losses/value"] > 0 for r in records)
     assert all(r["time/logprob"] > 0 for r in records)  # the critic's values were asked for
+
+
+async def test_the_same_seed_and_weights_give_the_same_run(policy, tmp_path):
+    """Seeded and reproducible on CPU: two runs from the same weights record the same numbers."""
+    from aflowrl.trainer.acting import RolloutClient
+    from aflowrl.trainer.learner_client import LearnerClient
+
+    rollout, learner = policy
+    learner_client = LearnerClient(learner.target)
+    rollout_client = RolloutClient([rollout.target])
+    await learner_client.save(str(tmp_path / "start"), b"")
+    runs = []
+    for attempt in ("first", "second"):
+        top = max((await rollout_client.versions()).values())
+        await learner_client.load(str(tmp_path / "start"), min_policy_version=top + 1)
+        servers = [await serve_toy("a")]
+        try:
+            spec = _spec(tmp_path / attempt, iterations=2, checkpointEvery=0, finalTestEval=False)
+            await _train(spec, policy, servers, tmp_path / attempt)
+        finally:
+            await servers[0][0].stop()
+        lines = (tmp_path / attempt / "metrics.jsonl").read_text().splitlines()
+        runs.append([json.loads(line) for line in lines])
+    await learner_client.close()
+    await rollout_client.close()
+    keys = ("charts/episode_return", "charts/advantage_mean", "losses/policy", "losses/kl")
+    for first, second in zip(*runs, strict=True):
+        assert [first[k] for k in keys] == [second[k] for k in keys]

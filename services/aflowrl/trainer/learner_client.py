@@ -8,15 +8,17 @@ twice); the idempotent calls are retried by the channel. Used by :mod:`aflowrl.t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from grpc import aio
 
 from aflowrl._proto.v1 import common_pb2, learner_pb2, learner_pb2_grpc
 from aflowrl.common.client import ChannelOptions, error_from_rpc, make_channel
 from aflowrl.trainer.rows import Decision
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -62,14 +64,16 @@ class LearnerClient:
         self.channel = make_channel(target, options or ChannelOptions(timeout_s=1800.0))
         self._stub: Any = learner_pb2_grpc.LearnerServiceStub(self.channel)
 
-    async def status(self) -> learner_pb2.LearnerStatusResponse:
+    async def _call(self, what: str, call: Awaitable[T]) -> T:
+        """Await ``call``; a failure becomes the domain error of its status (``what`` failed)."""
         try:
-            reply: learner_pb2.LearnerStatusResponse = await self._stub.Status(
-                learner_pb2.LearnerStatusRequest(), timeout=60.0
-            )
+            return await call
         except aio.AioRpcError as exc:
-            raise error_from_rpc(exc, f"learner Status ({self.target})") from exc
-        return reply
+            raise error_from_rpc(exc, f"learner {what} ({self.target})") from exc
+
+    async def status(self) -> learner_pb2.LearnerStatusResponse:
+        request = learner_pb2.LearnerStatusRequest()
+        return await self._call("Status", self._stub.Status(request, timeout=60.0))
 
     async def compute_logprobs(
         self, decisions: Sequence[Decision], *, reference: bool = False, values: bool = False
@@ -78,11 +82,10 @@ class LearnerClient:
         request = learner_pb2.ComputeLogProbsRequest(reference=reference, values=values)
         request.sequences.extend(_sequence(d) for d in decisions if not d.is_choice)
         request.choices.extend(_choice(d) for d in decisions if d.is_choice)
-        try:
-            reply = await self._stub.ComputeLogProbs(request)
-        except aio.AioRpcError as exc:
-            kind = "reference" if reference else "policy"
-            raise error_from_rpc(exc, f"learner ComputeLogProbs ({kind})") from exc
+        kind = "reference" if reference else "policy"
+        reply: learner_pb2.ComputeLogProbsResponse = await self._call(
+            f"ComputeLogProbs of the {kind}", self._stub.ComputeLogProbs(request)
+        )
         # Replies come sequences first, then choices: put them back in the decisions' order.
         order = [i for i, d in enumerate(decisions) if not d.is_choice] + [
             i for i, d in enumerate(decisions) if d.is_choice
@@ -109,31 +112,22 @@ class LearnerClient:
             sample.ref_logprobs.extend(row.ref_logprobs)
             sample.returns.extend(row.returns)
             sample.old_values.extend(row.old_values)
-        try:
-            reply = await self._stub.Train(request)
-        except aio.AioRpcError as exc:
-            raise error_from_rpc(exc, f"learner Train (iteration {iteration})") from exc
+        reply: learner_pb2.TrainResponse = await self._call(
+            f"Train of iteration {iteration}", self._stub.Train(request)
+        )
         return dict(reply.metrics.values), int(reply.policy_version)
 
     async def save(self, path: str, client_state: bytes) -> learner_pb2.CheckpointResponse:
-        try:
-            reply: learner_pb2.CheckpointResponse = await self._stub.SaveCheckpoint(
-                learner_pb2.SaveCheckpointRequest(path=path, client_state=client_state)
-            )
-        except aio.AioRpcError as exc:
-            raise error_from_rpc(exc, f"learner SaveCheckpoint {path}") from exc
-        return reply
+        request = learner_pb2.SaveCheckpointRequest(path=path, client_state=client_state)
+        return await self._call(f"SaveCheckpoint {path}", self._stub.SaveCheckpoint(request))
 
     async def load(
         self, path: str, *, min_policy_version: int = 0
     ) -> learner_pb2.CheckpointResponse:
-        try:
-            reply: learner_pb2.CheckpointResponse = await self._stub.LoadCheckpoint(
-                learner_pb2.LoadCheckpointRequest(path=path, min_policy_version=min_policy_version)
-            )
-        except aio.AioRpcError as exc:
-            raise error_from_rpc(exc, f"learner LoadCheckpoint {path}") from exc
-        return reply
+        request = learner_pb2.LoadCheckpointRequest(
+            path=path, min_policy_version=min_policy_version
+        )
+        return await self._call(f"LoadCheckpoint {path}", self._stub.LoadCheckpoint(request))
 
     async def close(self) -> None:
         await self.channel.close()
