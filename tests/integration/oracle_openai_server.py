@@ -19,9 +19,12 @@ import asyncio
 import hashlib
 import json
 import re
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -217,6 +220,31 @@ class OracleServer:
         if "`solve()`" in prompt:
             return f"```python\ndef solve():\n    return {text!r}\n```"
         return self._solution(known, text)
+
+
+@contextmanager
+def serve_in_thread(server: Any) -> Iterator[Any]:
+    """Run an ``async with``-style server (this one, or any) on its own loop in a thread, so
+    that other processes and other event loops can reach it while a test runs."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(server.__aenter__())
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(server.__aexit__(None, None, None))
+        loop.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(30), "the server did not start within 30 s"
+    try:
+        yield server
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
 
 
 async def _main(args: argparse.Namespace) -> None:

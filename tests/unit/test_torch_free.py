@@ -52,6 +52,10 @@ TORCH_FREE_MODULES = [
     "aflowrl.search.proposers",
     "aflowrl.search.policy",  # torch only inside, when the policy proposer is used
     "aflowrl.cli.optimize",
+    "aflowrl.envsvc",
+    "aflowrl.envsvc.server",
+    "aflowrl.envsvc.service",
+    "aflowrl.envsvc.executors",
     "aflowrl.executor.surrogate",
     "aflowrl.executor.surrogate.server",
     "aflowrl.executor.surrogate.calibrate",

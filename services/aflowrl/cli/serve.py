@@ -13,15 +13,23 @@ import importlib
 import sys
 
 NAME = "serve"
-HELP = "Run a service of a training run: rollout (generation) or learner (training)."
+HELP = (
+    "Run a service of a training run: env (the workflow-search environment), rollout "
+    "(generation) or learner (training)."
+)
 
 SERVICES: dict[str, str] = {
+    "env": "aflowrl.envsvc.server",
     "rollout": "aflowrl.rollout.server",
     "learner": "aflowrl.learner.server",
 }
 """Service name -> module with ``async serve(spec, *, host, port, metrics_port)``."""
 
-_DEFAULT_PORTS = {"rollout": ("rollout", "port"), "learner": ("learner", "port")}
+_DEFAULT_PORTS = {
+    "env": ("environment", "port"),
+    "rollout": ("rollout", "port"),
+    "learner": ("learner", "port"),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -2,11 +2,15 @@
 
 The service records into these objects; the Grafana dashboard reads exactly these names
 (``tests/`` check that every name the dashboard uses is exported by one of the components).
+The workflow evaluator records evaluations, cache lookups, executor calls and sandbox runs
+(:class:`aflowrl.workflow.Evaluator` takes this object); the service records steps, resets and
+state blobs. The cache hit ratio is computed from the hit and miss counters when scraped, so it
+is the replica's whatever number of evaluators share them.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
 from aflowrl.common.metrics import ComponentMetrics
 
@@ -55,3 +59,30 @@ class EnvironmentMetrics(ComponentMetrics):
         )
         self.step_duration = self.histogram("step_duration_seconds", "Wall time of one Step call.")
         self.resets = self.counter("resets_total", "Episodes started.", ["task"])
+        self.state_size = self.histogram(
+            "state_size_bytes",
+            "Size of the state blobs returned by Reset and Step.",
+            buckets=tuple(float(1 << k) for k in range(10, 23)),
+        )
+        self.rejected_states = self.counter(
+            "rejected_states_total", "State blobs refused (corrupt, truncated, foreign...)."
+        )
+        self.cache_hit_ratio.set_function(self._hit_ratio)
+
+    def cache_totals(self) -> tuple[int, int]:
+        """Problem runs answered by the cache and computed, since start."""
+        return int(_total(self.cache_hits)), int(_total(self.cache_misses))
+
+    def _hit_ratio(self) -> float:
+        hits, misses = self.cache_totals()
+        return hits / (hits + misses) if hits + misses else 0.0
+
+
+def _total(counter: Counter) -> float:
+    """The value of an unlabelled counter (through the public collector interface)."""
+    return sum(
+        sample.value
+        for family in counter.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )

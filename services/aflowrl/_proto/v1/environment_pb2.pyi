@@ -69,6 +69,7 @@ class ResetRequest(_message.Message):
     MAX_STEPS_FIELD_NUMBER: _builtins.int
     ACTION_MODE_FIELD_NUMBER: _builtins.int
     SEED_WORKFLOW_JSON_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
     task: _builtins.str
     """Benchmark name: "gsm8k", "math", "humaneval", "mbpp", "hotpotqa" or "drop"."""
     seed: _builtins.int
@@ -81,6 +82,12 @@ class ResetRequest(_message.Message):
     """How actions are given in this episode; UNSPECIFIED = the server's default."""
     seed_workflow_json: _builtins.str
     """Optional seed workflow as JSON; empty = the benchmark's AFlow seed workflow."""
+    @_builtins.property
+    def values(self) -> Global___StateValues:
+        """V(s) for `fused` selection (required then; ignored by the other selection rules): the
+        episode's first parent is selected with these values.
+        """
+
     def __init__(
         self,
         *,
@@ -90,14 +97,71 @@ class ResetRequest(_message.Message):
         max_steps: _builtins.int = ...,
         action_mode: Global___ActionMode.ValueType = ...,
         seed_workflow_json: _builtins.str = ...,
+        values: Global___StateValues | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["values", b"values"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_mode", b"action_mode", "episode_id", b"episode_id", "max_steps", b"max_steps", "seed", b"seed", "seed_workflow_json", b"seed_workflow_json", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_mode", b"action_mode", "episode_id", b"episode_id", "max_steps", b"max_steps", "seed", b"seed", "seed_workflow_json", b"seed_workflow_json", "task", b"task", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResetRequest: _TypeAlias = ResetRequest  # noqa: Y015
+
+@_typing.final
+class StateValues(_message.Message):
+    """Values V(s) of workflow states, sent by the caller to every call that selects a parent when
+    the run's selection is `fused` (environment.search.valueSource `anchor-mc` or `critic`): the
+    server keeps no table of its own, so a retried call with the same values selects the same
+    parent. Selection reads the value of every workflow in the episode's tree: the seed (the
+    anchor of the Reset's observation) and each child a step evaluated (StepInfo.child_hash; for
+    the step being taken, ProjectResponse.child_hash). Sending a whole anchor table is fine too.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ValuesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    VALUES_FIELD_NUMBER: _builtins.int
+    DEFAULT_VALUE_FIELD_NUMBER: _builtins.int
+    default_value: _builtins.float
+    """V of workflows absent from `values` (anchor-mc: the prior of an unseen state)."""
+    @_builtins.property
+    def values(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Canonical workflow hash (64 hex digits; GiGPO's anchor) -> V(s), in return units (the sum
+        of step rewards an episode collects from that state on). Finite values only.
+        """
+
+    def __init__(
+        self,
+        *,
+        values: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        default_value: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_value", b"default_value", "values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StateValues: _TypeAlias = StateValues  # noqa: Y015
 
 @_typing.final
 class Observation(_message.Message):
@@ -173,21 +237,27 @@ class StepRequest(_message.Message):
 
     STATE_FIELD_NUMBER: _builtins.int
     ACTION_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
     state: _builtins.bytes
     """The state blob returned by the previous Reset or Step."""
     action: _builtins.str
     """The policy's output: action text (text mode), the chosen action's number or text (choice
     mode), or a JSON graph (free-form mode).
     """
+    @_builtins.property
+    def values(self) -> Global___StateValues:
+        """V(s) for `fused` selection of the next parent (required then; see StateValues)."""
+
     def __init__(
         self,
         *,
         state: _builtins.bytes = ...,
         action: _builtins.str = ...,
+        values: Global___StateValues | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["values", b"values"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "state", b"state", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -214,6 +284,8 @@ class StepInfo(_message.Message):
     STEP_INDEX_FIELD_NUMBER: _builtins.int
     PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    CHILD_WORKFLOW_JSON_FIELD_NUMBER: _builtins.int
+    DONE_REASON_FIELD_NUMBER: _builtins.int
     valid_action: _builtins.bool
     """Whether the action was projected onto an admissible action."""
     invalid_reason: _builtins.str
@@ -241,6 +313,12 @@ class StepInfo(_message.Message):
     prompt_tokens: _builtins.int
     """Executor tokens used by the step."""
     completion_tokens: _builtins.int
+    child_workflow_json: _builtins.str
+    """The child workflow as JSON (aflowrl.workflow format) when the action was valid, so the
+    caller can keep the workflows an episode found (free-form ones included).
+    """
+    done_reason: _builtins.str
+    """Why the episode ended ("max_steps", "converged"; empty while it goes on)."""
     def __init__(
         self,
         *,
@@ -259,10 +337,12 @@ class StepInfo(_message.Message):
         step_index: _builtins.int = ...,
         prompt_tokens: _builtins.int = ...,
         completion_tokens: _builtins.int = ...,
+        child_workflow_json: _builtins.str = ...,
+        done_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["best_score", b"best_score", "cache_hits", b"cache_hits", "canonical_action", b"canonical_action", "child_hash", b"child_hash", "child_score", b"child_score", "completion_tokens", b"completion_tokens", "cost_known", b"cost_known", "cost_usd", b"cost_usd", "duplicate", b"duplicate", "executor_calls", b"executor_calls", "invalid_reason", b"invalid_reason", "parent_score", b"parent_score", "prompt_tokens", b"prompt_tokens", "step_index", b"step_index", "valid_action", b"valid_action"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["best_score", b"best_score", "cache_hits", b"cache_hits", "canonical_action", b"canonical_action", "child_hash", b"child_hash", "child_score", b"child_score", "child_workflow_json", b"child_workflow_json", "completion_tokens", b"completion_tokens", "cost_known", b"cost_known", "cost_usd", b"cost_usd", "done_reason", b"done_reason", "duplicate", b"duplicate", "executor_calls", b"executor_calls", "invalid_reason", b"invalid_reason", "parent_score", b"parent_score", "prompt_tokens", b"prompt_tokens", "step_index", b"step_index", "valid_action", b"valid_action"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -286,7 +366,9 @@ class StepResponse(_message.Message):
     done: _builtins.bool
     """True when the episode is over (step budget reached or search converged)."""
     @_builtins.property
-    def observation(self) -> Global___Observation: ...
+    def observation(self) -> Global___Observation:
+        """What the policy sees before the next step (unset when done)."""
+
     @_builtins.property
     def info(self) -> Global___StepInfo: ...
     def __init__(
@@ -453,8 +535,12 @@ class EvalSummary(_message.Message):
     num_problems: _builtins.int
     """Number of problems evaluated."""
     cost_usd: _builtins.float
+    """Executor cost of the workflow's runs in USD, cache hits counted at what they cost when made
+    (so the same on every replica and retry); `cost_known` is false when a price is unknown.
+    """
     cost_known: _builtins.bool
     executor_calls: _builtins.int
+    """Executor calls this evaluation made, and problem runs it took from the evaluation cache."""
     cache_hits: _builtins.int
     latency_s: _builtins.float
     """Wall time of the evaluation in seconds."""

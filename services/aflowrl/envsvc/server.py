@@ -1,0 +1,179 @@
+"""Entry point of ``aflowrl serve env``: check the spec, warm up, serve the environment.
+
+Called by :mod:`aflowrl.cli.serve` after the spec is validated. Before the port is bound,
+:func:`check_spec` refuses what cannot work (a benchmark that needs a data directory without
+one, a directory that does not exist, an executor with no endpoint or not installed). Then the
+server starts with health NOT_SERVING and warms up (:func:`open_environment`): it loads the
+benchmark's splits, builds the executor (waiting for an OpenAI-compatible endpoint to answer),
+opens the evaluation cache (SQLite when ``environment.evaluation.cachePath``) and starts the
+sandbox pool; only then does health turn SERVING. A failure of any of these ends the process
+with a message naming the problem. SIGTERM: NOT_SERVING, in-flight calls get
+``grpc.shutdownGraceS`` to finish, then the executor and the cache are closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from aflowrl import envs, sandbox
+from aflowrl._proto.v1 import environment_pb2_grpc
+from aflowrl.benchmarks import get_benchmark
+from aflowrl.benchmarks.base import SPLITS, Benchmark, Problem
+from aflowrl.benchmarks.errors import DataNotFoundError
+from aflowrl.common.server import MIB, GrpcServer, ServerOptions, ServiceRegistration
+from aflowrl.config import RunSpec
+from aflowrl.config.environment import NEEDS_DATA_DIR, EnvironmentSpec
+from aflowrl.envsvc import executors
+from aflowrl.envsvc.blob import MAX_BLOB_BYTES, StateCodec
+from aflowrl.envsvc.environment import Environment
+from aflowrl.envsvc.metrics import EnvironmentMetrics
+from aflowrl.envsvc.service import SERVICE_NAME, EnvironmentServicer
+from aflowrl.errors import InvalidInputError
+from aflowrl.workflow import EvaluationCache
+
+logger = logging.getLogger(__name__)
+
+
+def data_dir(spec: EnvironmentSpec) -> str | None:
+    """``environment.data.dir``, else $AFLOWRL_DATA_DIR, else None."""
+    return spec.data.dir or envs.AFLOWRL_DATA_DIR
+
+
+def check_spec(spec: RunSpec) -> None:
+    """Refuse, before anything is loaded or bound, a spec this replica cannot serve."""
+    env = spec.environment
+    if env.search.selection == "fused" and env.search.value_source == "none":
+        raise InvalidInputError(
+            "fused selection needs a value source ('anchor-mc' or 'critic'; the trainer sends "
+            "the values with each call)",
+            field="environment.search.valueSource",
+        )
+    directory = data_dir(env)
+    if directory is None and env.benchmark in NEEDS_DATA_DIR:
+        raise InvalidInputError(
+            f"{env.benchmark} needs a data directory with {env.benchmark}_<split>.jsonl files: "
+            "set environment.data.dir (or AFLOWRL_DATA_DIR)",
+            field="environment.data.dir",
+        )
+    if directory is not None and not Path(directory).is_dir():
+        raise InvalidInputError(
+            f"{directory} does not exist or is no directory", field="environment.data.dir"
+        )
+    executors.check_executor(env)
+
+
+def scoring_benchmark(name: str, metrics: EnvironmentMetrics) -> Benchmark:
+    """The benchmark; a code benchmark's hidden-test runs are counted in ``sandbox_runs_total``.
+
+    (The evaluator counts the workflow operators' own sandbox runs from their traces.)
+    """
+    shared = get_benchmark(name)
+    if shared.task_type != "code":
+        return shared
+
+    async def run(code: str, *, timeout_s: float, memory_mb: int) -> sandbox.SandboxResult:
+        result = await sandbox.arun_python(code, timeout_s=timeout_s, memory_mb=memory_mb)
+        metrics.sandbox_runs.labels(result.status).inc()
+        return result
+
+    factory: Any = type(shared)  # CodeBenchmark subclasses take the runner
+    built: Benchmark = factory(runner=run)
+    return built
+
+
+def load_splits(spec: EnvironmentSpec) -> dict[str, list[Problem]]:
+    """Every split of the benchmark that can be loaded; the search's split must be."""
+    benchmark = get_benchmark(spec.benchmark)
+    splits: dict[str, list[Problem]] = {}
+    for split in SPLITS:
+        try:
+            splits[split] = benchmark.load(split, data_dir(spec))
+        except DataNotFoundError as exc:
+            if split == spec.evaluation.split:
+                raise
+            logger.warning(
+                "%s has no %s split here (%s): Evaluate on it fails", spec.benchmark, split, exc
+            )
+    return splits
+
+
+@contextlib.asynccontextmanager
+async def open_environment(
+    spec: RunSpec, metrics: EnvironmentMetrics
+) -> AsyncIterator[Environment]:
+    """Warm up: load the data, build the executor, open the cache, start the sandbox pool."""
+    env = spec.environment
+    splits = await asyncio.to_thread(load_splits, env)
+    problems = [p for split in splits.values() for p in split]
+    executor = await asyncio.to_thread(executors.build_executor, env, problems, data_dir(env))
+    try:
+        if env.executor.type == "openai":
+            await executors.probe_openai(env.executor)
+        pool = await asyncio.to_thread(sandbox.default_pool)
+        with EvaluationCache(env.evaluation.cache_path) as cache:
+            codec = StateCodec(
+                envs.AFLOWRL_AUTH_TOKEN,
+                max_bytes=min(MAX_BLOB_BYTES, spec.grpc.max_message_mib * MIB // 2),
+            )
+            environment = Environment(
+                env,
+                benchmark=scoring_benchmark(env.benchmark, metrics),
+                splits=splits,
+                executor=executors.MeteredExecutor(executor, metrics),
+                cache=cache,
+                metrics=metrics,
+                codec=codec,
+            )
+            logger.info(
+                "environment %s: %s (episodes score on %s of %d %s problems, %d repeat(s)); "
+                "executor %s; cache %s; sandbox %s; state blobs %s",
+                env.benchmark,
+                ", ".join(f"{name} {len(p)}" for name, p in splits.items()),
+                env.evaluation.max_problems or "all",
+                len(splits[env.evaluation.split]),
+                env.evaluation.split,
+                env.evaluation.repeats,
+                executor.executor_id,
+                env.evaluation.cache_path or "in memory",
+                pool.mode,
+                "signed" if codec.signed else "checksummed (no auth token: not signed)",
+            )
+            yield environment
+    finally:
+        await executor.aclose()
+
+
+@contextlib.asynccontextmanager
+async def running_server(
+    spec: RunSpec, *, host: str, port: int, metrics_port: int | None
+) -> AsyncIterator[GrpcServer]:
+    """The environment service, SERVING once warm; everything closed on the way out."""
+    check_spec(spec)
+    metrics = EnvironmentMetrics()
+    servicer = EnvironmentServicer()
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def warmup() -> None:
+            servicer.attach(await stack.enter_async_context(open_environment(spec, metrics)))
+
+        options = ServerOptions.from_spec(
+            "environment", spec.grpc, port=port, metrics_port=metrics_port, host=host
+        )
+        registration = ServiceRegistration(
+            servicer, environment_pb2_grpc.add_EnvironmentServiceServicer_to_server, SERVICE_NAME
+        )
+        server = GrpcServer(options, [registration], warmup=warmup, metrics=metrics)
+        servicer.uptime = lambda: server.uptime_s
+        async with server:
+            yield server
+
+
+async def serve(spec: RunSpec, *, host: str, port: int, metrics_port: int | None) -> None:
+    """Serve until SIGTERM / SIGINT (what ``aflowrl serve env`` runs)."""
+    async with running_server(spec, host=host, port=port, metrics_port=metrics_port) as server:
+        await server.serve_until_signal()
