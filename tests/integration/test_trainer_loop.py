@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -248,3 +249,37 @@ async def test_the_same_seed_and_weights_give_the_same_run(policy, tmp_path):
     keys = ("charts/episode_return", "charts/advantage_mean", "losses/policy", "losses/kl")
     for first, second in zip(*runs, strict=True):
         assert [first[k] for k in keys] == [second[k] for k in keys]
+
+
+async def test_fused_selection_gets_the_trainers_values_from_the_real_environment(policy, tmp_path):
+    """The real environment service (in this process; surrogate executor, HumanEval) refuses
+    fused selection without V(s): the trainer sends its anchor Monte-Carlo table."""
+    from aflowrl.envsvc.server import running_server
+    from aflowrl.trainer.state import CheckpointIndex, TrainerState
+
+    doc = _spec(tmp_path, iterations=2, checkpointEvery=2, finalTestEval=False).to_document()
+    doc["environment"]["evaluation"] = {"maxProblems": 3, "repeats": 1}
+    doc["environment"]["search"].update(
+        {
+            "selection": "fused",
+            "valueSource": "anchor-mc",
+            "maxAdmissibleActions": 6,
+            "maxObservationChars": 1500,
+        }
+    )
+    spec = RunSpec.from_document(doc)
+    rollout, learner = policy
+    async with running_server(spec, host="127.0.0.1", port=0, metrics_port=None) as env:
+        services = app.connect(
+            spec, env=[f"127.0.0.1:{env.port}"], rollout=[rollout.target], learner=learner.target
+        )
+        result = await app.train(spec, services, tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [0, 1] and result.state.iteration == 2
+    assert all(r["charts/valid_action_ratio"] == 1.0 for r in records)
+    [entry] = CheckpointIndex(tmp_path).entries()
+    saved = TrainerState.from_bytes((Path(entry.path) / "client_state.bin").read_bytes(), source="")
+    assert saved.values is not None and saved.values["returns"]["anchors"]
+    # The best workflows came back as JSON from the environment's steps.
+    index = json.loads((tmp_path / "best" / "index.json").read_text())
+    assert index and all("workflow.json" in entry["files"] for entry in index)

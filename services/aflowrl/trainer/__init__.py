@@ -6,6 +6,7 @@
 - :mod:`.acting`: the policy's decisions (choice mode: scored admissible actions; text mode);
 - :mod:`.routing`: environment replicas on a consistent-hash ring, with failover;
 - :mod:`.advantages`: GiGPO / GRPO / PPO targets of step rows with :mod:`aflowrl.rl`;
+- :mod:`.values`: V(s) sent to the environment for ``fused`` parent selection;
 - :mod:`.learner_client`, :mod:`.weight_sync`: the learner's calls and the weight push;
 - :mod:`.state`, :mod:`.records`, :mod:`.plots`, :mod:`.progress`, :mod:`.final`: checkpoints
   and resume, the run directory, the curves, the progress bar and the final comparison;
@@ -29,6 +30,6 @@ __all__ = [
     "routing",
     "rows",
     "state",
+    "values",
     "weight_sync",
-    "workflows",
 ]

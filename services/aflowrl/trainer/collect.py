@@ -10,7 +10,8 @@ hash, so its evaluation is cached once for every group.
 
 Randomness is derived from ``(trainer.seed, iteration)`` only (task seeds, the choice sampler,
 generation seeds), so an iteration collects the same episodes whether or not the run was
-interrupted before it. Used by :mod:`aflowrl.trainer.loop`.
+interrupted before it. With ``fused`` selection every Reset and Step carries the trainer's V(s)
+(:mod:`aflowrl.trainer.values`). Used by :mod:`aflowrl.trainer.loop`.
 """
 
 from __future__ import annotations
@@ -62,8 +63,10 @@ class Collector:
         seed_workflow: Graph,
         *,
         on_phase: Callable[[int, str], None] | None = None,
+        values: Callable[[], environment_pb2.StateValues | None] | None = None,
     ) -> None:
         self.spec = spec
+        self._values = values or (lambda: None)
         self.env = env
         self.actor = actor
         self.seed_workflow = seed_workflow
@@ -132,6 +135,7 @@ class Collector:
             max_steps=search.max_steps,
             action_mode=_ACTION_MODES[search.action_mode],
             seed_workflow_json=self._seed_json,
+            values=self._values(),
         )
         async with timeline.call():
             reply = await self.env.reset(request, key=self.seed_workflow.content_hash)
@@ -142,7 +146,10 @@ class Collector:
     async def _step(self, episode: Episode, decision: Decision, step: int, tl: Timeline) -> None:
         async with tl.call():
             reply, replica = await self.env.step(
-                episode.state, decision.action, episode_key=episode.episode_id
+                episode.state,
+                decision.action,
+                episode_key=episode.episode_id,
+                values=self._values(),
             )
         info = reply.info
         episode.rows.append(
@@ -160,6 +167,7 @@ class Collector:
                 parent_score=info.parent_score,
                 best_score=info.best_score,
                 canonical_action=info.canonical_action,
+                child_workflow_json=info.child_workflow_json,
                 duplicate=info.duplicate,
                 executor_calls=info.executor_calls,
                 cache_hits=info.cache_hits,
@@ -202,7 +210,6 @@ def batch_summary(batch: Batch) -> dict[str, float]:
         "rollout/version_max": float(max((r.decision.version for r in rows), default=0)),
         "env/executor_calls": float(calls),
         "env/cache_hits": float(hits),
-        "env/cache_hit_ratio": hits / (calls + hits) if calls + hits else 0.0,
         "env/cost_usd": sum(r.cost_usd for r in rows),
         "env/cost_known": 1.0 if all(r.cost_known for r in rows) else 0.0,
     }

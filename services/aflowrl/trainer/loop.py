@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from aflowrl._proto.v1.environment_pb2 import StateValues
 from aflowrl.benchmarks import get_benchmark
 from aflowrl.common.run_status import RunStatusReporter
 from aflowrl.config import RunSpec
@@ -66,8 +67,8 @@ from aflowrl.trainer.state import (
     TrainerState,
     spec_fingerprint,
 )
+from aflowrl.trainer.values import ValueTable
 from aflowrl.trainer.weight_sync import WeightSync
-from aflowrl.trainer.workflows import WorkflowBook
 from aflowrl.workflow import Graph, library
 
 logger = logging.getLogger(__name__)
@@ -138,18 +139,25 @@ class Trainer:
         benchmark = get_benchmark(spec.environment.benchmark)
         self.task_type = benchmark.task_type
         self.seed_workflow = library.load("seed", benchmark.task_type)
-        self.book = WorkflowBook(self.seed_workflow)
+        search = spec.environment.search
+        self.values: ValueTable | None = None
+        if search.selection == "fused" and search.value_source != "none":
+            self.values = ValueTable(search.value_source)
         self.collector = collecting.Collector(
             spec,
             services.env,
             self.actor,
             self.seed_workflow,
             on_phase=progress.phase if progress is not None else None,
+            values=self._state_values,
         )
         self.index = CheckpointIndex(run_dir.path)
         self.state = TrainerState(seed=spec.trainer.seed, fingerprint=spec_fingerprint(spec))
         self._started = time.monotonic()
         self._elapsed_before = 0.0
+
+    def _state_values(self) -> StateValues | None:
+        return self.values.proto() if self.values is not None else None
 
     # ---- start ----------------------------------------------------------------------------------
 
@@ -206,6 +214,8 @@ class Trainer:
             state.check_resumable(self.spec)
             state.policy_version = int(loaded.policy_version)
             self.state = state
+            if self.values is not None and state.values is not None:
+                self.values = ValueTable.from_dict(state.values)
             self.index.discard_after(state.iteration)
             dropped = self.run_dir.truncate_metrics(state.iteration)
             if state.last_record is not None and len(self.run_dir.read_metrics()) < state.iteration:
@@ -276,6 +286,8 @@ class Trainer:
     async def _iteration(self, batch: Batch, timeline: Timeline) -> None:
         iteration = batch.iteration
         self._note_workflows(batch)
+        if self.values is not None and self.values.source == "anchor-mc":
+            self.values.record(batch.rows)
         learned: dict[str, float] = {}
         if self.train_policy:
             if self.progress is not None:
@@ -284,6 +296,7 @@ class Trainer:
         self.state.iteration = iteration + 1
         self.state.episodes += len(batch.episodes)
         self.state.elapsed_s = self._elapsed_before + time.monotonic() - self._started
+        self.state.values = self.values.to_dict() if self.values is not None else None
         record = self._record(batch, learned)
         if self._checkpoint_due(iteration):
             if self.progress is not None:
@@ -340,6 +353,10 @@ class Trainer:
             values = [[] for _ in rows]
             for i, row_values in zip(trainable, scored.values or [], strict=True):
                 values[i] = row_values
+            if self.values is not None and self.values.source == "critic":
+                self.values.record(
+                    [rows[i] for i in trainable], [values[i][0] for i in trainable if values[i]]
+                )
         with timeline.phase("advantage"):
             targets = compute_advantages(rows, algorithm, values=values)
         cap = spec.trainer.off_policy.max_staleness
@@ -434,7 +451,7 @@ class Trainer:
     # ---- records --------------------------------------------------------------------------------
 
     def _note_workflows(self, batch: Batch) -> None:
-        """Rebuild the iteration's new workflows and offer them to the best list."""
+        """Offer the iteration's evaluated workflows (and the seed) to the best list."""
         for episode in batch.episodes:
             self.state.offer(
                 BestWorkflow(
@@ -449,14 +466,13 @@ class Trainer:
             for row in episode.rows:
                 if not (row.valid and row.child_hash) or row.duplicate:
                     continue
-                graph = self.book.replay(row.anchor, row.canonical_action, row.child_hash)
                 self.state.offer(
                     BestWorkflow(
                         row.child_hash,
                         row.child_score,
                         batch.iteration,
                         episode.episode_id,
-                        graph.to_json(indent=None) if graph is not None else None,
+                        row.child_workflow_json or None,
                     ),
                     KEEP_BEST,
                 )

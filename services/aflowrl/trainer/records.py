@@ -30,8 +30,9 @@ Keys of a record (NaN is written as null):
   (truncated importance weights), ``charts/advantage_mean`` / ``_std``;
 - the learner's ``losses/*``, ``charts/*`` and ``perf/*`` (aflowrl.learner's Train metrics);
 - ``rollout/version_min`` / ``_max``: policy versions that made the iteration's decisions;
-- ``env/executor_calls``, ``env/cache_hits``, ``env/cache_hit_ratio``, ``env/cost_usd``,
-  ``env/cost_known``, ``env/failovers`` (calls moved to another replica), ``env/replicas_live``;
+- ``env/executor_calls`` (fresh executor calls of the steps), ``env/cache_hits`` (problem runs
+  the evaluation cache answered), ``env/cost_usd``, ``env/cost_known``, ``env/failovers``
+  (calls moved to another replica), ``env/replicas_live``;
 - ``weights/seconds``, ``weights/replicas_failed``: the weight push;
 - ``time/<phase>`` for reset, generate, step, advantage, logprob, train, weight_sync,
   checkpoint; ``time/iteration``; ``time/service_calls`` (some call in flight);

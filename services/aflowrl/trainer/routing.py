@@ -227,15 +227,23 @@ class EnvironmentClient:
         return response  # type: ignore[no-any-return]
 
     async def step(
-        self, state: bytes, action: str, *, episode_key: str
+        self,
+        state: bytes,
+        action: str,
+        *,
+        episode_key: str,
+        values: environment_pb2.StateValues | None = None,
     ) -> tuple[environment_pb2.StepResponse, str]:
-        """Project, then Step on the owner of the child's hash; returns (response, replica)."""
+        """Project, then Step on the owner of the child's hash; returns (response, replica).
+
+        ``values`` is V(s) for ``fused`` selection of the next parent.
+        """
         project = environment_pb2.ProjectRequest(state=state, action=action)
         projected, _ = await self._call(
             "Project", episode_key, lambda stub: stub.Project(project, timeout=60.0)
         )
         key = projected.child_hash or episode_key
-        request = environment_pb2.StepRequest(state=state, action=action)
+        request = environment_pb2.StepRequest(state=state, action=action, values=values)
         timeout = self.step_timeout_s
         response, address = await self._call(
             "Step", key, lambda stub: stub.Step(request, timeout=timeout)

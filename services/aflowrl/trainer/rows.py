@@ -71,6 +71,8 @@ class StepRow:
     parent_score: float = 0.0
     best_score: float = 0.0
     canonical_action: str = ""
+    child_workflow_json: str = ""
+    """The child workflow (aflowrl.workflow JSON) when the action was valid."""
     duplicate: bool = False
     executor_calls: int = 0
     cache_hits: int = 0

@@ -56,7 +56,7 @@ class BestWorkflow:
     iteration: int
     episode: str
     workflow_json: str | None = None
-    """The graph (None when it could not be rebuilt from the actions, e.g. free-form)."""
+    """The graph as JSON (None when the environment did not send it)."""
     evaluations: int = 1
     """Episodes that evaluated it; ``score`` is the mean of their validation scores (each
     episode scores on its own problem subset)."""
@@ -78,6 +78,8 @@ class TrainerState:
     metrics_lines: int = 0
     """Records in metrics.jsonl (one per completed iteration)."""
     elapsed_s: float = 0.0
+    values: dict[str, Any] | None = None
+    """The V(s) table of ``fused`` selection (:class:`aflowrl.trainer.values.ValueTable`)."""
     last_record: dict[str, Any] | None = None
     """The metrics record of the last iteration before the checkpoint (written on resume if the
     trainer stopped between saving the checkpoint and writing the record)."""
