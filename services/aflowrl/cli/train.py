@@ -179,10 +179,6 @@ def _report(result: Any) -> None:
     run_dir = result.run_dir
     if result.final_table:
         print(result.final_table)
-    best = result.state.best[0] if result.state.best else None
-    if best is not None:
-        print(
-            f"\nbest workflow {best.hash[:12]} (validation {best.score:.3f}): "
-            f"{run_dir / 'best' / ('1-' + best.hash[:12])}"
-        )
+    if result.best_dir is not None:
+        print(f"\nbest workflow (JSON, AFlow graph.py + prompt.py, picture): {result.best_dir}")
     print(f"metrics: {run_dir / 'metrics.jsonl'}   curves: {run_dir / 'curves.png'}")

@@ -1,15 +1,20 @@
-"""The run's last word: the best workflow against the seed and the classic baselines, on test.
+"""The run's last word: the best workflow found against the seed and the classic baselines.
 
-Each workflow (the best ones found, the benchmark's seed, and AFlow's classic baselines IO, CoT,
-CoT-SC, MedPrompt and Self-Refine from :mod:`aflowrl.workflow.library`) is evaluated on the
-benchmark's test split through the environment service's ``Evaluate`` (routed by workflow hash,
-all in parallel, seeded by ``trainer.seed``), and the results become a table::
+Validation scores seen during training are noisy: each episode scores workflows on its own
+subset of ``environment.evaluation.maxProblems`` problems. So the best workflows the run kept
+(:attr:`aflowrl.trainer.state.TrainerState.best`) are first evaluated, with the seed and the
+classic baselines (IO, CoT, CoT-SC, MedPrompt, Self-Refine from
+:mod:`aflowrl.workflow.library`), on the whole validation split; the one that scores best there
+is the run's best workflow, and it, the seed and the baselines are evaluated on the test split.
+Every evaluation goes through the environment service's ``Evaluate`` (routed by workflow hash,
+all in parallel, seeded by ``trainer.seed``). The result is a table::
 
     workflow            test score      validation  problems  executor calls  cost (USD)
-    best 1 (3fa2c1d9)   0.912 ± 0.010   0.950       131       1,310          0.0123
+    best (3fa2c1d9)     0.912 ± 0.010   0.950       131       1,310          0.0123
     seed                0.851 ± 0.004   0.850       ...
 
-Used by :mod:`aflowrl.trainer.loop` when ``trainer.finalTestEval`` is on.
+(mean ± standard deviation over the evaluation's repeats). Used by :mod:`aflowrl.trainer.loop`
+when ``trainer.finalTestEval`` is on.
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ class Contender:
 
     name: str
     graph: Graph
-    validation_score: float | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class FinalRow:
     test_std: float
     num_problems: int
     validation_score: float | None
+    """Mean score on the whole validation split."""
     executor_calls: int
     cache_hits: int
     cost_usd: float | None
@@ -53,41 +58,71 @@ class FinalRow:
         return asdict(self)
 
 
-async def evaluate_contenders(
+async def _evaluate(
     env: EnvironmentClient,
-    contenders: Sequence[Contender],
+    graphs: Sequence[Graph],
     *,
     benchmark: str,
+    split: str,
     repeats: int,
     seed: int,
-    split: str = "test",
-) -> list[FinalRow]:
-    """Evaluate every contender on ``split`` (in parallel); rows in the contenders' order."""
-
-    async def one(contender: Contender) -> FinalRow:
+) -> list[environment_pb2.EvaluateResponse]:
+    async def one(graph: Graph) -> environment_pb2.EvaluateResponse:
         request = environment_pb2.EvaluateRequest(
-            workflow_json=contender.graph.to_json(indent=None),
+            workflow_json=graph.to_json(indent=None),
             benchmark=benchmark,
             split=split,
             repeats=repeats,
             seed=seed,
         )
-        reply = await env.evaluate(request, key=contender.graph.content_hash)
-        summary = reply.summary
-        return FinalRow(
-            name=contender.name,
-            hash=reply.workflow_hash or contender.graph.content_hash,
-            test_mean=summary.mean,
-            test_std=summary.std,
-            num_problems=summary.num_problems,
-            validation_score=contender.validation_score,
-            executor_calls=summary.executor_calls,
-            cache_hits=summary.cache_hits,
-            cost_usd=summary.cost_usd if summary.cost_known else None,
-            latency_s=summary.latency_s,
-        )
+        return await env.evaluate(request, key=graph.content_hash)
 
-    return list(await asyncio.gather(*(one(c) for c in contenders)))
+    return list(await asyncio.gather(*(one(g) for g in graphs)))
+
+
+async def compare(
+    env: EnvironmentClient,
+    candidates: Sequence[Contender],
+    baselines: Sequence[Contender],
+    *,
+    benchmark: str,
+    repeats: int,
+    seed: int,
+) -> list[FinalRow]:
+    """Pick the best candidate on the validation split, then test it with the baselines."""
+    pool = [*candidates, *baselines]
+    kwargs: dict[str, Any] = {"benchmark": benchmark, "repeats": repeats, "seed": seed}
+    validation = await _evaluate(env, [c.graph for c in pool], split="validate", **kwargs)
+    scores = [reply.summary.mean for reply in validation]
+    chosen = list(baselines)
+    if candidates:
+        best = max(range(len(candidates)), key=lambda i: (scores[i], -i))
+        chosen.insert(0, candidates[best])
+        logger.info(
+            "best workflow on the validation split: %s (%.3f)",
+            candidates[best].name,
+            scores[best],
+        )
+    by_hash = {c.graph.content_hash: s for c, s in zip(pool, scores, strict=True)}
+    tests = await _evaluate(env, [c.graph for c in chosen], split="test", **kwargs)
+    rows = []
+    for contender, reply in zip(chosen, tests, strict=True):
+        summary = reply.summary
+        rows.append(
+            FinalRow(
+                name=contender.name,
+                hash=reply.workflow_hash or contender.graph.content_hash,
+                test_mean=summary.mean,
+                test_std=summary.std,
+                num_problems=summary.num_problems,
+                validation_score=by_hash.get(contender.graph.content_hash),
+                executor_calls=summary.executor_calls,
+                cache_hits=summary.cache_hits,
+                cost_usd=summary.cost_usd if summary.cost_known else None,
+                latency_s=summary.latency_s,
+            )
+        )
+    return rows
 
 
 def final_table(rows: Sequence[FinalRow], *, benchmark: str, split: str = "test") -> str:

@@ -53,7 +53,7 @@ from aflowrl.trainer.acting import Actor, ChoiceActor, RolloutClient, TextActor
 from aflowrl.trainer.advantages import RowTargets, compute_advantages
 from aflowrl.trainer.clock import Timeline
 from aflowrl.trainer.errors import LearnerDivergedError, NoReplicaError
-from aflowrl.trainer.final import Contender, FinalRow, evaluate_contenders, final_table
+from aflowrl.trainer.final import Contender, FinalRow, compare, final_table
 from aflowrl.trainer.learner_client import LearnerClient, TrainRow
 from aflowrl.trainer.metrics import TrainerMetrics
 from aflowrl.trainer.progress import Progress
@@ -101,6 +101,8 @@ class RunResult:
     final_rows: list[FinalRow] = field(default_factory=list)
     final_table: str = ""
     run_dir: Path | None = None
+    best_dir: Path | None = None
+    """``best/<rank>-<hash>`` of the workflow the final comparison chose (None without one)."""
 
 
 def recompute_all_old_logprobs(spec: RunSpec) -> bool:
@@ -245,10 +247,6 @@ class Trainer:
 
     # ---- the loop -------------------------------------------------------------------------------
 
-    async def _collect(self, iteration: int) -> tuple[Batch, Timeline]:
-        timeline = Timeline()
-        return await self.collector.collect(iteration, timeline), timeline
-
     async def run(self) -> RunResult:
         """Check the services, resume or start, train every iteration left, then evaluate."""
         await self.check_services()
@@ -257,17 +255,21 @@ class Trainer:
             self.progress.start_at(self.state.iteration)
         total = self.spec.trainer.iterations
         overlap = self.spec.trainer.off_policy.enabled and self.train_policy
-        pending: asyncio.Task[tuple[Batch, Timeline]] | None = None
+        pending: asyncio.Task[Batch] | None = None
+        timeline = Timeline()
         try:
             for iteration in range(self.state.iteration, total):
                 if pending is None:
-                    batch, timeline = await self._collect(iteration)
+                    batch = await self.collector.collect(iteration, timeline)
                 else:
-                    batch, timeline = await pending
+                    batch = await pending
                     pending = None
+                ahead: Timeline | None = None
                 if overlap and iteration + 1 < total:
-                    pending = asyncio.create_task(self._collect(iteration + 1))
-                await self._iteration(batch, timeline)
+                    ahead = Timeline()
+                    pending = asyncio.create_task(self.collector.collect(iteration + 1, ahead))
+                following = await self._iteration(batch, timeline)
+                timeline = ahead if ahead is not None else following
         finally:
             if pending is not None:
                 pending.cancel()
@@ -279,11 +281,17 @@ class Trainer:
                 result.final_rows, benchmark=self.spec.environment.benchmark
             )
             self.run_dir.write_final([r.to_dict() for r in result.final_rows], result.final_table)
+            chosen = result.final_rows[0].hash if result.final_rows else ""
+            for rank, best in enumerate(self.state.best, 1):
+                if best.hash == chosen:
+                    result.best_dir = self.run_dir.path / "best" / f"{rank}-{best.hash[:12]}"
         if self.reporter is not None:
             await self.reporter.areport(completion_time=utc_now())
         return result
 
-    async def _iteration(self, batch: Batch, timeline: Timeline) -> None:
+    async def _iteration(self, batch: Batch, timeline: Timeline) -> Timeline:
+        """Learn from ``batch``, record it; returns the clock of the next iteration, started
+        before this one's records are published (so their time counts as the trainer's)."""
         iteration = batch.iteration
         self._note_workflows(batch)
         if self.values is not None and self.values.source == "anchor-mc":
@@ -307,7 +315,9 @@ class Trainer:
         timeline.finish()
         record.update(timeline.record())
         self.run_dir.append_metrics(record)
+        following = Timeline()
         await self._publish(record, timeline)
+        return following
 
     def _checkpoint_due(self, iteration: int) -> bool:
         if not self.train_policy:
@@ -524,26 +534,29 @@ class Trainer:
 
     # ---- the final comparison -------------------------------------------------------------------
 
-    def contenders(self) -> list[Contender]:
-        """The best workflow found, the seed and the classic baselines."""
-        out: list[Contender] = []
+    def contenders(self) -> tuple[list[Contender], list[Contender]]:
+        """(the best workflows the run kept, the seed and the classic baselines)."""
         seed_hash = self.seed_workflow.content_hash
-        best = next((b for b in self.state.best if b.workflow_json is not None), None)
-        if best is not None and best.hash != seed_hash:
-            graph = Graph.from_json(best.workflow_json or "", source="best workflow")
-            out.append(Contender(f"best ({best.hash[:8]})", graph, best.score))
-        seed_score = next((b.score for b in self.state.best if b.hash == seed_hash), None)
-        out.append(Contender("seed", self.seed_workflow, seed_score))
-        out += [Contender(n, library.load(n, self.task_type)) for n in library.CLASSIC]
-        return out
+        candidates = [
+            Contender(f"best ({b.hash[:8]})", Graph.from_json(b.workflow_json, source=b.hash))
+            for b in self.state.best
+            if b.workflow_json is not None and b.hash != seed_hash
+        ]
+        baselines = [Contender("seed", self.seed_workflow)]
+        baselines += [Contender(n, library.load(n, self.task_type)) for n in library.CLASSIC]
+        return candidates, baselines
 
     async def final_evaluation(self) -> list[FinalRow]:
         if self.progress is not None:
-            self.progress.write("evaluating the best workflow and the baselines on the test split")
+            self.progress.write(
+                "evaluating the best workflows and the baselines on validation and test"
+            )
         await self.services.env.refresh()
-        return await evaluate_contenders(
+        candidates, baselines = self.contenders()
+        return await compare(
             self.services.env,
-            self.contenders(),
+            candidates,
+            baselines,
             benchmark=self.spec.environment.benchmark,
             repeats=self.spec.environment.evaluation.repeats,
             seed=self.spec.trainer.seed,

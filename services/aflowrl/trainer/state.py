@@ -73,7 +73,6 @@ class TrainerState:
     policy_version: int = 0
     best: list[BestWorkflow] = field(default_factory=list)
     """The best distinct workflows so far, best first."""
-    seed_score: float | None = None
     episodes: int = 0
     metrics_lines: int = 0
     """Records in metrics.jsonl (one per completed iteration)."""
