@@ -103,10 +103,11 @@ async def _until_sigterm(work: Any) -> int:
         loop.remove_signal_handler(signal.SIGTERM)
 
 
-def _progress(spec: Any, args: argparse.Namespace) -> Any:
+def _progress(spec: Any, args: argparse.Namespace, *, echo: bool = False) -> Any:
     from aflowrl.trainer.progress import Progress
 
-    return Progress(spec.trainer.iterations, enabled=False if args.no_progress else None)
+    enabled = False if args.no_progress else None
+    return Progress(spec.trainer.iterations, enabled=enabled, echo=echo)
 
 
 def _local(spec: Any, args: argparse.Namespace) -> Any:
@@ -136,7 +137,8 @@ async def _train_local(spec: Any, run_dir: Path, log_file: Path, args: argparse.
     from aflowrl.errors import AflowRLError
     from aflowrl.local.run import run_local
 
-    with _progress(spec, args) as progress:
+    # The log goes to a file: without a bar, the iteration lines are printed here too.
+    with _progress(spec, args, echo=True) as progress:
         try:
             result = await run_local(spec, run_dir, progress=progress)
         except AflowRLError as exc:

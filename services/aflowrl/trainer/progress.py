@@ -61,9 +61,12 @@ class Progress:
         initial: int = 0,
         enabled: bool | None = None,
         stream: IO[str] | None = None,
+        echo: bool = False,
     ) -> None:
         stream = stream if stream is not None else sys.stderr
         self.enabled = stream.isatty() if enabled is None else enabled
+        # Without a bar, also print each line to ``stream`` (a local run logs to a file only).
+        self._echo = stream if echo and not self.enabled else None
         self.total = total
         self._bar: Any = None
         if self.enabled:
@@ -97,7 +100,9 @@ class Progress:
             self._bar.set_description_str("training", refresh=False)
             self._bar.set_postfix_str(line, refresh=False)
             self._bar.update(1)
-        logger.info("iteration %d/%d: %s", int(record["iteration"]) + 1, self.total, line)
+        done = f"iteration {int(record['iteration']) + 1}/{self.total}: {line}"
+        logger.info("%s", done)
+        self._print(done)
 
     def write(self, text: str) -> None:
         """Print a line above the bar (or to the log when there is none)."""
@@ -105,6 +110,11 @@ class Progress:
             self._bar.write(text)
         else:
             logger.info("%s", text)
+            self._print(text)
+
+    def _print(self, text: str) -> None:
+        if self._echo is not None:
+            print(text, file=self._echo, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -92,6 +92,12 @@ def test_progress_bar_on_a_terminal_and_log_lines_elsewhere(caplog):
         plain.iteration_done(_record(1))
     assert quiet.getvalue() == ""  # not a terminal: no bar...
     assert "iteration 2/5: return +0.010" in caplog.text  # ...a log line
+    echoed = io.StringIO()
+    with Progress(5, stream=echoed, echo=True) as local:  # a local run logs to a file
+        local.iteration_done(_record(1))
+        local.write("evaluating")
+    lines = echoed.getvalue().splitlines()
+    assert lines[0].startswith("iteration 2/5: return +0.010") and lines[1] == "evaluating"
 
 
 async def test_timeline_counts_overlapping_calls_once():
