@@ -10,11 +10,14 @@ run starts from the same fresh tiny policy. Methods:
 - ``random``: uniform over the admissible actions, nothing trained.
 
 Each runs with 3 seeds (``trainer.seed``: task seeds and sampling). Printed per method: the mean
-episode return over the last ``--last`` iterations and the best validation score of the run,
-each as mean ± standard error over the seeds; then GiGPO's margin over random in standard errors
-(sqrt(se_gigpo^2 + se_random^2)). The learning problem (choice mode over at most 9 numbered
-actions, the tiny model's learning rate) is the embedded default run's
-(``aflowrl/local/default_run.yaml``), without checkpoints and the final test evaluation.
+episode return over the last ``--last`` iterations, the best validation score of the run and
+that workflow's test score, each as mean ± standard error over the seeds; then GiGPO's margin
+over random in standard errors (sqrt(se_gigpo^2 + se_random^2)). The best validation score is
+the run's final comparison's (:mod:`aflowrl.trainer.final`): the best workflows the run kept,
+scored on the whole validation split (an episode scores only its own subset of problems, where
+a perfect score is common and says little). The learning problem (choice mode over at most 9
+numbered actions, the tiny model's learning rate) is the embedded default run's
+(``aflowrl/local/default_run.yaml``), without checkpoints.
 
     python bench/learning.py [--seeds 0 1 2] [--iterations 12] [--last 4]
 """
@@ -38,18 +41,20 @@ from aflowrl.trainer.records import RunDirectory
 
 
 def _base() -> RunSpec:
-    """The embedded default run's learning problem, without checkpoints or the final test."""
+    """The embedded default run's learning problem, without checkpoints."""
     doc = default_run().to_document()
-    doc["trainer"].update({"checkpointEvery": 0, "finalTestEval": False})
+    doc["trainer"].update({"checkpointEvery": 0, "finalTestEval": True})
     return RunSpec.from_document(doc)
 
 
 METHODS = ("gigpo", "grpo", "random")
 
 
-def _variant(base: RunSpec, method: str, seed: int, iterations: int) -> RunSpec:
+def _variant(base: RunSpec, method: str, seed: int, args: argparse.Namespace) -> RunSpec:
     doc = base.to_document()
-    doc["trainer"].update({"seed": seed, "iterations": iterations})
+    doc["trainer"].update({"seed": seed, "iterations": args.iterations})
+    if args.lr is not None:
+        doc["learner"]["optimizer"]["lr"] = args.lr
     if method == "grpo":
         doc["learner"]["algorithm"] = {
             "type": "grpo",
@@ -64,17 +69,21 @@ def _mean_se(values: list[float]) -> tuple[float, float]:
     return mean, se
 
 
-async def _bench(args: argparse.Namespace, root: Path) -> dict[str, list[tuple[float, float]]]:
+Result = tuple[float, float, float]
+"""(final episode return, best validation score, its test score) of one run."""
+
+
+async def _bench(args: argparse.Namespace, root: Path) -> dict[str, list[Result]]:
     base = local_spec(_base(), root)
-    results: dict[str, list[tuple[float, float]]] = {m: [] for m in METHODS}
+    results: dict[str, list[Result]] = {m: [] for m in args.methods}
     async with local_services(base, root) as (targets, _group):
         learner = LearnerClient(targets.learner)
         rollout = RolloutClient(targets.rollout)
         initial = root / "initial-policy"
         await learner.save(str(initial), b"")
-        for method in METHODS:
+        for method in args.methods:
             for seed in args.seeds:
-                spec = _variant(base, method, seed, args.iterations)
+                spec = _variant(base, method, seed, args)
                 top = max((await rollout.versions()).values())
                 await learner.load(str(initial), min_policy_version=top + 1)
                 run_dir = root / f"{method}-{seed}"
@@ -92,11 +101,14 @@ async def _bench(args: argparse.Namespace, root: Path) -> dict[str, list[tuple[f
                 )
                 records = RunDirectory(run_dir).read_metrics()
                 last = [r["charts/episode_return"] for r in records[-args.last :]]
-                best = result.state.best_score or float("nan")
-                results[method].append((statistics.fmean(last), best))
+                # The final comparison's first row: the best workflow on the validation split.
+                chosen = result.final_rows[0]
+                best = chosen.validation_score if chosen.validation_score is not None else math.nan
+                results[method].append((statistics.fmean(last), best, chosen.test_mean))
                 print(
                     f"{method:>7} seed {seed}: final return {statistics.fmean(last):+.4f}, "
-                    f"best validation {best:.3f} ({time.perf_counter() - started:.0f} s)",
+                    f"best validation {best:.3f} ({chosen.name}), test {chosen.test_mean:.3f} "
+                    f"({time.perf_counter() - started:.0f} s)",
                     flush=True,
                 )
         await learner.close()
@@ -109,16 +121,27 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, default=default_run().trainer.iterations)
     parser.add_argument("--last", type=int, default=4, help="iterations averaged at the end")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--keep", metavar="DIR", help="keep every run's directory under DIR")
+    parser.add_argument("--lr", type=float, help="learner.optimizer.lr (default: the run's)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="aflowrl-learning-") as tmp:
-        results = asyncio.run(_bench(args, Path(tmp)))
-    print(f"\n{'method':<8}{'final episode return':>26}{'best validation score':>26}")
+    if args.keep:
+        results = asyncio.run(_bench(args, Path(args.keep)))
+    else:
+        with tempfile.TemporaryDirectory(prefix="aflowrl-learning-") as tmp:
+            results = asyncio.run(_bench(args, Path(tmp)))
+    header = ("final episode return", "best validation score", "its test score")
+    print(f"\n{'method':<8}" + "".join(f"{h:>24}" for h in header))
     summary = {}
-    for method in METHODS:
-        ret_mean, ret_se = _mean_se([r for r, _ in results[method]])
-        best_mean, best_se = _mean_se([b for _, b in results[method]])
-        summary[method] = (ret_mean, ret_se)
-        print(f"{method:<8}{ret_mean:>+17.4f} ± {ret_se:.4f}{best_mean:>19.3f} ± {best_se:.3f}")
+    for method in args.methods:
+        ret, best, test = (_mean_se([run[k] for run in results[method]]) for k in range(3))
+        summary[method] = ret
+        print(
+            f"{method:<8}{ret[0]:>+15.4f} ± {ret[1]:.4f}"
+            f"{best[0]:>17.3f} ± {best[1]:.3f}{test[0]:>17.3f} ± {test[1]:.3f}"
+        )
+    if not {"gigpo", "random"} <= summary.keys():
+        return
     (g_mean, g_se), (r_mean, r_se) = summary["gigpo"], summary["random"]
     margin = (g_mean - r_mean) / math.sqrt(g_se**2 + r_se**2)
     verdict = "beats" if margin > 2 else "does NOT beat"

@@ -7,7 +7,7 @@ them. Checked:
 - a short training writes every artifact, changes the policy's weights, and the rollout acts
   with each new version;
 - an environment replica killed mid-iteration: the run completes, its steps served by the other;
-- ``aflowrl train`` stopped (SIGTERM) after a checkpoint and started again: it resumes, and
+- ``aflowrl train`` stopped (SIGTERM) or killed (SIGKILL) after a checkpoint and started again: it resumes, and
   ``metrics.jsonl`` holds every iteration exactly once; no service is left behind either time;
 - Ctrl-C while the services start: the run stops, nothing left behind.
 
@@ -174,7 +174,8 @@ def _train_cli(run_dir: Path, spec_file: Path) -> subprocess.Popen[bytes]:
     )
 
 
-def test_a_stopped_trainer_resumes_and_records_every_iteration_once(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_stopped_trainer_resumes_and_records_every_iteration_once(tmp_path, stop):
     run_dir = tmp_path / "run"
     spec_file = tmp_path / "run.yaml"
     doc = RunSpec.from_yaml(SPEC).to_document()
@@ -188,13 +189,14 @@ def test_a_stopped_trainer_resumes_and_records_every_iteration_once(tmp_path):
             assert first.poll() is None, first.communicate()[0].decode()[-3000:]
             assert time.monotonic() < deadline, "no checkpoint within 10 minutes"
             time.sleep(0.1)
-        first.send_signal(signal.SIGTERM)
+        # SIGTERM stops it cleanly; SIGKILL gives it no chance (its services die with it).
+        first.send_signal(stop)
         output = first.communicate(timeout=120)[0].decode()
     finally:
         if first.poll() is None:
             first.kill()
-    assert first.returncode == 143, output[-3000:]
-    assert _wait_no_leftovers(run_dir) == [], "services left behind after SIGTERM"
+    assert first.returncode == (143 if stop == signal.SIGTERM else -signal.SIGKILL), output[-3000:]
+    assert _wait_no_leftovers(run_dir) == [], f"services left behind after {stop.name}"
     done_before = len(_records(run_dir))
     assert 1 <= done_before < 3
     second = _train_cli(run_dir, spec_file)
