@@ -9,17 +9,21 @@ run starts from the same fresh tiny policy. Methods:
 - ``grpo``: ``grpo`` (episode groups only), same learner and hyper-parameters;
 - ``random``: uniform over the admissible actions, nothing trained.
 
-Each runs with 3 seeds (``trainer.seed``: task seeds and sampling). Printed per method: the mean
-episode return over the last ``--last`` iterations, the best validation score of the run and
-that workflow's test score, each as mean ± standard error over the seeds; then GiGPO's margin
-over random in standard errors (sqrt(se_gigpo^2 + se_random^2)). The best validation score is
-the run's final comparison's (:mod:`aflowrl.trainer.final`): the best workflows the run kept,
-scored on the whole validation split (an episode scores only its own subset of problems, where
-a perfect score is common and says little). The learning problem (choice mode over at most 9
-numbered actions, the tiny model's learning rate) is the embedded default run's
-(``aflowrl/local/default_run.yaml``), without checkpoints.
+Each runs with 3 seeds (``trainer.seed``: task seeds and sampling). After training, the final
+policy plays ``--eval-tasks`` x 4 evaluation episodes (nothing trained), on task seeds drawn
+from the run's seed but the same for every method (a paired design: each method meets the same
+problems). Printed per method, as mean ± standard error over the seeds: the final episode
+return (the mean return of those evaluation episodes), the training return of the last
+``--last`` iterations, the best validation score of the run and that workflow's test score; then
+GiGPO's margin over random in standard errors (sqrt(se_gigpo^2 + se_random^2)) on the final
+return. The best validation score is the run's final comparison's
+(:mod:`aflowrl.trainer.final`): the best workflows the run kept, scored on the whole validation
+split (an episode scores only its own subset of problems, where a perfect score is common and
+says little). The learning problem (choice mode over at most 9 numbered actions, the tiny model's
+learning rate) is the embedded default run's (``aflowrl/local/default_run.yaml``), without
+checkpoints.
 
-    python bench/learning.py [--seeds 0 1 2] [--iterations 12] [--last 4]
+    python bench/learning.py [--seeds 0 1 2] [--iterations N] [--last 4] [--eval-tasks 16]
 """
 
 from __future__ import annotations
@@ -53,8 +57,6 @@ METHODS = ("gigpo", "grpo", "random")
 def _variant(base: RunSpec, method: str, seed: int, args: argparse.Namespace) -> RunSpec:
     doc = base.to_document()
     doc["trainer"].update({"seed": seed, "iterations": args.iterations})
-    if args.lr is not None:
-        doc["learner"]["optimizer"]["lr"] = args.lr
     if method == "grpo":
         doc["learner"]["algorithm"] = {
             "type": "grpo",
@@ -69,8 +71,28 @@ def _mean_se(values: list[float]) -> tuple[float, float]:
     return mean, se
 
 
-Result = tuple[float, float, float]
-"""(final episode return, best validation score, its test score) of one run."""
+EVAL_SEED = 1_000_003
+"""Offset of the evaluation episodes' ``trainer.seed``: other tasks than any training saw."""
+
+
+def _evaluation(base: RunSpec, seed: int, args: argparse.Namespace) -> RunSpec:
+    """``--eval-tasks`` x 4 episodes of the final policy, on tasks fixed by ``seed``."""
+    doc = base.to_document()
+    doc["trainer"].update(
+        {
+            "seed": EVAL_SEED + seed,
+            "iterations": 1,
+            "tasksPerIteration": args.eval_tasks,
+            "groupSize": 4,
+            "finalTestEval": False,
+        }
+    )
+    return RunSpec.from_document(doc)
+
+
+Result = tuple[float, float, float, float]
+"""(final episode return, last training iterations' return, best validation score, its test
+score) of one run."""
 
 
 async def _bench(args: argparse.Namespace, root: Path) -> dict[str, list[Result]]:
@@ -100,15 +122,29 @@ async def _bench(args: argparse.Namespace, root: Path) -> dict[str, list[Result]
                     train_policy=not random_policy,
                 )
                 records = RunDirectory(run_dir).read_metrics()
-                last = [r["charts/episode_return"] for r in records[-args.last :]]
+                last = statistics.fmean(r["charts/episode_return"] for r in records[-args.last :])
                 # The final comparison's first row: the best workflow on the validation split.
                 chosen = result.final_rows[0]
                 best = chosen.validation_score if chosen.validation_score is not None else math.nan
-                results[method].append((statistics.fmean(last), best, chosen.test_mean))
+                # The final policy (or the random one) on the evaluation tasks, nothing trained.
+                eval_spec = _evaluation(base, seed, args)
+                eval_dir = root / f"{method}-{seed}-eval"
+                await app.train(
+                    eval_spec,
+                    app.connect(
+                        eval_spec, env=targets.env, rollout=targets.rollout, learner=targets.learner
+                    ),
+                    eval_dir,
+                    actor=UniformActor("choice") if random_policy else None,
+                    train_policy=False,
+                )
+                [evaluated] = RunDirectory(eval_dir).read_metrics()
+                final = float(evaluated["charts/episode_return"])
+                results[method].append((final, last, best, chosen.test_mean))
                 print(
-                    f"{method:>7} seed {seed}: final return {statistics.fmean(last):+.4f}, "
-                    f"best validation {best:.3f} ({chosen.name}), test {chosen.test_mean:.3f} "
-                    f"({time.perf_counter() - started:.0f} s)",
+                    f"{method:>7} seed {seed}: final return {final:+.4f} (training, last "
+                    f"{args.last}: {last:+.4f}), best validation {best:.3f} ({chosen.name}), "
+                    f"test {chosen.test_mean:.3f} ({time.perf_counter() - started:.0f} s)",
                     flush=True,
                 )
         await learner.close()
@@ -123,22 +159,24 @@ def main() -> None:
     parser.add_argument("--last", type=int, default=4, help="iterations averaged at the end")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--keep", metavar="DIR", help="keep every run's directory under DIR")
-    parser.add_argument("--lr", type=float, help="learner.optimizer.lr (default: the run's)")
+    parser.add_argument(
+        "--eval-tasks", type=int, default=16, help="evaluation tasks (4 episodes each)"
+    )
     args = parser.parse_args()
     if args.keep:
         results = asyncio.run(_bench(args, Path(args.keep)))
     else:
         with tempfile.TemporaryDirectory(prefix="aflowrl-learning-") as tmp:
             results = asyncio.run(_bench(args, Path(tmp)))
-    header = ("final episode return", "best validation score", "its test score")
-    print(f"\n{'method':<8}" + "".join(f"{h:>24}" for h in header))
+    header = ("final episode return", "training return", "best validation", "its test score")
+    print(f"\n{'method':<8}" + "".join(f"{h:>22}" for h in header))
     summary = {}
     for method in args.methods:
-        ret, best, test = (_mean_se([run[k] for run in results[method]]) for k in range(3))
-        summary[method] = ret
+        final, last, best, test = (_mean_se([run[k] for run in results[method]]) for k in range(4))
+        summary[method] = final
         print(
-            f"{method:<8}{ret[0]:>+15.4f} ± {ret[1]:.4f}"
-            f"{best[0]:>17.3f} ± {best[1]:.3f}{test[0]:>17.3f} ± {test[1]:.3f}"
+            f"{method:<8}{final[0]:>+13.4f} ± {final[1]:.4f}{last[0]:>+13.4f} ± {last[1]:.4f}"
+            f"{best[0]:>14.3f} ± {best[1]:.3f}{test[0]:>14.3f} ± {test[1]:.3f}"
         )
     if not {"gigpo", "random"} <= summary.keys():
         return

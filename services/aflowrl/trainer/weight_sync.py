@@ -239,7 +239,7 @@ class GrpcWeightSync(WeightSync):
                 alive = [i for i in todo if not waits[i].done()]
                 if not alive:
                     break
-                await asyncio.gather(*(queues[i].put(message) for i in alive))
+                await asyncio.gather(*(_put(queues[i], message, waits[i]) for i in alive))
         except aio.AioRpcError as exc:
             source_error = str(error_from_rpc(exc, "learner StreamWeights"))
         finally:
@@ -247,10 +247,11 @@ class GrpcWeightSync(WeightSync):
         if source_error is not None:
             for call in calls.values():  # never commit a partial update
                 call.cancel()
-        else:
-            for i in todo:
-                if not waits[i].done():
-                    await queues[i].put(None)
+        for i in todo:
+            if source_error is None:
+                await _put(queues[i], None, waits[i])  # after every chunk: the stream's end
+            else:
+                _end_now(queues[i])
         results: dict[int, ReplicaResult] = {}
         for i in todo:
             target = replicas.targets[i]
@@ -268,6 +269,33 @@ class GrpcWeightSync(WeightSync):
 
     async def close(self) -> None:
         await self._replicas.close()
+
+
+def _end_now(queue: asyncio.Queue[bytes | None]) -> None:
+    """Drop what ``queue`` holds and end it (its reader gets None at once)."""
+    while not queue.empty():
+        queue.get_nowait()
+    queue.put_nowait(None)
+
+
+async def _put(
+    queue: asyncio.Queue[bytes | None], item: bytes | None, call: asyncio.Future[Any]
+) -> None:
+    """Queue ``item`` for a replica's stream, unless its call ends first.
+
+    A call can end while its queue is full (the replica failed, or answered on the commit chunk
+    before the stream's end): then nobody reads the queue, so the put would wait forever. The
+    queue is ended instead, which also ends the request iterator gRPC's task still waits on.
+    """
+    if call.done():
+        _end_now(queue)
+        return
+    put = asyncio.ensure_future(queue.put(item))
+    await asyncio.wait({put, call}, return_when=asyncio.FIRST_COMPLETED)
+    if not put.done():
+        put.cancel()
+    if call.done():
+        _end_now(queue)
 
 
 async def _await_call(
