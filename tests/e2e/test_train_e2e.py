@@ -7,8 +7,9 @@ them. Checked:
 - a short training writes every artifact, changes the policy's weights, and the rollout acts
   with each new version;
 - an environment replica killed mid-iteration: the run completes, its steps served by the other;
-- ``aflowrl train`` stopped (SIGTERM) or killed (SIGKILL) after a checkpoint and started again: it resumes, and
-  ``metrics.jsonl`` holds every iteration exactly once; no service is left behind either time;
+- ``aflowrl train`` stopped (SIGTERM) or killed (SIGKILL) after a checkpoint and started again:
+  it resumes, and ``metrics.jsonl`` holds every iteration exactly once; no service is left behind
+  either time;
 - Ctrl-C while the services start: the run stops, nothing left behind.
 
 Bad inputs (unknown benchmark, missing data, unreachable executor, a spec error) are refused
