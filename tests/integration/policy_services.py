@@ -19,6 +19,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from aflowrl.local.launcher import torchrun
+
 SPEC = """
 policy: {dtype: float32}
 learner:
@@ -104,22 +106,7 @@ def start_service(
     serve = ["-m", "aflowrl", "serve", service, "--spec", str(spec_file), "--host", "127.0.0.1"]
     serve += ["--port", str(port), "--metrics-port", "0"]
     if ranks > 1:
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            str(ranks),
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            f"127.0.0.1:{free_port()}",
-            "--rdzv-id",
-            name,
-            *serve,
-        ]
+        command = torchrun(ranks, f"127.0.0.1:{free_port()}", name, serve)
     else:
         command = [sys.executable, *serve]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))

@@ -64,6 +64,26 @@ def local_spec(spec: RunSpec, run_dir: Path) -> RunSpec:
     return RunSpec.from_document(doc)
 
 
+def torchrun(ranks: int, rendezvous: str, run_id: str, args: list[str]) -> list[str]:
+    """``python -m torch.distributed.run`` of ``ranks`` local ranks running ``python ARGS``."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(ranks),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        rendezvous,
+        "--rdzv-id",
+        run_id,
+        *args,
+    ]
+
+
 def service_commands(spec: RunSpec, spec_file: Path, ports: dict[str, int]) -> dict[str, list[str]]:
     """The command line of every child, by name (``env-0``..., ``rollout-0``..., ``learner``)."""
 
@@ -87,22 +107,8 @@ def service_commands(spec: RunSpec, spec_file: Path, ports: dict[str, int]) -> d
     ranks = spec.learner.world_size
     learner = serve("learner", ports["learner"])
     if ranks > 1:
-        commands["learner"] = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            str(ranks),
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            f"127.0.0.1:{ports['rendezvous']}",
-            "--rdzv-id",
-            "aflowrl-local",
-            *learner,
-        ]
+        endpoint = f"127.0.0.1:{ports['rendezvous']}"
+        commands["learner"] = torchrun(ranks, endpoint, "aflowrl-local", learner)
     else:
         commands["learner"] = [sys.executable, *learner]
     for name, port in ports.items():

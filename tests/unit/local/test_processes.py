@@ -31,7 +31,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _wait_gone(pids: list[int], timeout: float = 15.0) -> list[int]:
+def _wait_gone(pids: list[int], timeout: float = 30.0) -> list[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         left = [p for p in pids if _alive(p)]
