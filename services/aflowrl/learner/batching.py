@@ -6,8 +6,8 @@ on the batch and the world size, never on timing. Every rank runs the same numbe
 passes (a rank with nothing left runs a zero-weight dummy row), as FSDP's collectives require.
 
 :func:`forward_rows` scores text sequences (one sequence each) and choice decisions (one
-sequence per candidate; log pi(chosen) = log-softmax over candidates of their summed token
-log-probs, :mod:`aflowrl.rl.choice`) in one packed forward pass.
+branch per candidate after one copy of the prompt; log pi(chosen) = log-softmax over candidates
+of their summed token log-probs, :mod:`aflowrl.rl.choice`) in one packed forward pass.
 """
 
 from __future__ import annotations
@@ -107,16 +107,12 @@ def forward_rows(
     """Log-probs (and entropies, values) of ``items`` under ``module`` in one forward pass."""
     from aflowrl.rl import choice, ppo
 
-    prompts: list[tuple[int, ...]] = []
-    responses: list[tuple[int, ...]] = []
-    for item in items:
-        if isinstance(item, SequenceItem):
-            prompts.append(item.prompt)
-            responses.append(item.response)
-        else:
-            prompts.extend([item.prompt] * len(item.candidates))
-            responses.extend(item.candidates)
-    packed = logprobs.pack_sequences(prompts, responses, pad_id=pad_id, device=device)
+    # A choice's candidates share one pass over its prompt (logprobs.pack_prompt_branches).
+    prompts = [item.prompt for item in items]
+    branches = [
+        (item.response,) if isinstance(item, SequenceItem) else item.candidates for item in items
+    ]
+    packed = logprobs.pack_prompt_branches(prompts, branches, pad_id=pad_id, device=device)
     logits, value_flat = module(packed)
     token_logp = packed.split(logprobs.tempered_logprobs(logits, packed.targets, temperature))
     token_entropy: list[torch.Tensor] | None = None

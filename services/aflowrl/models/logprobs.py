@@ -14,6 +14,12 @@ samples with that temperature. Candidate scores (choice mode) use the same T.
 
 Sequences are scored in one causal forward pass over prompt + response, right-padded: the
 log-probability of response token t comes from the logits at position t - 1.
+
+Several responses to one prompt (choice mode's candidates) share its forward pass
+(:func:`pack_prompt_branches`): one row holds the prompt once and then every response, each
+response at the positions it would have right after the prompt and attending to the prompt and
+to itself only (a 4-D attention mask). Every log-probability is that of the prompt + response
+row, without the prompt's cost once per response.
 """
 
 from __future__ import annotations
@@ -46,9 +52,9 @@ class PackedSequences:
     input_ids: torch.Tensor
     """[B, L] token ids (pad after each row)."""
     attention_mask: torch.Tensor
-    """[B, L] 1 on real tokens."""
+    """[B, L] 1 on real tokens; or [B, 1, L, L] bool, True where a query may attend a key."""
     position_ids: torch.Tensor
-    """[B, L] 0..len-1 on each row."""
+    """[B, L] each token's position in its own prompt + response sequence."""
     predict_rows: torch.Tensor
     """[N] row of each response token (N = total response tokens)."""
     predict_cols: torch.Tensor
@@ -56,7 +62,7 @@ class PackedSequences:
     targets: torch.Tensor
     """[N] the response tokens."""
     response_lengths: tuple[int, ...]
-    """Tokens of each row's response (to split the flat [N] results per row)."""
+    """Tokens of each response, in order (to split the flat [N] results per response)."""
 
     def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Per-row views of a flat [N, ...] result."""
@@ -109,6 +115,73 @@ def pack_sequences(
         predict_cols=torch.tensor(pred_cols, dtype=torch.long),
         targets=torch.tensor(targets, dtype=torch.long),
         response_lengths=tuple(len(r) for r in responses),
+    )
+    return packed.to(device) if device is not None else packed
+
+
+def pack_prompt_branches(
+    prompts: Sequence[Sequence[int]],
+    branches: Sequence[Sequence[Sequence[int]]],
+    *,
+    pad_id: int,
+    device: torch.device | None = None,
+) -> PackedSequences:
+    """One row per prompt followed by its responses (``branches[i]``), sharing the prompt.
+
+    Scores exactly what :func:`pack_sequences` of every (prompt, response) pair scores, in the
+    same order (module docstring). Rows with a single response are plain causal rows; with
+    several, the attention mask is 4-D. Padding attends to itself only (no empty softmax).
+    """
+    if len(prompts) != len(branches):
+        raise ValueError(f"{len(prompts)} prompts but {len(branches)} branch lists")
+    if all(len(b) == 1 for b in branches):
+        return pack_sequences(prompts, [b[0] for b in branches], pad_id=pad_id, device=device)
+    widths = [len(p) + sum(len(r) for r in b) for p, b in zip(prompts, branches, strict=True)]
+    width = max(widths)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    # segment 0 = the prompt, k = the k-th response, -1 = padding
+    segments = torch.full((len(prompts), width), -1, dtype=torch.long)
+    pred_rows: list[int] = []
+    pred_cols: list[int] = []
+    targets: list[int] = []
+    lengths: list[int] = []
+    for i, (prompt, responses) in enumerate(zip(prompts, branches, strict=True)):
+        if not prompt:
+            raise ValueError(f"row {i}: empty prompt (nothing to condition the response on)")
+        if not responses:
+            raise ValueError(f"row {i}: no response to score")
+        start = len(prompt)
+        tokens = list(prompt)
+        position_ids[i, :start] = torch.arange(start)
+        segments[i, :start] = 0
+        for k, response in enumerate(responses, 1):
+            if not response:
+                raise ValueError(f"row {i}: response {k - 1} is empty")
+            at = len(tokens)
+            tokens.extend(response)
+            position_ids[i, at : at + len(response)] = torch.arange(start, start + len(response))
+            segments[i, at : at + len(response)] = k
+            pred_rows.extend([i] * len(response))
+            # token 0 is predicted by the prompt's last position, token t by the token before
+            pred_cols.extend([start - 1, *range(at, at + len(response) - 1)])
+            targets.extend(int(t) for t in response)
+            lengths.append(len(response))
+        input_ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    index = torch.arange(width)
+    causal = index[None, :] <= index[:, None]  # [L, L]: key <= query
+    query, key = segments[:, :, None], segments[:, None, :]
+    visible = (key == 0) | (key == query)  # the prompt, or the same response
+    mask = causal[None] & visible & (key >= 0) & (query >= 0)
+    mask |= torch.eye(width, dtype=torch.bool)[None] & (query < 0)  # padding: itself
+    packed = PackedSequences(
+        input_ids=input_ids,
+        attention_mask=mask[:, None],
+        position_ids=position_ids,
+        predict_rows=torch.tensor(pred_rows, dtype=torch.long),
+        predict_cols=torch.tensor(pred_cols, dtype=torch.long),
+        targets=torch.tensor(targets, dtype=torch.long),
+        response_lengths=tuple(lengths),
     )
     return packed.to(device) if device is not None else packed
 

@@ -320,8 +320,9 @@ class HfEngine(RolloutEngine):
             scores: list[list[float]] = []
             for start in range(0, len(candidates), self.max_batch_size):
                 chunk = candidates[start : start + self.max_batch_size]
-                packed = logprobs.pack_sequences(
-                    [prompt] * len(chunk), chunk, pad_id=self._pad_id, device=self.device
+                # The candidates share one pass over the prompt (a 4-D attention mask).
+                packed = logprobs.pack_prompt_branches(
+                    [prompt], [chunk], pad_id=self._pad_id, device=self.device
                 )
                 logits = logprobs.selected_hidden_logits(self.model, packed)
                 flat = logprobs.tempered_logprobs(logits, packed.targets, temperature)
