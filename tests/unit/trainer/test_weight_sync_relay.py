@@ -1,9 +1,10 @@
 """The gRPC weight relay when a replica's call ends before the learner's stream does.
 
 A learner double streams a manifest, many data chunks and a commit over real loopback gRPC;
-rollout doubles take them. One replica fails after its first chunk, one answers on its first
-chunk (before the stream's end); with one chunk of queue each, the relay must neither wait for
-them forever nor leave gRPC's request task pending, and the healthy replica gets every chunk.
+rollout doubles take them. One replica fails after its first chunk; one answers as soon as it
+reads the commit, as the real rollout does, while the learner's stream has not ended yet. With
+one chunk of queue each, the relay must neither wait for them forever nor leave gRPC's request
+task waiting for a chunk that never comes, and the healthy replica gets every chunk.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Learner(learner_pb2_grpc.LearnerServiceServicer):
         for k in range(CHUNKS):
             yield common_pb2.WeightChunk(data=common_pb2.WeightData(offset=k, data=b"x" * 64))
         yield common_pb2.WeightChunk(commit=common_pb2.WeightCommit(version=VERSION))
+        await asyncio.sleep(0.3)  # the stream ends a moment after the commit
 
 
 class Replica(rollout_pb2_grpc.RolloutServiceServicer):
@@ -47,11 +49,11 @@ class Replica(rollout_pb2_grpc.RolloutServiceServicer):
         return rollout_pb2.RolloutStatusResponse(weight_version=0)
 
     async def UpdateWeights(self, request_iterator, context):
-        async for _chunk in request_iterator:
+        async for chunk in request_iterator:
             self.received += 1
             if self.behaviour == "fails":
                 await context.abort(grpc.StatusCode.INTERNAL, "disk full")
-            if self.behaviour == "answers early":
+            if self.behaviour == "answers on commit" and chunk.HasField("commit"):
                 return rollout_pb2.UpdateWeightsResponse(weight_version=VERSION)
             await asyncio.sleep(0.001)  # slower than the learner: the queues fill up
         return rollout_pb2.UpdateWeightsResponse(weight_version=VERSION, bytes=self.received)
@@ -69,7 +71,7 @@ async def test_replicas_that_end_early_neither_block_the_push_nor_leak_its_tasks
     learner, learner_target = await _serve(
         learner_pb2_grpc.add_LearnerServiceServicer_to_server, Learner()
     )
-    replicas = [Replica("fails"), Replica("answers early"), Replica("takes everything")]
+    replicas = [Replica("fails"), Replica("answers on commit"), Replica("takes everything")]
     servers = [
         await _serve(rollout_pb2_grpc.add_RolloutServiceServicer_to_server, r) for r in replicas
     ]
@@ -87,7 +89,7 @@ async def test_replicas_that_end_early_neither_block_the_push_nor_leak_its_tasks
     assert failed.version is None and "disk full" in (failed.error or "")
     assert early.version == VERSION and early.error is None
     assert healthy.version == VERSION and replicas[2].received == CHUNKS + 2
-    assert replicas[0].received == 1 and replicas[1].received == 1
+    assert replicas[0].received == 1 and replicas[1].received == CHUNKS + 2
     await asyncio.sleep(0.1)
     pending = [
         t
