@@ -4,6 +4,8 @@ The local launcher starts every service through this guard. It asks Linux to sen
 process when its parent dies (``prctl(PR_SET_PDEATHSIG)``, kept across ``execve``), checks the
 parent is still ``PID`` (it may have died before the request), then replaces itself with
 ``CMD``. So even a launcher killed with SIGKILL, which cannot clean up, leaves no service behind.
+The command starts with no signal blocked and SIGTERM and SIGINT at their defaults: a blocked or
+ignored SIGTERM inherited from the launcher's caller would swallow that very signal.
 Elsewhere than Linux the command simply runs.
 """
 
@@ -25,6 +27,9 @@ def main(argv: list[str]) -> None:
             print(f"orphan guard: prctl failed (errno {ctypes.get_errno()})", file=sys.stderr)
         if os.getppid() != parent:  # the launcher died before the request took effect
             sys.exit(1)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, signal.SIG_DFL)
     os.execvp(command[0], command)
 
 

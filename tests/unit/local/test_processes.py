@@ -31,6 +31,18 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _describe(pid: int, child: int, grandchild: int) -> str:
+    """Which process is left, in what state, with what parent (for a failure's message)."""
+    role = {child: "child", grandchild: "grandchild"}.get(pid, "?")
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return f"{role} {pid}: gone"
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    keep = ("State", "PPid", "SigBlk", "SigIgn", "SigCgt")
+    return f"{role} {pid}: " + ", ".join(f"{k}={fields.get(k, '').strip()}" for k in keep)
+
+
 def _wait_gone(pids: list[int], timeout: float = 30.0) -> list[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -104,7 +116,10 @@ async def test_a_child_that_never_serves_times_out_naming_it(tmp_path):
 
 
 LAUNCHER = """
-import asyncio, sys, time
+import asyncio, signal, sys, time
+if {blocked!r}:  # what a caller may hand down: SIGTERM blocked and ignored
+    signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGTERM}})
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 from aflowrl.local.processes import ProcessGroup, free_ports
@@ -118,11 +133,16 @@ time.sleep(300)
 """
 
 
-def test_children_die_with_a_launcher_killed_outright(tmp_path):
+@pytest.mark.parametrize("blocked", [False, True], ids=["plain", "sigterm-blocked-by-caller"])
+def test_children_die_with_a_launcher_killed_outright(tmp_path, blocked):
     """SIGKILL gives the launcher no chance to clean up: the orphan guard does it."""
     pidfile = tmp_path / "svc.pid"
     script = LAUNCHER.format(
-        tests=str(CHILD.parent), logs=str(tmp_path / "logs"), child=str(CHILD), pidfile=str(pidfile)
+        tests=str(CHILD.parent),
+        logs=str(tmp_path / "logs"),
+        child=str(CHILD),
+        pidfile=str(pidfile),
+        blocked=blocked,
     )
     launcher = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(script)], stdout=subprocess.PIPE, text=True
@@ -134,7 +154,8 @@ def test_children_die_with_a_launcher_killed_outright(tmp_path):
         assert _alive(child_pid) and _alive(grandchild)
         launcher.kill()
         launcher.wait(10)
-        assert _wait_gone([child_pid, grandchild]) == []
+        left = _wait_gone([child_pid, grandchild])
+        assert left == [], [_describe(p, child_pid, grandchild) for p in left]
     finally:
         if launcher.poll() is None:
             launcher.kill()
