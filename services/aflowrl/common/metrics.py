@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 
 from aiohttp import web
@@ -128,6 +128,29 @@ def exported_metric_names(registry: CollectorRegistry) -> set[str]:
     return names
 
 
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+def metrics_handler(registry: CollectorRegistry) -> Handler:
+    """An aiohttp handler answering ``GET /metrics`` with ``registry`` in the text format."""
+
+    async def handle(_request: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return handle
+
+
+async def start_http(
+    app: web.Application, host: str, port: int, *, backlog: int = 128
+) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on ``host:port`` (0: an ephemeral port); returns the runner and the port."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, backlog=backlog).start()
+    return runner, int(runner.addresses[0][1]) if port == 0 else port
+
+
 class MetricsHttpServer:
     """``async with MetricsHttpServer(registry, port)``: serves /metrics and /healthz."""
 
@@ -137,23 +160,14 @@ class MetricsHttpServer:
         self.port = port
         self._runner: web.AppRunner | None = None
 
-    async def _metrics(self, _request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
     async def _healthz(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
     async def __aenter__(self) -> MetricsHttpServer:
         app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/metrics", metrics_handler(self.registry))
         app.router.add_get("/healthz", self._healthz)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        if self.port == 0:  # an ephemeral port was picked
-            self.port = int(self._runner.addresses[0][1])
+        self._runner, self.port = await start_http(app, self.host, self.port)
         logger.info("metrics on http://%s:%d/metrics", self.host, self.port)
         return self
 

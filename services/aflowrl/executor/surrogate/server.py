@@ -32,9 +32,8 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from aflowrl.common.metrics import ComponentMetrics
+from aflowrl.common.metrics import ComponentMetrics, metrics_handler, start_http
 from aflowrl.errors import InvalidInputError
 from aflowrl.executor.surrogate.executor import Completion, SurrogateExecutor
 from aflowrl.sandbox import SandboxUnavailableError
@@ -158,16 +157,11 @@ class SurrogateServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model}", self._model)
         app.router.add_get("/health", self._health)
-        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/metrics", metrics_handler(self.registry))
         return app
 
     async def __aenter__(self) -> SurrogateServer:
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
-        await site.start()
-        if self.port == 0:
-            self.port = int(self._runner.addresses[0][1])
+        self._runner, self.port = await start_http(self.app(), self.host, self.port, backlog=1024)
         logger.info("surrogate executor serving on %s (model %r)", self.base_url, self.model)
         return self
 
@@ -203,10 +197,6 @@ class SurrogateServer:
 
     async def _health(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
-
-    async def _metrics(self, _request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
