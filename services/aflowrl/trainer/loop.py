@@ -516,8 +516,10 @@ class Trainer:
             m.phase_duration.labels(name).observe(seconds)
         m.iteration_duration.observe(timeline.total_s)
         m.overhead.set(record["time/overhead_ratio"])
-        self.run_dir.plot_curves()
-        self.run_dir.write_best(self.state.best, benchmark=self.spec.environment.benchmark)
+        # Pictures off the event loop: an overlapping collection goes on meanwhile.
+        await asyncio.to_thread(self.run_dir.plot_curves)
+        kept, benchmark = list(self.state.best), self.spec.environment.benchmark
+        await asyncio.to_thread(self.run_dir.write_best, kept, benchmark=benchmark)
         if self.progress is not None:
             self.progress.iteration_done(record)
         if self.reporter is not None:

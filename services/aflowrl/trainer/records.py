@@ -149,26 +149,32 @@ class RunDirectory:
     # ---- best workflows --------------------------------------------------------------------------
 
     def write_best(self, best: Sequence[BestWorkflow], *, benchmark: str) -> Path:
-        """``best/``: index.json and, per workflow, its JSON, AFlow code and picture."""
+        """``best/``: index.json and, per workflow, its JSON, AFlow code and picture.
+
+        A workflow already written (under any rank) is moved to its new rank, not rendered again.
+        """
         from aflowrl.workflow import Graph, export_aflow, save_png
 
         root = self.path / "best"
         root.mkdir(exist_ok=True)
+        written = {d.name.partition("-")[2]: d for d in root.iterdir() if d.is_dir()}
         index = []
         keep = set()
         for rank, entry in enumerate(best, 1):
             name = f"{rank}-{entry.hash[:12]}"
             keep.add(name)
             folder = root / name
+            earlier = written.get(entry.hash[:12])
+            if earlier is not None and earlier != folder:
+                earlier.rename(folder)
             folder.mkdir(exist_ok=True)
-            files: list[str] = []
-            if entry.workflow_json is not None:
+            if entry.workflow_json is not None and not (folder / "workflow.png").is_file():
                 graph = Graph.from_json(entry.workflow_json, source=f"best workflow {entry.hash}")
                 _atomic_write(folder / "workflow.json", graph.to_json() + "\n")
                 for file, text in export_aflow(graph, dataset=benchmark).items():
                     _atomic_write(folder / file, text)
-                save_png(graph, folder / "workflow.png")
-                files = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+                save_png(graph, folder / "workflow.png")  # last: it marks the folder complete
+            files = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
             index.append(
                 {
                     "rank": rank,
@@ -180,7 +186,7 @@ class RunDirectory:
                     "files": files,
                 }
             )
-        for stale in root.iterdir():  # ranks that moved
+        for stale in root.iterdir():  # workflows no longer among the best
             if stale.is_dir() and stale.name not in keep:
                 shutil.rmtree(stale)
         _atomic_write(root / "index.json", json.dumps(index, indent=2) + "\n")

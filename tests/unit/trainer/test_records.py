@@ -69,9 +69,17 @@ def test_best_workflows_as_json_aflow_code_and_picture(tmp_path):
     assert (first / "workflow.png").read_bytes().startswith(PNG)
     assert "HumanEval" in (first / "graph.py").read_text()
     assert index[2]["files"] == []
+    picture = root / f"2-{seed.content_hash[:12]}" / "workflow.png"
+    drawn = picture.stat().st_mtime_ns
+    (picture.parent / "marker").write_text("the same folder")
     run.write_best(best[1:], benchmark="humaneval")  # ranks moved: stale folders go
     names = sorted(p.name for p in root.iterdir() if p.is_dir())
     assert names == [f"1-{seed.content_hash[:12]}", f"2-{'f' * 12}"]
+    moved = root / f"1-{seed.content_hash[:12]}"
+    assert (moved / "marker").is_file()  # moved to its new rank...
+    assert (moved / "workflow.png").stat().st_mtime_ns == drawn  # ...not drawn again
+    index = json.loads((root / "index.json").read_text())
+    assert index[0]["dir"] == f"best/1-{seed.content_hash[:12]}" and index[1]["files"] == []
 
 
 def test_summary_line_shows_reward_best_validity_and_phase_seconds():
