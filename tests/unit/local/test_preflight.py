@@ -11,7 +11,7 @@ import pytest
 from aflowrl.config import RunSpec
 from aflowrl.local import preflight
 from aflowrl.local.errors import PreflightError
-from aflowrl.local.launcher import local_spec, service_commands
+from aflowrl.local.launcher import default_run, local_spec, service_commands
 from aflowrl.local.processes import free_ports
 
 
@@ -19,7 +19,8 @@ def _spec(**doc) -> RunSpec:
     return RunSpec.from_document(doc)
 
 
-def test_the_embedded_default_passes():
+def test_the_embedded_default_and_runspecs_defaults_pass():
+    preflight.check_local_run(default_run())
     preflight.check_local_run(RunSpec())
 
 
