@@ -39,8 +39,8 @@ from pathlib import Path
 from aflowrl.config import RunSpec
 from aflowrl.local.launcher import default_run, local_services, local_spec
 from aflowrl.trainer import app
-from aflowrl.trainer.acting import RolloutClient, UniformActor
-from aflowrl.trainer.learner_client import LearnerClient
+from aflowrl.trainer.acting import UniformActor
+from aflowrl.trainer.clients import LearnerClient, RolloutClient
 from aflowrl.trainer.records import RunDirectory
 
 

@@ -35,7 +35,8 @@ from aflowrl._proto.v1 import rollout_pb2
 from aflowrl.config import RunSpec
 from aflowrl.local.launcher import local_services, local_spec
 from aflowrl.trainer import app
-from aflowrl.trainer.acting import RolloutClient, choice_distribution, choice_response, prompt_of
+from aflowrl.trainer.acting import choice_distribution, choice_response, prompt_of
+from aflowrl.trainer.clients import RolloutClient
 
 pytestmark = pytest.mark.slow
 

@@ -65,7 +65,7 @@ async def _train(spec, policy, env_servers, run_dir, **kwargs):
 
 async def _p_good(rollout_target: str) -> float:
     """P(action 1) under the rollout's current weights, on a fixed observation."""
-    from aflowrl.trainer.acting import RolloutClient
+    from aflowrl.trainer.clients import RolloutClient
 
     client = RolloutClient([rollout_target])
     observation = "## Task\nBenchmark: HumanEval. Step 1 of 2.\n" + "\n".join(ACTIONS)
@@ -109,7 +109,7 @@ async def test_the_loop_trains_pushes_records_and_checkpoints(policy, tmp_path):
     assert [row.name for row in result.final_rows][:1] == ["seed"]  # best = the seed (no graphs)
     assert "cot_sc" in result.final_table
     # The rollout serves the learner's last version, and the policy moved towards action 1.
-    from aflowrl.trainer.acting import RolloutClient
+    from aflowrl.trainer.clients import RolloutClient
 
     client = RolloutClient([rollout.target])
     assert (await client.versions())[rollout.target] == versions[-1]
@@ -225,8 +225,7 @@ async def test_ppo_trains_the_critic_on_gae_returns(tmp_path):
 
 async def test_the_same_seed_and_weights_give_the_same_run(policy, tmp_path):
     """Seeded and reproducible on CPU: two runs from the same weights record the same numbers."""
-    from aflowrl.trainer.acting import RolloutClient
-    from aflowrl.trainer.learner_client import LearnerClient
+    from aflowrl.trainer.clients import LearnerClient, RolloutClient
 
     rollout, learner = policy
     learner_client = LearnerClient(learner.target)

@@ -25,25 +25,19 @@ share to the next. Sampling uses the trainer's generator, so a run is reproducib
 from __future__ import annotations
 
 import abc
-import asyncio
-import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import grpc
 import numpy as np
-from grpc import aio
 
-from aflowrl._proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from aflowrl.common.client import ChannelOptions, error_from_rpc, make_channel
+from aflowrl._proto.v1 import common_pb2, rollout_pb2
 from aflowrl.config import RunSpec
 from aflowrl.search.proposers import SYSTEM_PROMPT
-from aflowrl.trainer.errors import NoReplicaError
+from aflowrl.trainer.clients import RolloutClient
 from aflowrl.trainer.rows import Decision
-from aflowrl.trainer.weight_sync import replica_targets
 
 logger = logging.getLogger(__name__)
 
@@ -85,115 +79,6 @@ class Observed:
 
     text: str
     admissible: tuple[str, ...]
-
-
-class RolloutClient:
-    """The rollout replicas behind a target; batches split over them."""
-
-    def __init__(
-        self,
-        target: str | Sequence[str],
-        *,
-        options: ChannelOptions | None = None,
-        resolve: Callable[[str], list[str]] = replica_targets,
-    ) -> None:
-        self.target = target
-        self.options = options or ChannelOptions(timeout_s=600.0)
-        self._resolve = resolve
-        self._stubs: dict[str, Any] = {}
-        self._channels: dict[str, aio.Channel] = {}
-
-    def refresh(self) -> list[str]:
-        """Re-resolve the replicas (a headless Service's pods)."""
-        targets = self._resolve(self.target) if isinstance(self.target, str) else self.target
-        addresses = sorted(set(targets))
-        for address in addresses:
-            if address not in self._stubs:
-                channel = make_channel(address, self.options)
-                self._channels[address] = channel
-                self._stubs[address] = rollout_pb2_grpc.RolloutServiceStub(channel)
-        return addresses
-
-    @property
-    def addresses(self) -> list[str]:
-        return sorted(self._stubs) if self._stubs else self.refresh()
-
-    async def _on_replicas(
-        self, shares: int, invoke: Callable[[Any, int], Awaitable[T]], what: str
-    ) -> list[T]:
-        """``invoke(stub, share)`` for every share, share k first on replica k (mod n)."""
-        addresses = self.addresses
-
-        async def one(share: int) -> T:
-            errors = []
-            for attempt in range(len(addresses)):
-                address = addresses[(share + attempt) % len(addresses)]
-                try:
-                    return await invoke(self._stubs[address], share)
-                except aio.AioRpcError as exc:
-                    if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                        raise error_from_rpc(exc, f"rollout {what} on {address}") from exc
-                    errors.append(f"{address}: {exc.details()}")
-                    logger.warning("rollout replica %s unavailable: %s", address, exc.details())
-            raise NoReplicaError(f"rollout {what}: no replica answered ({'; '.join(errors)})")
-
-        return list(await asyncio.gather(*(one(k) for k in range(shares))))
-
-    def _split(self, count: int) -> list[range]:
-        shares = max(1, min(count, len(self.addresses)))
-        bounds = np.linspace(0, count, shares + 1).round().astype(int)
-        return [range(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
-
-    async def score(
-        self, items: Sequence[rollout_pb2.CandidateSet]
-    ) -> list[tuple[rollout_pb2.CandidateScores, int]]:
-        """Candidate scores of every item, with the weight version that scored it."""
-        parts = self._split(len(items))
-
-        async def invoke(stub: Any, share: int) -> rollout_pb2.ScoreCandidatesResponse:
-            request = rollout_pb2.ScoreCandidatesRequest(items=[items[i] for i in parts[share]])
-            response: rollout_pb2.ScoreCandidatesResponse = await stub.ScoreCandidates(request)
-            return response
-
-        responses = await self._on_replicas(len(parts), invoke, "ScoreCandidates")
-        return [(item, int(r.weight_version)) for r in responses for item in r.items]
-
-    async def generate(
-        self, prompts: Sequence[common_pb2.Prompt], sampling: rollout_pb2.SamplingParams
-    ) -> list[tuple[rollout_pb2.PromptCompletions, int]]:
-        """One completion list per prompt, with the weight version that generated it."""
-        parts = self._split(len(prompts))
-
-        async def invoke(stub: Any, share: int) -> rollout_pb2.GenerateResponse:
-            request = rollout_pb2.GenerateRequest(
-                prompts=[prompts[i] for i in parts[share]], sampling=sampling
-            )
-            response: rollout_pb2.GenerateResponse = await stub.Generate(request)
-            return response
-
-        responses = await self._on_replicas(len(parts), invoke, "Generate")
-        return [(result, int(r.weight_version)) for r in responses for result in r.results]
-
-    async def versions(self) -> dict[str, int]:
-        """The weight version each replica serves."""
-
-        async def one(address: str) -> int:
-            try:
-                reply = await self._stubs[address].Status(
-                    rollout_pb2.RolloutStatusRequest(), timeout=30.0
-                )
-            except aio.AioRpcError as exc:
-                raise error_from_rpc(exc, f"rollout Status on {address}") from exc
-            return int(reply.weight_version)
-
-        addresses = self.addresses
-        return dict(zip(addresses, await asyncio.gather(*(one(a) for a in addresses)), strict=True))
-
-    async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
-        self._stubs.clear()
 
 
 class Actor(abc.ABC):

@@ -20,14 +20,13 @@ from aflowrl.common.metrics import MetricsHttpServer
 from aflowrl.common.run_status import RunStatusReporter
 from aflowrl.config import RunSpec
 from aflowrl.errors import DeadlineExceededError
-from aflowrl.trainer.acting import Actor, RolloutClient
-from aflowrl.trainer.learner_client import LearnerClient
+from aflowrl.trainer.acting import Actor
+from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutClient, replica_targets
 from aflowrl.trainer.loop import RunResult, Services, Trainer
 from aflowrl.trainer.metrics import TrainerMetrics
 from aflowrl.trainer.progress import Progress
 from aflowrl.trainer.records import RunDirectory, utc_now
-from aflowrl.trainer.routing import EnvironmentClient
-from aflowrl.trainer.weight_sync import make_weight_sync, replica_targets
+from aflowrl.trainer.weight_sync import make_weight_sync
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ interrupted before it. With ``fused`` selection every Reset and Step carries the
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Callable, Sequence
 
@@ -27,10 +26,11 @@ from aflowrl._proto.v1 import environment_pb2
 from aflowrl.config import RunSpec
 from aflowrl.errors import FailedPreconditionError
 from aflowrl.trainer.acting import Actor, Observed
+from aflowrl.trainer.clients import EnvironmentClient
 from aflowrl.trainer.clock import Timeline
-from aflowrl.trainer.routing import EnvironmentClient
 from aflowrl.trainer.rows import Batch, Decision, Episode, StepRow
 from aflowrl.workflow import Graph
+from aflowrl.workflow.runtime import derive_seed
 
 logger = logging.getLogger(__name__)
 
@@ -39,12 +39,6 @@ _ACTION_MODES = {
     "text": environment_pb2.ACTION_MODE_TEXT,
     "freeform": environment_pb2.ACTION_MODE_FREEFORM,
 }
-
-
-def derive_seed(*parts: int | str) -> int:
-    """A 62-bit seed from ``parts`` (SHA-256: stable across processes and platforms)."""
-    text = "/".join(str(p) for p in parts)
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 2
 
 
 def iteration_rng(seed: int, iteration: int) -> np.random.Generator:

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from aflowrl._proto.v1 import environment_pb2
-from aflowrl.trainer.routing import EnvironmentClient
+from aflowrl.trainer.clients import EnvironmentClient
 from aflowrl.workflow import Graph
 
 logger = logging.getLogger(__name__)

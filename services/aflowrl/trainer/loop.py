@@ -49,16 +49,15 @@ from aflowrl.common.run_status import RunStatusReporter
 from aflowrl.config import RunSpec
 from aflowrl.errors import FailedPreconditionError, InvalidInputError, NotFoundError
 from aflowrl.trainer import collect as collecting
-from aflowrl.trainer.acting import Actor, ChoiceActor, RolloutClient, TextActor
+from aflowrl.trainer.acting import Actor, ChoiceActor, TextActor
 from aflowrl.trainer.advantages import RowTargets, compute_advantages
+from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutClient, TrainRow
 from aflowrl.trainer.clock import Timeline
 from aflowrl.trainer.errors import LearnerDivergedError, NoReplicaError
 from aflowrl.trainer.final import Contender, FinalRow, compare, final_table
-from aflowrl.trainer.learner_client import LearnerClient, TrainRow
 from aflowrl.trainer.metrics import TrainerMetrics
 from aflowrl.trainer.progress import Progress
 from aflowrl.trainer.records import RunDirectory, utc_now
-from aflowrl.trainer.routing import EnvironmentClient
 from aflowrl.trainer.rows import Batch, StepRow, mean
 from aflowrl.trainer.state import (
     BestWorkflow,

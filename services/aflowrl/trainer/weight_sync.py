@@ -20,7 +20,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-import socket
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -32,13 +31,12 @@ from grpc import aio
 from aflowrl._proto.v1 import (
     common_pb2,
     learner_pb2,
-    learner_pb2_grpc,
     rollout_pb2,
-    rollout_pb2_grpc,
 )
-from aflowrl.common.client import ChannelOptions, error_from_rpc, make_channel
+from aflowrl.common.client import ChannelOptions, error_from_rpc
 from aflowrl.config import RunSpec
-from aflowrl.errors import FailedPreconditionError, InvalidInputError
+from aflowrl.errors import FailedPreconditionError
+from aflowrl.trainer.clients import LearnerClient, RolloutClient
 
 logger = logging.getLogger(__name__)
 
@@ -103,60 +101,21 @@ class WeightSync(abc.ABC):
         """Release channels (idempotent)."""
 
 
-def replica_targets(target: str) -> list[str]:
-    """Every ``ip:port`` behind a target (a headless Service name resolves to all pods).
-
-    ``dns:///host:port`` and ``host:port`` are resolved; ``ipv4:a:p,b:p`` lists are split.
-    """
-    if target.startswith("ipv4:"):
-        return target.removeprefix("ipv4:").split(",")
-    address = target.removeprefix("dns:///").removeprefix("dns:")
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise InvalidInputError(f"{target!r} is not host:port", field="rollout target")
-    infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
-    addresses = sorted({f"{info[4][0]}:{port}" for info in infos if info[0] == socket.AF_INET})
-    return addresses or [f"{host}:{port}"]
-
-
 class _Replicas:
-    """One channel per rollout replica, and the learner's channel."""
+    """The learner and every rollout replica, through the trainer's clients."""
 
     def __init__(self, learner: str, rollouts: Sequence[str], options: ChannelOptions) -> None:
-        self.learner_channel = make_channel(learner, options)
-        # The generated stubs are typed for the synchronous API; these are asyncio channels.
-        self.learner: Any = learner_pb2_grpc.LearnerServiceStub(self.learner_channel)
+        self.learner = LearnerClient(learner, options=options)
+        self.rollout = RolloutClient(list(rollouts), options=options)
         self.targets = list(rollouts)
-        self.channels = [make_channel(t, options) for t in self.targets]
-        self.stubs: list[Any] = [rollout_pb2_grpc.RolloutServiceStub(c) for c in self.channels]
 
     async def versions(self) -> list[int | str]:
         """Each replica's serving version, or the error that prevented asking it."""
-
-        async def one(stub: Any, target: str) -> int | str:
-            try:
-                status = await stub.Status(rollout_pb2.RolloutStatusRequest())
-            except aio.AioRpcError as exc:
-                return str(error_from_rpc(exc, f"Status of {target}"))
-            return int(status.weight_version)
-
-        return list(
-            await asyncio.gather(
-                *(one(s, t) for s, t in zip(self.stubs, self.targets, strict=True))
-            )
-        )
-
-    async def learner_version(self) -> int:
-        try:
-            status = await self.learner.Status(learner_pb2.LearnerStatusRequest())
-        except aio.AioRpcError as exc:
-            raise error_from_rpc(exc, "learner Status") from exc
-        return int(status.policy_version)
+        return await self.rollout.versions_or_errors(self.targets)
 
     async def close(self) -> None:
-        await self.learner_channel.close()
-        for channel in self.channels:
-            await channel.close()
+        await self.learner.close()
+        await self.rollout.close()
 
 
 class GrpcWeightSync(WeightSync):
@@ -180,7 +139,7 @@ class GrpcWeightSync(WeightSync):
     async def push(self) -> PushReport:
         started = time.perf_counter()
         replicas = self._replicas
-        version = await replicas.learner_version()
+        version = await replicas.learner.version()
         before = await replicas.versions()
         results: dict[int, ReplicaResult] = {}
         todo: list[int] = []
@@ -214,7 +173,7 @@ class GrpcWeightSync(WeightSync):
 
         started = time.perf_counter()
         calls = {
-            i: replicas.channels[i].stream_unary(
+            i: replicas.rollout.channel(replicas.targets[i]).stream_unary(
                 _UPDATE_WEIGHTS,
                 request_serializer=_raw,
                 response_deserializer=rollout_pb2.UpdateWeightsResponse.FromString,
@@ -223,7 +182,7 @@ class GrpcWeightSync(WeightSync):
         }
         waits = {i: asyncio.ensure_future(_await_call(calls[i])) for i in todo}
         source_error: str | None = None
-        stream = replicas.learner_channel.unary_stream(
+        stream = replicas.learner.channel.unary_stream(
             _STREAM_WEIGHTS,
             request_serializer=learner_pb2.StreamWeightsRequest.SerializeToString,
             response_deserializer=_raw,
@@ -325,7 +284,7 @@ class FilesystemWeightSync(WeightSync):
         started = time.perf_counter()
         replicas = self._replicas
         try:
-            export = await replicas.learner.ExportWeights(learner_pb2.ExportWeightsRequest())
+            export = await replicas.learner.stub.ExportWeights(learner_pb2.ExportWeightsRequest())
         except aio.AioRpcError as exc:
             raise error_from_rpc(exc, "learner ExportWeights") from exc
         version = int(export.policy_version)
@@ -339,7 +298,7 @@ class FilesystemWeightSync(WeightSync):
                 return ReplicaResult(target, seen, skipped=True)
             begun = time.perf_counter()
             try:
-                reply = await replicas.stubs[i].LoadWeights(
+                reply = await replicas.rollout.stub(target).LoadWeights(
                     rollout_pb2.LoadWeightsRequest(path=export.path, version=version)
                 )
             except aio.AioRpcError as exc:
@@ -383,7 +342,8 @@ def wire_dtype(spec: RunSpec) -> str:
 def make_weight_sync(spec: RunSpec, learner: str, rollouts: Sequence[str]) -> WeightSync:
     """The :class:`WeightSync` of ``spec.weightTransport`` between ``learner`` and ``rollouts``.
 
-    ``rollouts`` lists every replica (see :func:`replica_targets` for a headless Service).
+    ``rollouts`` lists every replica (see :func:`aflowrl.trainer.clients.replica_targets` for a
+    headless Service).
     """
     transport = spec.weight_transport
     max_message = spec.grpc.max_message_mib * _MIB

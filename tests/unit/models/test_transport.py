@@ -12,7 +12,7 @@ from aflowrl.config import RunSpec
 from aflowrl.errors import FailedPreconditionError
 from aflowrl.models import transport
 from aflowrl.models.errors import TransportUnavailableError
-from aflowrl.trainer import weight_sync
+from aflowrl.trainer import clients, weight_sync
 
 NCCL_SPEC = {
     "weightTransport": {"type": "nccl"},
@@ -54,5 +54,5 @@ def test_grpc_and_filesystem_need_nothing_special():
     assert weight_sync.wire_dtype(RunSpec()) == "float32"
     gpu = RunSpec.model_validate({"rollout": {"resources": {"gpus": 1}}})
     assert weight_sync.wire_dtype(gpu) == "bfloat16"
-    assert weight_sync.replica_targets("ipv4:10.0.0.1:5,10.0.0.2:5") == ["10.0.0.1:5", "10.0.0.2:5"]
-    assert weight_sync.replica_targets("dns:///localhost:50052") == ["127.0.0.1:50052"]
+    assert clients.replica_targets("ipv4:10.0.0.1:5,10.0.0.2:5") == ["10.0.0.1:5", "10.0.0.2:5"]
+    assert clients.replica_targets("dns:///localhost:50052") == ["127.0.0.1:50052"]

@@ -10,8 +10,9 @@ from aflowrl._proto.v1 import environment_pb2, environment_pb2_grpc
 from aflowrl.common.client import ChannelOptions
 from aflowrl.common.server import GrpcServer, ServerOptions, ServiceRegistration
 from aflowrl.errors import InvalidInputError
+from aflowrl.trainer.clients import EnvironmentClient
 from aflowrl.trainer.errors import NoReplicaError
-from aflowrl.trainer.routing import EnvironmentClient, HashRing
+from aflowrl.trainer.routing import HashRing
 
 SERVICE = environment_pb2.DESCRIPTOR.services_by_name["EnvironmentService"].full_name
 
