@@ -34,8 +34,9 @@ import pytest
 from aflowrl._proto.v1 import rollout_pb2
 from aflowrl.config import RunSpec
 from aflowrl.local.launcher import local_services, local_spec
+from aflowrl.search import encoding
 from aflowrl.trainer import app
-from aflowrl.trainer.acting import choice_distribution, choice_response, prompt_of
+from aflowrl.trainer.acting import action_log_probs, prompt_of
 from aflowrl.trainer.clients import RolloutClient
 
 pytestmark = pytest.mark.slow
@@ -90,12 +91,17 @@ def _wait_no_leftovers(run_dir: Path, timeout: float = 30.0) -> list[str]:
 
 async def _choice_scores(rollout: str, text: str) -> list[float]:
     client = RolloutClient([rollout])
+    actions = [
+        "add ScEnsemble after generate samples=5",
+        "remove generate",
+        "set generate samples=3",
+    ]
     item = rollout_pb2.CandidateSet(
-        prompt=prompt_of(text), candidates=[choice_response(k) for k in range(6)]
+        prompt=prompt_of(text), candidates=encoding.action_replies(actions)
     )
     [(scores, _)] = await client.score([item])
     await client.close()
-    return choice_distribution([list(c.values) for c in scores.candidate_logprobs]).tolist()
+    return action_log_probs(scores, len(actions)).tolist()
 
 
 async def test_a_short_training_through_real_services(tmp_path):

@@ -90,7 +90,7 @@ def _spec_doc(oracle: SlowOracle, data_dir: Path, **search: Any) -> dict[str, An
             "data": {"dir": str(data_dir)},
             "executor": {"type": "openai", "baseUrl": oracle.base_url, "model": "oracle"},
             "evaluation": {"maxProblems": PROBLEMS, "repeats": 1},
-            "search": {"maxSteps": 4, **search},
+            "search": {"maxSteps": 4, "selection": "aflow", "valueSource": "none", **search},
         },
         "grpc": {"shutdownGraceS": 10},
     }
@@ -154,7 +154,8 @@ async def test_reset_project_step_until_done(replicas):
         assert not reply.seed_eval.cost_known  # no price for the oracle model: unknown, not 0
         listed = list(observation.admissible_actions)
         assert len(listed) >= 3
-        assert f"1. {listed[0][:40]}" in observation.text and "gsm8k" in observation.text
+        assert f"- {listed[0][:40]}" in observation.text and "gsm8k" in observation.text
+        assert list(observation.admissible_in_tree) == [-1] * len(listed)
 
         state, anchor, steps = reply.state, observation.anchor, 0
         scores = {anchor: reply.seed_score}  # validation score of every workflow seen
@@ -170,9 +171,14 @@ async def test_reset_project_step_until_done(replicas):
             child = Graph.from_json(info.child_workflow_json)
             assert child.content_hash == info.child_hash
             assert info.parent_score == scores[anchor]  # the step modified the anchor
-            assert outcome.reward == pytest.approx(info.child_score - info.parent_score)
+            if info.duplicate:  # no improvement is paid for a workflow the tree holds
+                assert outcome.reward == pytest.approx(-0.05)
+            else:
+                assert outcome.reward == pytest.approx(info.child_score - info.parent_score)
             scores[info.child_hash] = info.child_score
             assert info.best_score == max(scores.values())
+            new = [s for h, s in scores.items() if h != seed.content_hash]
+            assert info.best_gain == pytest.approx(max(new) - reply.seed_score if new else 0.0)
             if outcome.done:
                 assert outcome.state == b"" and not outcome.HasField("observation")
                 assert info.done_reason == "max_steps"

@@ -153,7 +153,7 @@ def test_bad_input_fails_before_any_work(oracle, data_dir, tmp_path, capsys):
     run_dir = tmp_path / "run"
     cases = [
         (["--rounds", "0"], "--rounds"),
-        (["--selection", "fused"], "--value-source"),
+        (["--selection", "fused", "--value-source", "policy"], "--value-source"),
         (["--proposer", "llm"], "--proposer-url"),
         (["--proposer", "policy"], "--policy"),
         (["--proposer", "random", "--action-mode", "freeform"], "--action-mode"),

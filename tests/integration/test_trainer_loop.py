@@ -19,8 +19,9 @@ from toy_env import ACTIONS, serve_toy
 
 from aflowrl._proto.v1 import rollout_pb2
 from aflowrl.config import RunSpec
+from aflowrl.search import encoding
 from aflowrl.trainer import app
-from aflowrl.trainer.acting import choice_distribution, choice_response, prompt_of
+from aflowrl.trainer.acting import action_log_probs, prompt_of
 
 SERVICES_SPEC = """
 policy: {dtype: float32}
@@ -70,13 +71,11 @@ async def _p_good(rollout_target: str) -> float:
     client = RolloutClient([rollout_target])
     observation = "## Task\nBenchmark: HumanEval. Step 1 of 2.\n" + "\n".join(ACTIONS)
     item = rollout_pb2.CandidateSet(
-        prompt=prompt_of(observation), candidates=[choice_response(k) for k in range(len(ACTIONS))]
+        prompt=prompt_of(observation), candidates=encoding.action_replies(ACTIONS)
     )
     [(scores, _)] = await client.score([item])
     await client.close()
-    return float(
-        np.exp(choice_distribution([list(c.values) for c in scores.candidate_logprobs]))[0]
-    )
+    return float(np.exp(action_log_probs(scores, len(ACTIONS)))[0])
 
 
 async def test_the_loop_trains_pushes_records_and_checkpoints(policy, tmp_path):

@@ -44,7 +44,7 @@ class ToyEnv(environment_pb2_grpc.EnvironmentServiceServicer):
         text = (
             f"## Task\nBenchmark: HumanEval. Step {state['step'] + 1} of {state['max']}.\n"
             f"## Current workflow (score {state['score']:.3f})\nnode generate: Custom\n"
-            "## Admissible actions\n" + "\n".join(f"{i + 1}. {a}" for i, a in enumerate(ACTIONS))
+            "## Admissible actions\n" + "\n".join(f"- {a}" for a in ACTIONS)
         )
         return environment_pb2.Observation(
             text=text, admissible_actions=list(ACTIONS), anchor=state["anchor"]
@@ -59,8 +59,13 @@ class ToyEnv(environment_pb2_grpc.EnvironmentServiceServicer):
 
     @staticmethod
     def _choice(action: str) -> int | None:
-        match = re.search(r"(\d+)", action)
-        k = int(match.group(1)) - 1 if match else -1
+        """The listed action the reply names: by its text, or by its number."""
+        match = re.search(r"<action>(.*?)</action>", action, re.DOTALL)
+        text = match.group(1).strip() if match else action.strip()
+        if text in ACTIONS:
+            return ACTIONS.index(text)
+        number = re.fullmatch(r"(\d+)", text)
+        k = int(number.group(1)) - 1 if number else -1
         return k if 0 <= k < len(ACTIONS) else None
 
     async def Reset(self, request, context):

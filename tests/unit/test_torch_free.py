@@ -50,7 +50,6 @@ TORCH_FREE_MODULES = [
     "aflowrl.search",
     "aflowrl.search.optimize",
     "aflowrl.search.proposers",
-    "aflowrl.search.policy",  # torch only inside, when the policy proposer is used
     "aflowrl.cli.optimize",
     "aflowrl.envsvc",
     "aflowrl.envsvc.server",

@@ -58,8 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--selection", choices=["aflow", "ucb", "fused"], help="parent selection")
     parser.add_argument(
         "--value-source",
-        choices=["anchor-mc"],
-        help="values for fused selection: mean observed return per workflow",
+        choices=["policy", "anchor-mc"],
+        help="values for fused selection: the policy's own (--proposer policy) or the mean "
+        "observed return per workflow (default: policy with --proposer policy, else anchor-mc)",
     )
     parser.add_argument(
         "--action-mode",
@@ -101,6 +102,15 @@ def _settings(args: argparse.Namespace) -> tuple[str, SearchSpec, EvaluationSpec
 
     spec = load_spec(args.spec) if args.spec else RunSpec()
     search: dict[str, Any] = spec.environment.search.model_dump(by_alias=False)
+    if not args.spec:
+        # Without a spec: the search guided by the policy's values for a policy proposer,
+        # AFlow's own rule for the others (they have no values).
+        if args.proposer == "policy":
+            search.update(selection="fused", value_source="policy")
+        else:
+            search.update(selection="aflow", value_source="none")
+    if args.selection == "fused" and not args.value_source:
+        search["value_source"] = "policy" if args.proposer == "policy" else "anchor-mc"
     evaluation: dict[str, Any] = spec.environment.evaluation.model_dump(by_alias=False)
     if args.rounds < 1:
         raise InvalidInputError("must be at least 1", field="--rounds")
@@ -127,12 +137,15 @@ def _settings(args: argparse.Namespace) -> tuple[str, SearchSpec, EvaluationSpec
         evaluation_spec = EvaluationSpec.model_validate(evaluation)
     except ValidationError as exc:
         raise ConfigError.from_validation_error(exc, prefix="settings") from None
-    if search_spec.selection == "fused" and search_spec.value_source != "anchor-mc":
-        raise InvalidInputError(
-            "fused selection needs a value source here: --value-source anchor-mc (a critic "
-            "exists only in training)",
-            field="--value-source",
-        )
+    if search_spec.selection == "fused":
+        usable = ("policy", "anchor-mc") if args.proposer == "policy" else ("anchor-mc",)
+        if search_spec.value_source not in usable:
+            raise InvalidInputError(
+                f"fused selection with the {args.proposer} proposer needs --value-source "
+                f"{' or '.join(usable)} (a critic exists only in training; policy values come "
+                "from --proposer policy)",
+                field="--value-source",
+            )
     benchmark = args.benchmark or spec.environment.benchmark
     return benchmark, search_spec, evaluation_spec
 
@@ -174,9 +187,18 @@ def _proposer(args: argparse.Namespace, mode: str) -> Proposer:
         return LLMProposer(client, seed=args.seed, max_retries=args.proposer_retries)
     if not args.policy:
         raise InvalidInputError("the policy proposer needs a checkpoint", field="--policy")
+    from aflowrl.cli._io import load_spec
+    from aflowrl.config import RunSpec
     from aflowrl.search.policy import PolicyProposer
 
-    return PolicyProposer.load(args.policy, seed=args.seed)
+    spec = load_spec(args.spec) if args.spec else RunSpec()
+    value = spec.policy.value
+    return PolicyProposer.load(
+        args.policy,
+        seed=args.seed,
+        temperature=spec.rollout.sampling.temperature,
+        value_range=(value.min, value.max) if value.enabled else None,
+    )
 
 
 def _problems(
@@ -287,7 +309,12 @@ async def _run(args: argparse.Namespace, plan: _Plan) -> int:
     try:
         with EvaluationCache(run_dir.cache_path) as cache:
             evaluator = Evaluator(executor, benchmark, settings=settings, cache=cache)
-            values = AnchorMonteCarlo() if plan.search.selection == "fused" else None
+            values: Any = None
+            if plan.search.selection == "fused":
+                policy_values = getattr(plan.proposer, "values", None)
+                values = (
+                    policy_values if plan.search.value_source == "policy" else AnchorMonteCarlo()
+                )
             ctx = SearchContext(
                 evaluator, plan.search_problems, plan.search, plan.evaluation, values
             )

@@ -161,16 +161,23 @@ class SearchSpec(SpecModel):
     """Edits per episode (episode length)."""
     action_mode: Literal["choice", "text", "freeform"] = "choice"
     """How the policy acts: pick a numbered admissible action, write an action, or write a graph."""
-    selection: Literal["aflow", "ucb", "fused"] = "aflow"
-    """Which workflow to modify next: AFlow's rule, UCB, or UCB fused with learned values."""
+    selection: Literal["aflow", "ucb", "fused"] = "fused"
+    """Which workflow to modify next: AFlow's rule, UCB, or UCB fused with learned values
+    (the default, with the policy's own values: the search guided by the policy)."""
     aflow: AflowSelectionSpec = Field(default_factory=AflowSelectionSpec)
     """Parameters of the aflow rule."""
     ucb_c: float = Field(default=1.0, ge=0.0, le=100.0)
     """Exploration constant c of mean + c sqrt(ln N / n_i)."""
     fused_w: float = Field(default=0.5, ge=0.0, le=1.0)
-    """Weight w of the value in (1-w) UCB + w V(s)."""
-    value_source: Literal["none", "critic", "anchor-mc"] = "none"
-    """Where V(s) comes from: the learner's critic, or mean observed returns per anchor state."""
+    """Weight w of the value in (1-w) UCB + w V(s). UCB is a score in [0, 1] plus its
+    exploration bonus; V is in return units (score changes still to come), so at w = 0.5 a
+    value 0.02 higher weighs as much as a mean score 2 points higher."""
+    value_source: Literal["none", "policy", "critic", "anchor-mc"] = "policy"
+    """Where V(s) comes from: the policy's own value estimate (``policy.value``), the learner's
+    PPO critic, or the mean return observed from each anchor state."""
+    duplicate_penalty: float = Field(default=0.05, ge=0.0, le=100.0)
+    """Reward of a step into a workflow the tree already holds is minus this (no improvement is
+    paid for a workflow the search has; AFlow refuses repeated modifications)."""
     reward: Literal["delta-parent", "delta-best"] = "delta-parent"
     """Step reward: child score minus the parent's, or minus the best score so far."""
     convergence_rounds: int = Field(default=0, ge=0, le=1000)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from aflowrl.config._base import DnsLabel, SpecModel
 
@@ -37,6 +37,30 @@ class LoraSpec(SpecModel):
     """Names of the linear modules that get adapters."""
 
 
+class PolicyValueSpec(SpecModel):
+    """The policy's own estimate V(s) of a workflow state, read from its replies ``<value>0`` ...
+    ``<value>9`` after the observation (``aflowrl.search.encoding``; no extra head, so vLLM and
+    any Hugging Face checkpoint serve it). V is in return units: the sum of validation-score
+    changes (scores in [0, 1]) an episode collects from the state on. Bin b stands for
+    min + b (max - min) / 9; V is the probability-weighted mean of the bins."""
+
+    enabled: bool = True
+    """Read and train the value (fused selection with ``valueSource: policy`` needs it)."""
+    min: float = Field(default=-0.25, ge=-10.0, le=10.0)
+    """Centre of bin 0 (return units); lower returns are trained towards it."""
+    max: float = Field(default=0.5, ge=-10.0, le=10.0)
+    """Centre of bin 9 (return units); higher returns are trained towards it."""
+    loss_coef: float = Field(default=0.5, ge=0.0, le=100.0)
+    """Weight of the bins' cross-entropy (against the two-hot discounted return) in the
+    learner's loss, beside the policy loss. GiGPO's advantages stay critic-free."""
+
+    @model_validator(mode="after")
+    def _range(self) -> PolicyValueSpec:
+        if not self.min < self.max:
+            raise ValueError(f"min={self.min} must be below max={self.max}")
+        return self
+
+
 class PolicySpec(SpecModel):
     """The model trained by RL."""
 
@@ -55,6 +79,8 @@ class PolicySpec(SpecModel):
     """Train LoRA adapters instead of all weights (recommended from 7B parameters up)."""
     reference_model: str | None = Field(default=None, max_length=1024)
     """Frozen reference model for the KL term; empty = the initial policy weights."""
+    value: PolicyValueSpec = Field(default_factory=PolicyValueSpec)
+    """The policy's value estimate, used by fused parent selection."""
     persistent_volume_claim: DnsLabel | None = None
     """On Kubernetes: a PVC holding the model directories, mounted read-only at /models in the
     rollout, learner and trainer pods (``model: /models/Qwen2.5-7B-Instruct``); empty: the model

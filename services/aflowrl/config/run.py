@@ -74,7 +74,12 @@ class RunSpec(SpecModel):
         if search.selection == "fused" and search.value_source == "none":
             raise ValueError(
                 "environment.search.selection='fused' needs environment.search.valueSource "
-                "('critic' or 'anchor-mc'); 'none' would fuse UCB with a silent zero"
+                "('policy', 'critic' or 'anchor-mc'); 'none' would fuse UCB with a silent zero"
+            )
+        if search.value_source == "policy" and not self.policy.value.enabled:
+            raise ValueError(
+                "environment.search.valueSource='policy' needs the policy's value "
+                "(policy.value.enabled is false)"
             )
         if search.value_source == "critic" and not isinstance(algo, PPOSpec):
             raise ValueError(

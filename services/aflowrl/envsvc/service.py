@@ -50,6 +50,7 @@ def _observation(observation: Observation) -> environment_pb2.Observation:
         text=observation.text,
         admissible_actions=list(observation.admissible_actions),
         anchor=observation.anchor,
+        admissible_in_tree=[-1 if i is None else i for i in observation.in_tree],
     )
 
 
@@ -191,6 +192,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServiceServicer):
                 completion_tokens=info.completion_tokens,
                 child_workflow_json=result.child.to_json(indent=None) if result.child else "",
                 done_reason=info.done_reason,
+                best_gain=info.best_gain,
             ),
         )
 

@@ -7,7 +7,10 @@ passes (a rank with nothing left runs a zero-weight dummy row), as FSDP's collec
 
 :func:`forward_rows` scores text sequences (one sequence each) and choice decisions (one
 branch per candidate after one copy of the prompt; log pi(chosen) = log-softmax over candidates
-of their summed token log-probs, :mod:`aflowrl.rl.choice`) in one packed forward pass.
+of their summed, or length-normalised, token log-probs, :mod:`aflowrl.rl.choice`) in one packed
+forward pass. An item's value replies (``<value>0`` ... ``<value>9``,
+:mod:`aflowrl.search.encoding`) are more branches after the same prompt; their log-softmax over
+the bins is the policy's value distribution, trained towards the step's return.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 
 from aflowrl.learner.policy import PolicyModule
 from aflowrl.models import logprobs
+from aflowrl.rl import choice, ppo
 
 T = TypeVar("T")
 
@@ -31,6 +35,8 @@ class SequenceItem:
 
     prompt: tuple[int, ...]
     response: tuple[int, ...]
+    value_bins: tuple[tuple[int, ...], ...] = ()
+    """Token ids of the value replies after the prompt (empty: no value)."""
 
     @property
     def width(self) -> int:
@@ -45,6 +51,10 @@ class ChoiceItem:
     prompt: tuple[int, ...]
     candidates: tuple[tuple[int, ...], ...]
     chosen: int
+    length_normalised: bool = False
+    """Score candidates by their mean token log-probability (not the sum)."""
+    value_bins: tuple[tuple[int, ...], ...] = ()
+    """Token ids of the value replies after the prompt (empty: no value)."""
 
     @property
     def width(self) -> int:
@@ -65,6 +75,8 @@ class TrainRow:
     ref_logprobs: tuple[float, ...] | None = None
     returns: tuple[float, ...] | None = None
     old_values: tuple[float, ...] | None = None
+    value_target: float | None = None
+    """The step's discounted return, the target of the item's value replies."""
 
 
 @dataclass
@@ -77,6 +89,8 @@ class RowOutput:
     """[width] token entropies of pi_T, or [1] the entropy over candidates."""
     values: torch.Tensor | None
     """[width] critic values (critic only)."""
+    value_bins: torch.Tensor | None = None
+    """[bins] log-softmax over the item's value replies (None: the item has none)."""
 
 
 DUMMY = SequenceItem(prompt=(0,), response=(0,))
@@ -105,12 +119,12 @@ def forward_rows(
     entropy_grad: bool = False,
 ) -> list[RowOutput]:
     """Log-probs (and entropies, values) of ``items`` under ``module`` in one forward pass."""
-    from aflowrl.rl import choice, ppo
-
-    # A choice's candidates share one pass over its prompt (logprobs.pack_prompt_branches).
+    # A choice's candidates (and any item's value replies) share one pass over its prompt
+    # (logprobs.pack_prompt_branches).
     prompts = [item.prompt for item in items]
     branches = [
-        (item.response,) if isinstance(item, SequenceItem) else item.candidates for item in items
+        ((item.response,) if isinstance(item, SequenceItem) else item.candidates) + item.value_bins
+        for item in items
     ]
     packed = logprobs.pack_prompt_branches(prompts, branches, pad_id=pad_id, device=device)
     logits, value_flat = module(packed)
@@ -124,28 +138,42 @@ def forward_rows(
     outputs: list[RowOutput] = []
     cursor = 0
     for item in items:
+        count = 1 if isinstance(item, SequenceItem) else len(item.candidates)
+        bins = _bin_log_probs(token_logp[cursor + count : cursor + count + len(item.value_bins)])
         if isinstance(item, SequenceItem):
             outputs.append(
                 RowOutput(
                     token_logp[cursor],
                     token_entropy[cursor] if token_entropy is not None else None,
                     token_values[cursor] if token_values is not None else None,
+                    bins,
                 )
             )
-            cursor += 1
-            continue
-        count = len(item.candidates)
-        padded = choice.pad_candidates([token_logp[cursor : cursor + count]])
-        result = choice.choice_log_probs(
-            padded.token_log_probs,
-            padded.token_mask,
-            torch.tensor([item.chosen], device=device),
-            padded.candidate_mask,
-        )
-        state_value = token_values[cursor][:1] if token_values is not None else None
-        outputs.append(RowOutput(result.log_prob, result.entropy if entropy else None, state_value))
-        cursor += count
+        else:
+            padded = choice.pad_candidates([token_logp[cursor : cursor + count]])
+            result = choice.choice_log_probs(
+                padded.token_log_probs,
+                padded.token_mask,
+                torch.tensor([item.chosen], device=device),
+                padded.candidate_mask,
+                length_normalised=item.length_normalised,
+            )
+            state_value = token_values[cursor][:1] if token_values is not None else None
+            outputs.append(
+                RowOutput(result.log_prob, result.entropy if entropy else None, state_value, bins)
+            )
+        cursor += count + len(item.value_bins)
     return outputs
+
+
+def _bin_log_probs(bin_token_logp: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """log-softmax over the value replies of their summed token log-probs ([bins])."""
+    if not bin_token_logp:
+        return None
+    padded = choice.pad_candidates([list(bin_token_logp)])
+    return choice.candidate_log_probs(
+        padded.token_log_probs, padded.token_mask, padded.candidate_mask
+    )[0]
 
 
 def pad_rows(

@@ -1,10 +1,15 @@
 """The learner's loss on one micro-batch, assembled from :mod:`aflowrl.rl` (no formula redone).
 
     L = L_policy + kl_coef * L_kl - entropy_coef * H (+ value_loss_coef * L_value with a critic)
+        (+ policy.value.lossCoef * L_bins when rows carry value replies)
 
 with L_policy the clipped PPO loss with dual clip (``rl.ppo.compute_policy_loss``), L_kl the KL
 estimator to the reference (``rl.kl.kl_penalty``) and H the entropy, each aggregated over response
-tokens by ``rl.ppo.agg_loss`` in ``learner.loss.lossAggMode``.
+tokens by ``rl.ppo.agg_loss`` in ``learner.loss.lossAggMode``. L_bins is the policy's own value
+(its ``<value>b`` replies, :mod:`aflowrl.search.encoding`) trained by cross-entropy against the
+two-hot projection of the step's discounted return on the bin centres
+(``rl.choice.bin_cross_entropy``, ``rl.candidates.two_hot``), averaged over the rows that carry
+value replies.
 
 **Global normalisation.** ``agg_loss`` averages over the rows it is given; a mini-batch is split
 over micro-batches and ranks, so each micro-batch's loss is weighted by its share of the
@@ -25,10 +30,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from aflowrl.config.learner import PolicyLossSpec
 from aflowrl.learner.batching import RowOutput, TrainRow, pad_rows
+from aflowrl.rl import candidates, choice, kl, ppo
 
 STAT_NAMES = (
     "losses/total",
@@ -36,6 +43,8 @@ STAT_NAMES = (
     "losses/kl",
     "losses/entropy",
     "losses/value",
+    "losses/policy_value",
+    "charts/value_mae",
     "charts/clipfrac",
     "charts/clipfrac_lower",
     "charts/approx_kl",
@@ -74,10 +83,10 @@ def micro_loss(
     device: torch.device,
     value_coef: float | None,
     value_clip: float,
+    value_range: tuple[float, float] | None = None,
+    bins_coef: float = 0.0,
 ) -> MicroLoss:
     """The loss of ``rows`` given the fresh forward ``outputs`` (module docstring)."""
-    from aflowrl.rl import kl, ppo
-
     mode = spec.loss_agg_mode
     mask = pad_rows([[1.0] * r.item.width for r in rows], width, device)
     log_prob = pad_rows([o.logprobs for o in outputs], width, device)
@@ -115,6 +124,26 @@ def micro_loss(
         value = ppo.compute_value_loss(vpreds, returns, old_values, mask, value_clip, mode)
         value_loss, value_clipfrac = value.vf_loss, value.vf_clipfrac
         loss = loss + value_coef * value_loss
+    bins_loss, bins_mae = zero, zero
+    valued = [
+        (o.value_bins, r.value_target)
+        for o, r in zip(outputs, rows, strict=True)
+        if o.value_bins is not None and r.value_target is not None
+    ]
+    if valued and value_range is not None:
+        log_p = torch.stack([v for v, _ in valued]).float()
+        centres = candidates.bin_centres(value_range[0], value_range[1], log_p.shape[-1])
+        targets = torch.tensor(
+            np.stack([candidates.two_hot(g, centres) for _, g in valued]),
+            dtype=torch.float32,
+            device=device,
+        )
+        bins_loss = choice.bin_cross_entropy(log_p, targets).mean()
+        goals = torch.tensor([g for _, g in valued], dtype=torch.float32, device=device)
+        expected = choice.expected_values(log_p.detach(), torch.tensor(centres, device=device))
+        bins_mae = (expected - goals).abs().mean()
+        if bins_coef > 0:
+            loss = loss + bins_coef * bins_loss
     stats = torch.stack(
         [
             loss.detach(),
@@ -122,6 +151,8 @@ def micro_loss(
             kl_loss.detach(),
             entropy.detach(),
             value_loss.detach(),
+            bins_loss.detach(),
+            bins_mae.detach(),
             policy.pg_clipfrac,
             policy.pg_clipfrac_lower,
             policy.ppo_kl,

@@ -140,10 +140,26 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
 
     # ---- requests to rows ------------------------------------------------------------------------
 
+    def _value_bins(
+        self, bins: Sequence[common_pb2.TokenIds], prompt: int, field: str
+    ) -> tuple[tuple[int, ...], ...]:
+        out = tuple(
+            _ids(b.ids, self.vocab, f"{field}.value_token_ids[{k}]") for k, b in enumerate(bins)
+        )
+        if len(out) == 1:
+            raise BadBatchError(
+                "one value reply: at least 2 bins", field=f"{field}.value_token_ids"
+            )
+        if out and prompt + max(len(b) for b in out) > self.max_len:
+            raise BadBatchError(f"longer than the model's {self.max_len} positions", field=field)
+        return out
+
     def _sequence(self, message: learner_pb2.Sequence, field: str) -> SequenceItem:
+        prompt = _ids(message.prompt_token_ids, self.vocab, f"{field}.prompt_token_ids")
         item = SequenceItem(
-            _ids(message.prompt_token_ids, self.vocab, f"{field}.prompt_token_ids"),
+            prompt,
             _ids(message.response_token_ids, self.vocab, f"{field}.response_token_ids"),
+            self._value_bins(message.value_token_ids, len(prompt), field),
         )
         if len(item.prompt) + len(item.response) > self.max_len:
             raise BadBatchError(f"longer than the model's {self.max_len} positions", field=field)
@@ -164,7 +180,13 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             )
         if len(prompt) + max(len(c) for c in candidates) > self.max_len:
             raise BadBatchError(f"longer than the model's {self.max_len} positions", field=field)
-        return ChoiceItem(prompt, candidates, int(message.chosen))
+        return ChoiceItem(
+            prompt,
+            candidates,
+            int(message.chosen),
+            length_normalised=bool(message.length_normalised),
+            value_bins=self._value_bins(message.value_token_ids, len(prompt), field),
+        )
 
     def _train_row(self, sample: learner_pb2.TrainSample, field: str) -> TrainRow:
         kind = sample.WhichOneof("kind")
@@ -180,6 +202,11 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         old = _floats(sample.old_logprobs, width, f"{field}.old_logprobs")
         advantages = _floats(sample.advantages, width, f"{field}.advantages")
         assert old is not None and advantages is not None
+        value_target: float | None = None
+        if sample.HasField("value_target"):
+            value_target = float(sample.value_target)
+            if not math.isfinite(value_target):
+                raise BadBatchError(f"{value_target} is not finite", field=f"{field}.value_target")
         return TrainRow(
             item,
             old,
@@ -187,6 +214,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             _floats(sample.ref_logprobs, width, f"{field}.ref_logprobs", optional=True),
             _floats(sample.returns, width, f"{field}.returns", optional=not critic),
             _floats(sample.old_values, width, f"{field}.old_values", optional=not critic),
+            value_target if item.value_bins else None,
         )
 
     # ---- RPCs ------------------------------------------------------------------------------------

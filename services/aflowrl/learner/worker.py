@@ -18,6 +18,7 @@ Train (per call = one trainer iteration)::
 from __future__ import annotations
 
 import abc
+import dataclasses
 import logging
 import math
 import time
@@ -35,6 +36,7 @@ from aflowrl.learner.batching import (
     DUMMY,
     Item,
     RowOutput,
+    SequenceItem,
     TrainRow,
     forward_rows,
     micro_steps,
@@ -49,7 +51,7 @@ from aflowrl.models import loading, weights
 
 logger = logging.getLogger(__name__)
 
-_N_LOSS_STATS = 5  # the first STAT_NAMES are losses (weighted like the loss); the rest per token
+_N_LOSS_STATS = 7  # the first STAT_NAMES are losses (weighted like the loss); the rest per token
 
 
 @dataclass
@@ -72,6 +74,8 @@ class Learner:
         self.state = checkpoint.LearnerState()
         self.temperature = spec.rollout.sampling.temperature
         self.critic = spec.learner.algorithm.type == "ppo"
+        value = spec.policy.value
+        self.value_range = (value.min, value.max) if value.enabled else None
 
     # ---- scoring ---------------------------------------------------------------------------------
 
@@ -131,15 +135,7 @@ class Learner:
         )
         out = list(rows)
         for i, s in zip(missing, scores, strict=True):
-            row = rows[i]
-            out[i] = TrainRow(
-                row.item,
-                row.old_logprobs,
-                row.advantages,
-                tuple(s.logprobs),
-                row.returns,
-                row.old_values,
-            )
+            out[i] = dataclasses.replace(rows[i], ref_logprobs=tuple(s.logprobs))
         return out
 
     def _order(self, rows: int, iteration: int, epoch: int) -> list[int]:
@@ -196,6 +192,8 @@ class Learner:
                         device=ctx.device,
                         value_coef=value_coef,
                         value_clip=value_clip,
+                        value_range=self.value_range,
+                        bins_coef=self.spec.policy.value.loss_coef,
                     )
                     weight = unit_weight(loss_spec.loss_agg_mode, chunk, len(minibatch), mb_tokens)
                     torch.autograd.backward(result.loss * (weight * ctx.world_size))
@@ -309,9 +307,8 @@ def _scores(out: RowOutput) -> Scores:
 
 
 def _forward_tokens(item: Item) -> int:
-    if hasattr(item, "response"):
-        return len(item.prompt) + len(item.response)
-    return sum(len(item.prompt) + len(c) for c in item.candidates)
+    branches = (item.response,) if isinstance(item, SequenceItem) else item.candidates
+    return sum(len(item.prompt) + len(c) for c in (*branches, *item.value_bins))
 
 
 def _total_norm(norm: torch.Tensor) -> float:

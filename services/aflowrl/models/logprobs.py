@@ -205,3 +205,30 @@ def selected_hidden_logits(model: Any, packed: PackedSequences) -> torch.Tensor:
     """
     logits: torch.Tensor = model.get_output_embeddings()(selected_hidden_states(model, packed))
     return logits
+
+
+def score_branches(
+    model: Any,
+    prompt: Sequence[int],
+    candidates: Sequence[Sequence[int]],
+    *,
+    pad_id: int,
+    temperature: float,
+    device: torch.device,
+    max_batch: int,
+) -> list[list[float]]:
+    """Per-token log pi_T of every candidate continuation of ``prompt`` (no grad).
+
+    Up to ``max_batch`` candidates share one pass over the prompt (:func:`pack_prompt_branches`).
+    What the rollout's ``ScoreCandidates`` returns and ``aflowrl optimize --proposer policy``
+    scores: one function, so both give the same numbers for the same weights.
+    """
+    scores: list[list[float]] = []
+    with torch.no_grad():
+        for start in range(0, len(candidates), max_batch):
+            chunk = candidates[start : start + max_batch]
+            packed = pack_prompt_branches([prompt], [chunk], pad_id=pad_id, device=device)
+            logits = selected_hidden_logits(model, packed)
+            flat = tempered_logprobs(logits, packed.targets, temperature)
+            scores.extend(part.tolist() for part in packed.split(flat.cpu()))
+    return scores

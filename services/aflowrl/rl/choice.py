@@ -13,6 +13,13 @@ Everything is differentiable (torch autograd). The learner computes per-token lo
 candidate's tokens (teacher-forced after the prompt), pads them into [steps, candidates, tokens]
 (or calls :func:`pad_candidates` on lists), then :func:`choice_log_probs`. For the PPO loss, use
 ``log_prob[:, None]`` as a one-token response with mask ``ones(steps, 1)``.
+
+With ``length_normalised`` the score of a candidate is its *mean* token log-probability,
+ll_k / n_k, so a long action is not penalised for its length; the action candidates of the
+policy's replies are scored that way (:mod:`aflowrl.search.encoding`). The policy's value bins
+(``<value>0`` ... ``<value>9`` after the same prompt) are scored summed, and trained by
+:func:`bin_cross_entropy` against two-hot targets. The numpy side of the same formulas (what the
+torch-free trainer computes from the rollout's scores) is :mod:`aflowrl.rl.candidates`.
 """
 
 from __future__ import annotations
@@ -27,8 +34,10 @@ from aflowrl.rl.errors import RLInputError
 __all__ = [
     "ChoiceLogProbs",
     "PaddedCandidates",
+    "bin_cross_entropy",
     "candidate_log_probs",
     "choice_log_probs",
+    "expected_values",
     "pad_candidates",
 ]
 
@@ -59,8 +68,12 @@ def candidate_log_probs(
     token_log_probs: torch.Tensor,
     token_mask: torch.Tensor,
     candidate_mask: torch.Tensor | None = None,
+    *,
+    length_normalised: bool = False,
 ) -> torch.Tensor:
-    """log pi(k | s) = ll_k - logsumexp_j ll_j over admissible candidates, [..., K].
+    """log pi(k | s) = score_k - logsumexp_j score_j over admissible candidates, [..., K].
+
+    score_k is ll_k, or ll_k / n_k with ``length_normalised`` (module docstring).
 
     ``token_log_probs`` and ``token_mask`` are [..., K, T]; ``candidate_mask`` [..., K] marks
     the candidates that exist (default: all). Padded tokens are ignored whatever they hold
@@ -86,8 +99,12 @@ def candidate_log_probs(
         raise RLInputError(
             "every step needs at least one admissible candidate", field="candidate_mask"
         )
-    token_terms = torch.where(token_mask.bool(), token_log_probs, torch.zeros_like(token_log_probs))
+    token_mask = token_mask.bool()
+    token_terms = torch.where(token_mask, token_log_probs, torch.zeros_like(token_log_probs))
     sequence_log_likelihood = token_terms.sum(dim=-1)
+    if length_normalised:
+        lengths = token_mask.sum(dim=-1).clamp(min=1).to(sequence_log_likelihood.dtype)
+        sequence_log_likelihood = sequence_log_likelihood / lengths
     scores = sequence_log_likelihood.masked_fill(~candidate_mask, float("-inf"))
     return torch.log_softmax(scores, dim=-1)
 
@@ -97,13 +114,17 @@ def choice_log_probs(
     token_mask: torch.Tensor,
     chosen: torch.Tensor,
     candidate_mask: torch.Tensor | None = None,
+    *,
+    length_normalised: bool = False,
 ) -> ChoiceLogProbs:
     """log pi(chosen | s), the entropy over candidates, and every log pi(k | s).
 
     Shapes: token_log_probs and token_mask [steps, K, T], chosen [steps] (int64 candidate
     indices), candidate_mask [steps, K] or None. The chosen candidate must be admissible.
     """
-    log_probs = candidate_log_probs(token_log_probs, token_mask, candidate_mask)
+    log_probs = candidate_log_probs(
+        token_log_probs, token_mask, candidate_mask, length_normalised=length_normalised
+    )
     if log_probs.dim() != 2 or chosen.shape != log_probs.shape[:1]:
         raise RLInputError(
             f"expected chosen of shape {list(log_probs.shape[:1])} for log-probs "
@@ -159,3 +180,24 @@ def pad_candidates(candidates: Sequence[Sequence[torch.Tensor]]) -> PaddedCandid
         token_mask.view(steps, max_candidates, max_tokens),
         candidate_mask.view(steps, max_candidates),
     )
+
+
+def expected_values(bin_log_probs: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
+    """V = sum_b p_b c_b per row: ``bin_log_probs`` [rows, B] (log-softmax over the bins)."""
+    if bin_log_probs.dim() != 2 or centres.shape != bin_log_probs.shape[-1:]:
+        raise RLInputError(
+            f"expected bin log-probs [rows, {centres.shape[0]}], got {list(bin_log_probs.shape)}",
+            field="bins",
+        )
+    return (bin_log_probs.exp() * centres.to(bin_log_probs.dtype)).sum(dim=-1)
+
+
+def bin_cross_entropy(bin_log_probs: torch.Tensor, target_weights: torch.Tensor) -> torch.Tensor:
+    """L = -sum_b w_b log p_b per row (w: the two-hot target, :func:`rl.candidates.two_hot`)."""
+    if bin_log_probs.shape != target_weights.shape or bin_log_probs.dim() != 2:
+        raise RLInputError(
+            f"expected bin log-probs and targets of one shape [rows, B], got "
+            f"{list(bin_log_probs.shape)} and {list(target_weights.shape)}",
+            field="value_targets",
+        )
+    return -(target_weights.to(bin_log_probs.dtype) * bin_log_probs).sum(dim=-1)

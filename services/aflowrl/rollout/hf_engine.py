@@ -317,17 +317,15 @@ class HfEngine(RolloutEngine):
             raise BadSamplingRequestError("empty prompt", field="prompt")
 
         def run() -> list[list[float]]:
-            scores: list[list[float]] = []
-            for start in range(0, len(candidates), self.max_batch_size):
-                chunk = candidates[start : start + self.max_batch_size]
-                # The candidates share one pass over the prompt (a 4-D attention mask).
-                packed = logprobs.pack_prompt_branches(
-                    [prompt], [chunk], pad_id=self._pad_id, device=self.device
-                )
-                logits = logprobs.selected_hidden_logits(self.model, packed)
-                flat = logprobs.tempered_logprobs(logits, packed.targets, temperature)
-                scores.extend(part.tolist() for part in packed.split(flat.cpu()))
-            return scores
+            return logprobs.score_branches(
+                self.model,
+                prompt,
+                candidates,
+                pad_id=self._pad_id,
+                temperature=temperature,
+                device=self.device,
+                max_batch=self.max_batch_size,
+            )
 
         return await self._submit_call(run)
 

@@ -30,7 +30,7 @@ import torch
 from aflowrl import __version__, envs
 from aflowrl._proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from aflowrl.config.rollout import SamplingSpec
-from aflowrl.models import weights, wire
+from aflowrl.models import tokens, weights, wire
 from aflowrl.models.errors import (
     CorruptWeightsError,
     PartialWeightsError,
@@ -132,13 +132,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         elif kind == "text":
             ids = tokenizer(prompt.text, add_special_tokens=True).input_ids
         elif kind == "chat":
-            messages = [{"role": m.role, "content": m.content} for m in prompt.chat.messages]
+            messages = [(m.role, m.content) for m in prompt.chat.messages]
             if not messages:
                 raise BadSamplingRequestError("no messages", field=f"{field}.chat.messages")
-            text = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
-            ids = tokenizer(text, add_special_tokens=False).input_ids
+            ids = tokens.chat_prompt_ids(tokenizer, messages)
         else:
             raise BadSamplingRequestError("set one of text, chat or token_ids", field=field)
         if not ids:
@@ -218,7 +215,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             prompt = self.encode_prompt(item.prompt, f"items[{i}].prompt")
             if not item.candidates:
                 raise BadSamplingRequestError("no candidates", field=f"items[{i}].candidates")
-            candidates = [tokenizer(c, add_special_tokens=False).input_ids for c in item.candidates]
+            candidates = [tokens.continuation_ids(tokenizer, c) for c in item.candidates]
             for j, ids in enumerate(candidates):
                 if not ids:
                     raise BadSamplingRequestError(

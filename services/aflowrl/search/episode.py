@@ -4,18 +4,26 @@
 
     ctx = SearchContext(evaluator, problems, search=spec.search, evaluation=spec.evaluation)
     start = await reset(ctx, seed=7)                    # evaluates the seed workflow
-    outcome = await step(ctx, start.state, "<action>3</action>")
+    outcome = await step(ctx, start.state, "<action>add ScEnsemble after generate</action>")
     outcome.state, outcome.observation, outcome.reward, outcome.done, outcome.info
 
 :func:`reset` evaluates the seed workflow, selects the first parent and returns the state and
 the observation. :func:`step` projects the action text onto an admissible action of the parent
 (:mod:`aflowrl.search.projection`); an invalid action is a no-op that still takes a step (reward
 0, ``info.valid_action`` False: the trainer applies the penalty after discounting). A valid
-action makes the child: if the tree already holds a workflow with the same canonical hash the
-step is reported as a duplicate and nothing is evaluated; otherwise the child is evaluated on the
-episode's problems and added under its parent. The reward is the child's validation score minus
-the parent's (``search.reward = delta-parent``) or minus the best score before the step
-(``delta-best``). Then the convergence counter moves (the top-k mean score unchanged for
+action makes the child. The reward, exactly:
+
+* a new workflow: it is evaluated on the episode's problems, added under its parent, and the
+  reward is its validation score minus the parent's (``search.reward = delta-parent``) or minus
+  the best score before the step (``delta-best``);
+* a workflow the tree already holds (same canonical hash: a *duplicate*): nothing is evaluated,
+  no improvement is paid, and the reward is ``-search.duplicatePenalty``;
+* an invalid action: 0 here, ``-invalidActionPenalty`` applied by the trainer.
+
+The episode's headline is its *best-gain*: the best score among the workflows it added minus
+the seed's (0 while it added none; ``info.best_gain``).
+
+After the step the convergence counter moves (the top-k mean score unchanged for
 ``convergence_rounds`` steps ends the episode, as does ``max_steps``), the next parent is
 selected (:mod:`aflowrl.search.selection`, randomness seeded by (seed, step)) and its
 observation rendered; its anchor is the canonical hash of that parent.
@@ -104,10 +112,13 @@ class Observation:
 
     text: str
     admissible_actions: tuple[str, ...]
-    """Canonical admissible actions, numbered 1.. in choice mode (listed in every mode)."""
+    """Canonical admissible actions (listed in choice and text modes)."""
     anchor: str
     """Canonical hash of the workflow the next step modifies (GiGPO's anchor state)."""
     mode: ActionMode
+    in_tree: tuple[int | None, ...] = ()
+    """Per admissible action, the tree node of the workflow it makes when the tree already
+    holds it (taking it is a duplicate), else None."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +176,9 @@ class StepInfo:
     prompt_tokens: int
     completion_tokens: int
     done_reason: str
+    best_gain: float = 0.0
+    """The episode's best score among the workflows it added minus the seed's, after the step
+    (:attr:`aflowrl.search.state.EpisodeState.best_gain`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -265,7 +279,13 @@ async def _select(ctx: SearchContext, state: EpisodeState, step: int) -> int:
     _require_values(spec, ctx)
     assert ctx.values is not None
     queries = [
-        ValueQuery(n.hash, graph_at(state, i), n.score, stats[i].visits)
+        ValueQuery(
+            n.hash,
+            graph_at(state, i),
+            n.score,
+            stats[i].visits,
+            tuple(state.nodes[a].hash for a in state.ancestors(i)),
+        )
         for i, n in enumerate(state.nodes)
     ]
     values = list(await ctx.values(queries))
@@ -285,19 +305,22 @@ def _listed(state: EpisodeState, graph: Graph) -> Sequence[Candidate]:
 def observe(ctx: SearchContext, state: EpisodeState) -> Observation:
     """The observation of ``state`` (the workflow its next step modifies)."""
     graph = graph_at(state, state.parent)
-    listed = tuple(c.text for c in _listed(state, graph))
+    listed = _listed(state, graph)
+    texts = tuple(c.text for c in listed)
+    in_tree = tuple(state.index_of(c.child.content_hash) for c in listed)
     text = render_observation(
         ObservationInput(
             benchmark=state.benchmark,
             state=state,
             graph=graph,
             mode=state.search.action_mode,
-            listed=listed,
+            listed=texts,
             problems=ctx.problems_by_id,
+            in_tree=in_tree,
         ),
         state.search.max_observation_chars,
     )
-    return Observation(text, listed, graph.content_hash, state.search.action_mode)
+    return Observation(text, texts, graph.content_hash, state.search.action_mode, in_tree)
 
 
 def _check(ctx: SearchContext, state: EpisodeState) -> list[Problem]:
@@ -428,7 +451,9 @@ async def step(ctx: SearchContext, state: EpisodeState, action: str) -> StepOutc
                 )
             )
             child_index = len(nodes) - 1
-        reward = nodes[child_index].score - base
+        # A workflow the tree already holds earns no improvement, and the wasted step costs
+        # search.duplicatePenalty (AFlow refuses repeated modifications).
+        reward = -spec.duplicate_penalty if duplicate else nodes[child_index].score - base
         attempt = Attempt(
             step=state.step,
             parent=state.parent,
@@ -477,5 +502,6 @@ async def step(ctx: SearchContext, state: EpisodeState, action: str) -> StepOutc
         prompt_tokens=summary.prompt_tokens if summary else 0,
         completion_tokens=summary.completion_tokens if summary else 0,
         done_reason=done_reason,
+        best_gain=next_state.best_gain,
     )
     return StepOutcome(next_state, observe(ctx, next_state), reward, next_state.done, info)

@@ -1,18 +1,23 @@
 """The observation: the text the policy reads before it proposes one edit.
 
-It holds, in this order: the task (benchmark, task type, round, best score so far), the workflow
-to modify (rendered readably; as JSON in free-form mode) with its score, the experience of its
-children (each action tried on it, whether it improved the score, duplicates and rejected
-actions with the reason), a few problems it got wrong (question, expected, produced), the
-operator descriptions, the action language (text and free-form modes), the numbered admissible
-actions (choice mode), and how to reply.
+It holds, in this order: the task (benchmark, task type, step, the tree's size, best and seed
+scores), the workflow to modify (rendered readably with every prompt in full; as JSON in
+free-form mode) with its score, the experience of its children (every action tried on it,
+whether it improved the score, duplicates and rejected actions with the reason), a few
+problems it got wrong (question, expected, produced), the operator descriptions, the action
+language (text and free-form modes), the admissible actions (every one in full; one that leads
+to a workflow the tree already holds is marked with that workflow and its score, since taking
+it gains nothing), and how to reply.
 
-The text is at most ``max_chars`` long. The task, the workflow, the admissible actions and the
-reply instructions always stay; the operator list, the experience and the wrong problems share
-what is left, in that order of priority, each item clipped and the rest dropped with a line
-saying how many were cut. If even the fixed parts do not fit, the workflow's prompts are shown
-shorter, then the text is cut in the middle with a note. Used by
-:mod:`aflowrl.search.episode`.
+The text is at most ``max_chars`` long (``environment.search.maxObservationChars``). Nothing is
+cut silently and nothing the policy acts on is shortened while it fits: the header, the
+workflow, the admissible actions and the reply always stay whole; then the experience (newest
+first), the wrong problems and the operator list take what is left, whole items only, and a
+line says how many items of a section were left out. Only when even the fixed parts do not fit
+are the workflow's prompts shortened (each cut says how many characters it removed), and as a
+last resort the text is cut in the middle with a note. Long problem statements and answers in
+the wrong-problem examples are clipped (saying by how much): they illustrate, the policy does
+not act on them. Used by :mod:`aflowrl.search.episode`.
 """
 
 from __future__ import annotations
@@ -31,8 +36,7 @@ from aflowrl.workflow import Graph, describe_operators, render_text
 _QUESTION_CHARS: Final = 700
 _EXPECTED_CHARS: Final = 300
 _PRODUCED_CHARS: Final = 300
-_ACTION_CHARS: Final = 220
-_EXPERIENCE_LINES: Final = 12
+_REASON_CHARS: Final = 300
 _CUT_NOTE: Final = "\n[... observation cut to {limit} characters: {cut} characters left out ...]\n"
 
 
@@ -55,9 +59,12 @@ class ObservationInput:
     """The workflow the next step modifies."""
     mode: ActionMode
     listed: Sequence[str]
-    """Admissible actions in canonical form (numbered in choice mode)."""
+    """Admissible actions in canonical form."""
     problems: Mapping[str, Problem]
     """Problems by id (for the wrong examples)."""
+    in_tree: Sequence[int | None] = ()
+    """For each listed action, the tree node of the workflow it makes when the tree already
+    holds it (None: a new workflow). Empty: nothing is marked."""
 
 
 def _percent(score: float) -> str:
@@ -65,16 +72,16 @@ def _percent(score: float) -> str:
 
 
 def _experience_line(attempt: Attempt, nodes: Sequence[TreeNode], parent: TreeNode) -> str:
-    action = clip(attempt.action, _ACTION_CHARS)
+    action = " ".join(attempt.action.split())
     if not attempt.valid:
-        return f"- [rejected] {action}: {clip(attempt.reason, 160)}"
+        return f"- [rejected] {action}: {clip(attempt.reason, _REASON_CHARS)}"
     assert attempt.child is not None
     child = nodes[attempt.child]
     delta = 100 * (child.score - parent.score)
     if attempt.duplicate:
         return (
-            f"- [duplicate of workflow #{attempt.child}] {action} -> {_percent(child.score)}"
-            f" ({delta:+.1f})"
+            f"- [duplicate of workflow #{attempt.child}, nothing gained] {action} -> "
+            f"{_percent(child.score)} ({delta:+.1f})"
         )
     verdict = "improved" if delta > 0 else ("no change" if delta == 0 else "worse")
     return f"- [{verdict}] {action} -> {_percent(child.score)} ({delta:+.1f})"
@@ -90,22 +97,29 @@ def _wrong_item(index: int, wrong: WrongRun, problem: Problem | None) -> str:
     )
 
 
-def _fit(title: str, items: Sequence[str], budget: int) -> str:
-    """``title`` and as many items as fit in ``budget``, then how many were cut."""
+_NOTE_ROOM: Final = 90
+"""Characters kept free for each section's "left out" line (so no section vanishes silently)."""
+
+
+def _fit(title: str, items: Sequence[str], budget: int, what: str) -> str:
+    """``title`` and the first items that fit in ``budget`` (whole), then how many were left
+    out; when not even the title and one item fit, one line saying the section was left out."""
     if not items:
         return ""
     lines = [title]
     used = len(title) + 1
     for i, item in enumerate(items):
-        note = f"[{len(items) - i} more cut to fit the observation]"
+        note = f"[{len(items) - i} of {len(items)} {what} left out to fit the observation]"
         last = i == len(items) - 1
         if used + len(item) + 1 + (0 if last else len(note) + 1) > budget:
-            if used + len(note) + 1 <= budget:
-                lines.append(note)
-            break
+            if i == 0:
+                name = title.lstrip("# ").split(" (")[0]
+                return f"[{name}: {len(items)} {what} left out to fit the observation]\n"
+            lines.append(note)
+            return "\n".join(lines) + "\n"
         lines.append(item)
         used += len(item) + 1
-    return "\n".join(lines) + "\n" if len(lines) > 1 else ""
+    return "\n".join(lines) + "\n"
 
 
 def _cut_middle(text: str, tail: str, max_chars: int) -> str:
@@ -136,17 +150,32 @@ def _workflow(obs: ObservationInput, prompt_chars: int | None) -> str:
     return head + render_text(obs.graph, prompt_chars=prompt_chars) + "\n"
 
 
-def _actions(obs: ObservationInput, budget: int) -> str:
-    if obs.mode != "choice":
+def _actions(obs: ObservationInput) -> str:
+    if not obs.listed or obs.mode == "freeform":
         return ""
-    each = max(60, min(_ACTION_CHARS, budget // max(1, len(obs.listed)) - 8))
-    lines = [f"{i}. {clip(text, each)}" for i, text in enumerate(obs.listed, start=1)]
-    return "## Admissible actions (answer with one number)\n" + "\n".join(lines) + "\n"
+    nodes = obs.state.nodes
+    marks = list(obs.in_tree) or [None] * len(obs.listed)
+    lines = []
+    for text, index in zip(obs.listed, marks, strict=True):
+        line = f"- {' '.join(text.split())}"
+        if index is not None:
+            line += (
+                f"   [already in the tree as workflow #{index} ({_percent(nodes[index].score)}):"
+                " choosing it gains nothing]"
+            )
+        lines.append(line)
+    title = (
+        "## Admissible actions (reply with one of them)"
+        if obs.mode == "choice"
+        else "## Some admissible actions"
+    )
+    return title + "\n" + "\n".join(lines) + "\n"
 
 
 def _reply(mode: ActionMode) -> str:
     what = {
-        "choice": "the number of one admissible action, e.g. <action>3</action>",
+        "choice": "one admissible action, written exactly as listed, e.g. <action>add ScEnsemble "
+        "after generate samples=5</action>",
         "text": "one action of the language, e.g. <action>add ScEnsemble after generate "
         "samples=5</action>",
         "freeform": "the whole modified workflow as JSON in the format shown above (or one "
@@ -165,38 +194,44 @@ def render_observation(obs: ObservationInput, max_chars: int) -> str:
     header = (
         f"# Optimising an agentic workflow for {obs.benchmark} ({state.task_type} tasks)\n"
         f"Step {state.step + 1} of {config.max_steps}. The workflow is run by an executor LLM "
-        f"on the validation problems; best score so far {_percent(state.best_score)} "
-        f"(workflow #{state.best}), seed workflow {_percent(state.nodes[0].score)}.\n"
+        f"on the validation problems; the tree holds {len(state.nodes)} workflows; best score "
+        f"so far {_percent(state.best_score)} (workflow #{state.best}), seed workflow "
+        f"{_percent(state.nodes[0].score)}.\n"
     )
     reply = _reply(obs.mode)
     language = "" if obs.mode == "choice" else f"## Action language (one action)\n{GRAMMAR}\n"
-    fixed_budget = max_chars - len(header) - len(reply) - len(language)
-    workflow = _workflow(obs, 600)
-    for prompt_chars in (300, 120, 40):
-        if len(workflow) <= fixed_budget // 2:
+    actions = _actions(obs)
+    tail = language + actions + reply
+    fixed_budget = max_chars - len(header) - len(tail) - 3 * _NOTE_ROOM
+    workflow = _workflow(obs, None)
+    for prompt_chars in (600, 300, 120, 40):
+        if len(workflow) <= fixed_budget:
             break
         workflow = _workflow(obs, prompt_chars)
-    actions = _actions(obs, fixed_budget - len(workflow))
-    budget = fixed_budget - len(workflow) - len(actions)
+    budget = fixed_budget - len(workflow) + 3 * _NOTE_ROOM
 
     parent = state.nodes[state.parent]
     tried = state.tried_from(state.parent)
-    experience_items = [_experience_line(a, state.nodes, parent) for a in tried]
-    experience_items = experience_items[-_EXPERIENCE_LINES:]
-    wrong_items = [
+    experience = [_experience_line(a, state.nodes, parent) for a in reversed(tried)]
+    wrong = [
         _wrong_item(i, w, obs.problems.get(w.problem_id))
         for i, w in enumerate(parent.wrong[: config.failed_examples], start=1)
     ]
     operators = describe_operators(state.task_type).splitlines()
-    sections: list[str] = []
-    for title, items in (
-        ("## Operators", operators),
-        (f"## Tried on this workflow ({len(tried)} steps)", experience_items),
-        ("## Problems it got wrong", wrong_items),
+    sections: dict[str, str] = {}
+    for key, title, items, what in (
+        (
+            "experience",
+            f"## Tried on this workflow ({len(tried)} steps, newest first)",
+            experience,
+            "steps",
+        ),
+        ("wrong", "## Problems it got wrong", wrong, "problems"),
+        ("operators", "## Operators", operators, "operators"),
     ):
-        section = _fit(title, items, budget)
+        section = _fit(title, items, max(0, budget), what)
         budget -= len(section)
-        sections.append(section)
-    tail = language + actions + reply
-    text = header + workflow + "".join(sections) + tail
+        sections[key] = section
+    body = sections["experience"] + sections["wrong"] + sections["operators"]
+    text = header + workflow + body + tail
     return text if len(text) <= max_chars else _cut_middle(text, tail, max_chars)

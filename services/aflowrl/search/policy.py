@@ -1,19 +1,24 @@
 """The ``policy`` proposer: a local Hugging Face checkpoint proposes edits (needs torch).
 
-This module is imported only when ``aflowrl optimize --proposer policy`` asks for it; the rest of
-:mod:`aflowrl.search` stays torch-free. The checkpoint is a causal LM directory, or ``tiny``, loaded
-as the rollout service loads the policy (:mod:`aflowrl.models.loading`; nothing is downloaded);
-its tokenizer must have a chat template. The prompt is the proposers' system message plus the
-observation, rendered with that template.
+This module is imported only when ``aflowrl optimize --proposer policy`` (or the learning bench)
+asks for it; the rest of :mod:`aflowrl.search` stays torch-free. The checkpoint is a causal LM
+directory, or ``tiny``, loaded as the rollout service loads the policy
+(:mod:`aflowrl.models.loading`; nothing is downloaded); its tokenizer must have a chat template.
 
-* choice mode: each admissible action k is scored by the log-likelihood of its continuation
-  :func:`choice_continuation` (``<action>{text}</action>``) after the prompt, under the
-  temperature-scaled distribution of :mod:`aflowrl.models.logprobs` (the rollout's candidate
-  scores), and the action is sampled from the softmax over candidates (Carta et al., 2023,
-  arXiv 2302.02662, as :mod:`aflowrl.rl.choice` trains it): log pi_k = ll_k - logsumexp_j ll_j.
-* text mode (and free-form): the model samples a reply of at most ``max_new_tokens``; replies that
-  do not project onto an admissible action are sampled again, at most ``max_retries`` times.
+It acts exactly as the trainer's rollout calls do (one acting path):
 
+* the prompt is :func:`aflowrl.search.encoding.prompt_messages` through the chat template
+  (:func:`aflowrl.models.tokens.chat_prompt_ids`);
+* choice mode: every admissible action's reply and the value replies are scored after the
+  prompt by :func:`aflowrl.models.logprobs.score_branches` (the rollout's ``ScoreCandidates``
+  runs the same function) under the temperature-scaled distribution; the action distribution
+  and the value come from :mod:`aflowrl.rl.candidates`; the action is sampled from it;
+* text mode (and free-form): the model samples a reply of at most ``max_new_tokens``; replies
+  that do not project onto an admissible action are sampled again, at most ``max_retries``
+  times.
+
+:class:`PolicyValues` is the value source of ``--selection fused --value-source policy``: the
+value the policy read at each workflow it was shown, as the trainer's table keeps it.
 Sampling is seeded by (seed, round, attempt), so a resumed run proposes the same edits.
 """
 
@@ -21,21 +26,53 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
 from aflowrl.errors import InvalidInputError
+from aflowrl.models import loading, logprobs, tokens
+from aflowrl.rl import candidates as scoring
+from aflowrl.search import encoding
 from aflowrl.search.episode import Observation
-from aflowrl.search.proposers import SYSTEM_PROMPT, Check, Proposal
+from aflowrl.search.proposers import Check, Proposal
+from aflowrl.search.values import StaticValues, ValueQuery
 from aflowrl.workflow.runtime import derive_seed
 
 logger = logging.getLogger(__name__)
 
 
-def choice_continuation(action: str) -> str:
-    """The text whose likelihood scores admissible action ``action`` in choice mode."""
-    return f"<action>{action}</action>"
+@dataclass(frozen=True)
+class Scored:
+    """The policy's reading of one observation."""
+
+    log_pi: tuple[float, ...]
+    """log pi over the admissible actions, in the observation's order."""
+    value: float | None
+    """V(s) of the observation (None: the proposer reads no value)."""
+
+
+class PolicyValues:
+    """V(s) for fused selection: the latest value the policy read at each workflow (anchor);
+    workflows it was not shown take their nearest shown ancestor's (the trainer's semantics,
+    :mod:`aflowrl.trainer.values`)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+
+    def observe(self, anchor: str, value: float | None) -> None:
+        if value is not None:
+            self.values[anchor] = value
+
+    async def __call__(self, queries: Sequence[ValueQuery]) -> Sequence[float]:
+        known = list(self.values.values())
+        default = sum(known) / len(known) if known else 0.0
+        return await StaticValues(self.values, default)(queries)
 
 
 class PolicyProposer:
@@ -51,8 +88,9 @@ class PolicyProposer:
         seed: int = 0,
         max_new_tokens: int = 256,
         max_retries: int = 2,
-        batch_size: int = 8,
+        batch_size: int = 32,
         temperature: float = 1.0,
+        value_range: tuple[float, float] | None = None,
     ) -> None:
         if not temperature > 0:
             raise InvalidInputError(f"{temperature} is not positive", field="temperature")
@@ -63,12 +101,16 @@ class PolicyProposer:
         self.max_new_tokens = max_new_tokens
         self.max_retries = max_retries
         self.batch_size = batch_size
+        self.centres: tuple[float, ...] | None = None
+        if value_range is not None:
+            bins = scoring.bin_centres(value_range[0], value_range[1], encoding.VALUE_BINS)
+            self.centres = tuple(float(c) for c in bins)
+        self.values = PolicyValues()
+        self._pad = int(tokenizer.pad_token_id or 0)
 
     @staticmethod
     def load(path: str | Path, *, seed: int = 0, **options: Any) -> PolicyProposer:
         """Load a checkpoint directory, or ``tiny`` (the built-in tiny model), float32."""
-        from aflowrl.models import loading
-
         directory = loading.resolve_model_path(str(path), field="--policy")
         tokenizer = loading.load_tokenizer(directory)
         if not getattr(tokenizer, "chat_template", None):
@@ -80,88 +122,60 @@ class PolicyProposer:
         return PolicyProposer(model, tokenizer, seed=seed, **options)
 
     def _prompt_ids(self, observation: Observation) -> list[int]:
-        messages = [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": observation.text},
-        ]
-        ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True
+        ids = tokens.chat_prompt_ids(self.tokenizer, encoding.prompt_messages(observation.text))
+        limit = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+        if len(ids) >= limit:
+            raise InvalidInputError(
+                f"the observation is {len(ids)} tokens; the model takes {limit}: lower "
+                "environment.search.maxObservationChars",
+                field="search.maxObservationChars",
+            )
+        return ids
+
+    def read(self, observation: Observation) -> Scored:
+        """log pi over the admissible actions and V(s), as the trainer's rollout calls read them."""
+        actions = encoding.action_replies(observation.admissible_actions)
+        values = encoding.value_replies() if self.centres is not None else []
+        replies = [tokens.continuation_ids(self.tokenizer, r) for r in actions + values]
+        scores = logprobs.score_branches(
+            self.model,
+            self._prompt_ids(observation),
+            replies,
+            pad_id=self._pad,
+            temperature=self.temperature,
+            device=self.model.device,
+            max_batch=self.batch_size,
         )
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        limit = int(getattr(self.model.config, "max_position_embeddings", 4096)) // 2
-        return [int(i) for i in ids][-limit:]
+        count = len(actions)
+        log_pi = scoring.choice_log_probs(
+            scores[:count], length_normalised=encoding.ACTIONS_LENGTH_NORMALISED
+        )
+        value = None
+        if self.centres is not None:
+            bins = scoring.candidate_scores(scores[count:], length_normalised=False)
+            value = scoring.expected_value(bins.tolist(), self.centres)
+        return Scored(tuple(float(v) for v in log_pi), value)
 
     def score_candidates(self, observation: Observation) -> list[float]:
-        """log pi_k over the admissible actions (choice mode).
-
-        The prompt runs once; its key/value cache is shared by every candidate continuation
-        (copied per batch), so the cost is one prompt plus the candidates' own tokens.
-        """
-        import copy
-
-        import torch
-
-        from aflowrl.models.logprobs import tempered_logprobs
-
-        prompt = self._prompt_ids(observation)
-        conts = [
-            [
-                int(i)
-                for i in self.tokenizer.encode(choice_continuation(a), add_special_tokens=False)
-            ]
-            for a in observation.admissible_actions
-        ]
-        pad = int(self.tokenizer.pad_token_id or 0)
-        device = self.model.device
-        lls: list[float] = []
-        with torch.no_grad():
-            head = self.model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
-            last = head.logits[:, -1:]  # predicts each candidate's first token
-            for start in range(0, len(conts), self.batch_size):
-                chunk = conts[start : start + self.batch_size]
-                width = max(len(c) for c in chunk)
-                ids = torch.full((len(chunk), width), pad, dtype=torch.long, device=device)
-                mask = torch.zeros(
-                    (len(chunk), len(prompt) + width), dtype=torch.long, device=device
-                )
-                mask[:, : len(prompt)] = 1
-                for row, cont in enumerate(chunk):
-                    ids[row, : len(cont)] = torch.tensor(cont, device=device)
-                    mask[row, len(prompt) : len(prompt) + len(cont)] = 1
-                cache = copy.deepcopy(head.past_key_values)
-                cache.batch_repeat_interleave(len(chunk))
-                logits = self.model(
-                    input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True
-                ).logits
-                # Position t's logits predict token t + 1; the prompt's last predicts token 0.
-                predicting = torch.cat([last.expand(len(chunk), 1, -1), logits[:, :-1]], dim=1)
-                token_lp = tempered_logprobs(predicting, ids, self.temperature)
-                for row, cont in enumerate(chunk):
-                    lls.append(float(token_lp[row, : len(cont)].sum()))
-        top = max(lls)
-        log_total = top + math.log(math.fsum(math.exp(ll - top) for ll in lls))
-        return [ll - log_total for ll in lls]
+        """log pi_k over the admissible actions (choice mode)."""
+        return list(self.read(observation).log_pi)
 
     def _choose(self, observation: Observation, round: int) -> Proposal:
-        import random
-
-        log_pi = self.score_candidates(observation)
+        scored = self.read(observation)
+        self.values.observe(observation.anchor, scored.value)
         rng = random.Random(derive_seed(self.seed, "policy-choice", round))
-        index = rng.choices(range(len(log_pi)), weights=[math.exp(v) for v in log_pi], k=1)[0]
-        return Proposal(f"<action>{index + 1}</action>")
+        weights = np.exp(np.array(scored.log_pi))
+        index = rng.choices(range(len(weights)), weights=weights.tolist(), k=1)[0]
+        return Proposal(encoding.action_reply(observation.admissible_actions[index]))
 
     def _sample(self, observation: Observation, round: int, attempt: int) -> str:
-        import torch
-
         prompt = self._prompt_ids(observation)
         torch.manual_seed(derive_seed(self.seed, "policy-text", round, attempt))
+        device = self.model.device
         with torch.no_grad():
             out = self.model.generate(
-                input_ids=torch.tensor([prompt], device=self.model.device),
-                attention_mask=torch.ones(
-                    (1, len(prompt)), dtype=torch.long, device=self.model.device
-                ),
+                input_ids=torch.tensor([prompt], device=device),
+                attention_mask=torch.ones((1, len(prompt)), dtype=torch.long, device=device),
                 max_new_tokens=self.max_new_tokens,
                 do_sample=True,
                 temperature=self.temperature,
@@ -173,8 +187,10 @@ class PolicyProposer:
     def _propose(self, observation: Observation, round: int, check: Check) -> Proposal:
         if observation.mode == "choice":
             if not observation.admissible_actions:
-                return Proposal("<action>no admissible action</action>")
+                return Proposal(encoding.action_reply("no admissible action"))
             return self._choose(observation, round)
+        if self.centres is not None and observation.admissible_actions:
+            self.values.observe(observation.anchor, self.read(observation).value)
         reply = ""
         for attempt in range(self.max_retries + 1):
             reply = self._sample(observation, round, attempt)

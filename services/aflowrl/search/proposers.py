@@ -23,22 +23,16 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Protocol
 
 from aflowrl.errors import InvalidInputError
 from aflowrl.executor.base import Executor, Message
+from aflowrl.search import encoding
 from aflowrl.search.episode import Observation
 from aflowrl.search.projection import Projection
 from aflowrl.workflow.runtime import derive_seed
 
 logger = logging.getLogger(__name__)
-
-SYSTEM_PROMPT: Final = (
-    "You optimise agentic workflows: graphs of LLM operators that solve benchmark problems. "
-    "Each turn you see one workflow, its validation score, what was already tried on it and "
-    "problems it got wrong, and you propose exactly one modification that changes one detail, "
-    "aiming for a higher score. Follow the reply format you are given exactly."
-)
 
 Check = Callable[[str], Projection]
 """Projects a response onto the current parent (the episode's projection)."""
@@ -69,10 +63,8 @@ class Proposer(Protocol):
 
 
 def action_response(observation: Observation, index: int) -> str:
-    """The response choosing listed action ``index`` (0-based) in the observation's mode."""
-    if observation.mode == "choice":
-        return f"<action>{index + 1}</action>"
-    return f"<action>{observation.admissible_actions[index]}</action>"
+    """The response choosing listed action ``index`` (0-based), as the policy writes it."""
+    return encoding.action_reply(observation.admissible_actions[index])
 
 
 class RandomProposer:
@@ -117,7 +109,8 @@ class LLMProposer:
         self.max_retries = max_retries
 
     async def propose(self, observation: Observation, *, round: int, check: Check) -> Proposal:
-        messages = [Message("system", SYSTEM_PROMPT), Message("user", observation.text)]
+        turns = encoding.prompt_messages(observation.text)
+        messages = [Message(role, text) for role, text in turns]
         cost: float | None = 0.0
         prompt_tokens = completion_tokens = 0
         reply = ""

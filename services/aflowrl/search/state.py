@@ -136,6 +136,23 @@ class EpisodeState(_Model):
     def best_score(self) -> float:
         return self.nodes[self.best].score
 
+    @property
+    def best_gain(self) -> float:
+        """The episode's headline: the best score among the workflows the episode added (every
+        node but the seed; duplicates add none) minus the seed's; 0 while it added none."""
+        if len(self.nodes) == 1:
+            return 0.0
+        return max(n.score for n in self.nodes[1:]) - self.nodes[0].score
+
+    def ancestors(self, index: int) -> list[int]:
+        """Indices of node ``index``'s parent, its parent's parent, ... up to the seed."""
+        out: list[int] = []
+        parent = self.nodes[index].parent
+        while parent is not None:
+            out.append(parent)
+            parent = self.nodes[parent].parent
+        return out
+
     def visits(self, index: int) -> int:
         """1 for the node's evaluation plus 1 per step that modified it."""
         return 1 + sum(1 for a in self.attempts if a.parent == index)

@@ -7,8 +7,13 @@ step rewards an episode collects from that state on). Three kinds:
 * a critic: any callable, e.g. the trainer's wrapper around the learner's value head;
 * :class:`AnchorMonteCarlo`: the mean return observed from each anchor state (GiGPO's anchor
   is the canonical hash of the workflow a step modifies), a table the caller fills with
-  :meth:`AnchorMonteCarlo.record` and can carry as JSON; unseen anchors get ``prior``;
-* :class:`StaticValues`: a fixed mapping (what a caller sends along with a request).
+  :meth:`AnchorMonteCarlo.record` and can carry as JSON;
+* :class:`StaticValues`: a fixed mapping (what a caller sends along with a request: the
+  trainer's table of the policy's own values, or of a critic's).
+
+A table knows only the workflows it has seen; a workflow it has no value for takes the value
+of its nearest ancestor that it has (a child just made has not been observed yet, and its
+parent's value is the best prior at hand), then the table's prior / default.
 
 Used by :mod:`aflowrl.search.episode` (``SearchContext.values``), ``aflowrl optimize`` and the
 trainer.
@@ -35,6 +40,14 @@ class ValueQuery:
     score: float
     """Its mean validation score in [0, 1]."""
     visits: int
+    ancestors: tuple[str, ...] = ()
+    """Hashes of its parent, grandparent, ... up to the seed: a table that has no value for
+    the workflow itself uses its nearest valued ancestor's (a child just made has not been
+    observed yet; its parent's value is the best prior the table has)."""
+
+    def lookup(self) -> tuple[str, ...]:
+        """The anchors to look up, nearest first: the workflow's own, then its ancestors'."""
+        return (self.anchor, *self.ancestors)
 
 
 class ValueSource(Protocol):
@@ -68,6 +81,13 @@ class AnchorMonteCarlo:
         count = self._counts.get(anchor, 0)
         return self._sums[anchor] / count if count else self.prior
 
+    def value_of(self, query: ValueQuery) -> float:
+        """The value of the nearest recorded anchor of ``query`` (itself, then ancestors)."""
+        for anchor in query.lookup():
+            if self._counts.get(anchor, 0):
+                return self.value(anchor)
+        return self.prior
+
     def count(self, anchor: str) -> int:
         return self._counts.get(anchor, 0)
 
@@ -77,7 +97,7 @@ class AnchorMonteCarlo:
             self._counts[anchor] = self._counts.get(anchor, 0) + other._counts[anchor]
 
     async def __call__(self, queries: Sequence[ValueQuery]) -> Sequence[float]:
-        return [self.value(q.anchor) for q in queries]
+        return [self.value_of(q) for q in queries]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -100,11 +120,18 @@ class AnchorMonteCarlo:
 
 
 class StaticValues:
-    """Values from a fixed mapping anchor -> value (``default`` for the others)."""
+    """Values from a fixed mapping anchor -> value: a workflow absent from it takes its nearest
+    ancestor's value, ``default`` when none of them is there."""
 
     def __init__(self, values: Mapping[str, float], default: float = 0.0) -> None:
         self.values = dict(values)
         self.default = default
 
+    def value_of(self, query: ValueQuery) -> float:
+        for anchor in query.lookup():
+            if anchor in self.values:
+                return self.values[anchor]
+        return self.default
+
     async def __call__(self, queries: Sequence[ValueQuery]) -> Sequence[float]:
-        return [self.values.get(q.anchor, self.default) for q in queries]
+        return [self.value_of(q) for q in queries]

@@ -1,76 +1,65 @@
 """The policy's decisions for a batch of observations: one rollout call for all active episodes.
 
 - **choice mode** (:class:`ChoiceActor`): one ``ScoreCandidates`` call scores, after the
-  observation, every reply the observation allows: ``<action>{k}</action>`` for each numbered
-  admissible action k; the action is sampled from the softmax over the candidates' summed token
-  log-probabilities (Carta et al., 2023, arXiv 2302.02662), log pi_k = ll_k - logsumexp_j ll_j,
-  and log pi(chosen) is the behaviour log-probability the learner's ``rl.choice`` recomputes.
-  The environment gets that same reply. Scoring the numbered replies rather than the actions'
-  texts keeps the candidates the same length (up to 9 actions: one digit each), so a summed
-  log-likelihood is not a length penalty: a fresh small model starts near uniform over the
-  actions (it explores) instead of always taking the shortest text. The numbering follows the
-  environment's enumeration order, which groups actions by family, so a number carries meaning.
+  observation, the reply of every admissible action, ``<action>{action}</action>``, and (when
+  ``policy.value`` is on) the value replies ``<value>0`` ... ``<value>9``
+  (:mod:`aflowrl.search.encoding`: the one encoding training, ``aflowrl optimize --proposer
+  policy`` and the learning bench share). The action is sampled from the softmax over the
+  actions' length-normalised log-likelihoods (Carta et al., 2023, arXiv 2302.02662;
+  :func:`aflowrl.rl.candidates.choice_log_probs`), and log pi(chosen) is the behaviour
+  log-probability the learner's ``rl.choice`` recomputes. The score follows an action's text,
+  not its place in the list. V(s) is the bins' expected value
+  (:func:`aflowrl.rl.candidates.expected_value`); the environment gets the chosen reply.
 - **text mode** (:class:`TextActor`): one ``Generate`` call samples a reply per observation,
-  seeded by (run seed, iteration, step).
+  seeded by (run seed, iteration, step); with ``policy.value`` on, one ``ScoreCandidates`` call
+  reads the values.
 - :class:`UniformActor`: uniform over the admissible actions, no model (the random baseline of
-  ``bench/learning.py``); its decisions are not trainable.
+  ``bench/learning.py``); :class:`IndexActor`: always the k-th listed action (a state-blind
+  constant policy). Their decisions are not trainable.
 
 The prompt is the system message ``aflowrl optimize``'s proposers use plus the observation
 text, rendered by the rollout with the policy's chat template. Batches are split over the
-rollout replicas (contiguous shares, in parallel); a replica that is unavailable hands its
-share to the next. Sampling uses the trainer's generator, so a run is reproducible. Called by
-:mod:`aflowrl.trainer.loop`.
+rollout replicas (:class:`aflowrl.trainer.clients.RolloutClient`). Sampling uses the trainer's
+generator, so a run is reproducible. Called by :mod:`aflowrl.trainer.collect`.
 """
 
 from __future__ import annotations
 
 import abc
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 
 from aflowrl._proto.v1 import common_pb2, rollout_pb2
 from aflowrl.config import RunSpec
-from aflowrl.search.proposers import SYSTEM_PROMPT
+from aflowrl.rl import candidates as scoring
+from aflowrl.search import encoding
 from aflowrl.trainer.clients import RolloutClient
 from aflowrl.trainer.rows import Decision
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-
-def choice_response(index: int) -> str:
-    """The reply choosing listed action ``index`` (0-based): scored, then sent to Step."""
-    return f"<action>{index + 1}</action>"
-
-
-def text_response(action: str) -> str:
-    """A text-mode reply writing ``action`` out."""
-    return f"<action>{action}</action>"
-
 
 def prompt_of(observation: str) -> common_pb2.Prompt:
-    """The chat prompt of an observation."""
+    """The chat prompt of an observation (:func:`aflowrl.search.encoding.prompt_messages`)."""
     return common_pb2.Prompt(
         chat=common_pb2.ChatMessages(
             messages=[
-                common_pb2.ChatMessage(role="system", content=SYSTEM_PROMPT),
-                common_pb2.ChatMessage(role="user", content=observation),
+                common_pb2.ChatMessage(role=role, content=content)
+                for role, content in encoding.prompt_messages(observation)
             ]
         )
     )
 
 
-def choice_distribution(candidate_logprobs: Sequence[Sequence[float]]) -> np.ndarray:
-    """log pi_k = ll_k - logsumexp_j ll_j, with ll_k the sum of candidate k's token log-probs."""
-    ll = np.array([math.fsum(values) for values in candidate_logprobs], dtype=np.float64)
-    top = float(ll.max())
-    return ll - (top + math.log(float(np.exp(ll - top).sum())))
+def action_log_probs(scores: rollout_pb2.CandidateScores, count: int) -> np.ndarray:
+    """log pi over the first ``count`` scored candidates (the actions' replies)."""
+    token_logprobs = [list(c.values) for c in scores.candidate_logprobs[:count]]
+    return scoring.choice_log_probs(
+        token_logprobs, length_normalised=encoding.ACTIONS_LENGTH_NORMALISED
+    )
 
 
 @dataclass(frozen=True)
@@ -79,6 +68,25 @@ class Observed:
 
     text: str
     admissible: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ValueReader:
+    """Reads V(s) from the value replies' scores (``policy.value``)."""
+
+    centres: tuple[float, ...]
+
+    @staticmethod
+    def of(spec: RunSpec) -> ValueReader | None:
+        value = spec.policy.value
+        if not value.enabled:
+            return None
+        bins = scoring.bin_centres(value.min, value.max, encoding.VALUE_BINS)
+        return ValueReader(tuple(float(c) for c in bins))
+
+    def read(self, bin_logprobs: Sequence[Sequence[float]]) -> float:
+        scores = scoring.candidate_scores(bin_logprobs, length_normalised=False)
+        return scoring.expected_value(scores.tolist(), self.centres)
 
 
 class Actor(abc.ABC):
@@ -92,40 +100,48 @@ class Actor(abc.ABC):
 
 
 class ChoiceActor(Actor):
-    """Scores the admissible actions with the policy and samples one (module docstring)."""
+    """Scores the admissible actions (and the value) with the policy; samples an action."""
 
-    def __init__(self, rollout: RolloutClient) -> None:
+    def __init__(self, rollout: RolloutClient, values: ValueReader | None = None) -> None:
         self.rollout = rollout
+        self.values = values
 
     async def act(
         self, observed: Sequence[Observed], *, rng: np.random.Generator, seed: int
     ) -> list[Decision]:
         scorable = [i for i, o in enumerate(observed) if o.admissible]
+        value_replies = encoding.value_replies() if self.values is not None else []
         items = [
             rollout_pb2.CandidateSet(
                 prompt=prompt_of(observed[i].text),
-                candidates=[choice_response(k) for k in range(len(observed[i].admissible))],
+                candidates=encoding.action_replies(observed[i].admissible) + value_replies,
             )
             for i in scorable
         ]
         scored = dict(zip(scorable, await self.rollout.score(items) if items else [], strict=True))
         decisions: list[Decision] = []
-        for i in range(len(observed)):
+        for i, o in enumerate(observed):
             if i not in scored:  # nothing to choose from: the environment will call it invalid
-                decisions.append(Decision(action=choice_response(0)))
+                decisions.append(Decision(action=encoding.action_reply("none")))
                 continue
             scores, version = scored[i]
-            log_pi = choice_distribution([list(c.values) for c in scores.candidate_logprobs])
+            count = len(o.admissible)
+            token_logprobs = [list(c.values) for c in scores.candidate_logprobs]
+            log_pi = action_log_probs(scores, count)
             probabilities = np.exp(log_pi)
-            chosen = int(rng.choice(len(probabilities), p=probabilities / probabilities.sum()))
+            chosen = int(rng.choice(count, p=probabilities / probabilities.sum()))
+            ids = tuple(tuple(c.ids) for c in scores.candidate_token_ids)
+            value = self.values.read(token_logprobs[count:]) if self.values is not None else None
             decisions.append(
                 Decision(
-                    action=choice_response(chosen),
+                    action=encoding.action_reply(o.admissible[chosen]),
                     prompt_ids=tuple(scores.prompt_token_ids),
-                    candidate_ids=tuple(tuple(c.ids) for c in scores.candidate_token_ids),
+                    candidate_ids=ids[:count],
                     chosen=chosen,
                     logprobs=(float(log_pi[chosen]),),
                     version=version,
+                    value=value,
+                    value_ids=ids[count:],
                 )
             )
         return decisions
@@ -134,9 +150,12 @@ class ChoiceActor(Actor):
 class TextActor(Actor):
     """Samples a reply per observation with ``rollout.sampling`` (module docstring)."""
 
-    def __init__(self, rollout: RolloutClient, spec: RunSpec) -> None:
+    def __init__(
+        self, rollout: RolloutClient, spec: RunSpec, values: ValueReader | None = None
+    ) -> None:
         self.rollout = rollout
         self.sampling = spec.rollout.sampling
+        self.values = values
 
     async def act(
         self, observed: Sequence[Observed], *, rng: np.random.Generator, seed: int
@@ -151,9 +170,25 @@ class TextActor(Actor):
             seed=seed,
             logprobs=True,
         )
-        results = await self.rollout.generate([prompt_of(o.text) for o in observed], sampling)
+        prompts = [prompt_of(o.text) for o in observed]
+        results = await self.rollout.generate(prompts, sampling)
+        values: list[tuple[float | None, tuple[tuple[int, ...], ...]]] = [(None, ())] * len(
+            observed
+        )
+        if self.values is not None:
+            items = [
+                rollout_pb2.CandidateSet(prompt=p, candidates=encoding.value_replies())
+                for p in prompts
+            ]
+            values = [
+                (
+                    self.values.read([list(c.values) for c in scores.candidate_logprobs]),
+                    tuple(tuple(c.ids) for c in scores.candidate_token_ids),
+                )
+                for scores, _ in await self.rollout.score(items)
+            ]
         decisions = []
-        for result, version in results:
+        for (result, version), (value, value_ids) in zip(results, values, strict=True):
             completion = result.completions[0]
             decisions.append(
                 Decision(
@@ -162,6 +197,8 @@ class TextActor(Actor):
                     response_ids=tuple(completion.token_ids),
                     logprobs=tuple(completion.logprobs),
                     version=version,
+                    value=value,
+                    value_ids=value_ids,
                 )
             )
         return decisions
@@ -170,18 +207,36 @@ class TextActor(Actor):
 class UniformActor(Actor):
     """Uniform over the admissible actions; no model, nothing to train."""
 
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
-
     async def act(
         self, observed: Sequence[Observed], *, rng: np.random.Generator, seed: int
     ) -> list[Decision]:
         decisions = []
         for o in observed:
-            k = int(rng.integers(len(o.admissible))) if o.admissible else 0
-            if self.mode == "choice" or not o.admissible:
-                action = choice_response(k)
-            else:
-                action = text_response(o.admissible[k])
-            decisions.append(Decision(action=action))
+            if not o.admissible:
+                decisions.append(Decision(action=encoding.action_reply("none")))
+                continue
+            k = int(rng.integers(len(o.admissible)))
+            decisions.append(Decision(action=encoding.action_reply(o.admissible[k])))
         return decisions
+
+
+class IndexActor(Actor):
+    """Always the ``index``-th listed action (the last one when fewer are listed): a
+    state-blind constant policy, no model, nothing to train."""
+
+    def __init__(self, index: int) -> None:
+        if index < 0:
+            raise ValueError(f"index {index} is negative")
+        self.index = index
+
+    async def act(
+        self, observed: Sequence[Observed], *, rng: np.random.Generator, seed: int
+    ) -> list[Decision]:
+        return [
+            Decision(
+                action=encoding.action_reply(
+                    o.admissible[min(self.index, len(o.admissible) - 1)] if o.admissible else "none"
+                )
+            )
+            for o in observed
+        ]

@@ -18,11 +18,16 @@ advantage. The estimator is ``learner.algorithm``:
   at the step's first response position, whitened over the batch (``rl.gae``); the critic's
   targets are the returns A_t + V(s_t) on every value of the row.
 
+Every algorithm also gives each row the target of the policy's own value
+(``policy.value``): the step's discounted return R_t = (r_t - penalty_t) + gamma R_{t+1}. It
+trains the value the search fuses with UCB; it is not part of any advantage.
+
 Pure functions of the rows (numpy; no torch), tested against hand-computed cases.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -46,6 +51,8 @@ class RowTargets:
     """Critic targets (ppo only)."""
     old_values: list[tuple[float, ...]] | None = None
     """Critic values at collection time (ppo only)."""
+    value_targets: list[float] | None = None
+    """Per row, the discounted return R_t (the policy's value target)."""
 
 
 def _widths(rows: Sequence[StepRow]) -> list[int]:
@@ -83,12 +90,22 @@ def compute_advantages(
     if not rows:
         return RowTargets([])
     if isinstance(algorithm, GiGPOSpec):
-        return _gigpo(rows, algorithm)
-    if isinstance(algorithm, GRPOSpec):
-        return _grpo(rows, algorithm)
-    if values is None or len(values) != len(rows):
-        raise InvalidInputError("ppo needs one critic value list per row", field="values")
-    return _ppo(rows, algorithm, values)
+        targets = _gigpo(rows, algorithm)
+    elif isinstance(algorithm, GRPOSpec):
+        targets = _grpo(rows, algorithm)
+    else:
+        if values is None or len(values) != len(rows):
+            raise InvalidInputError("ppo needs one critic value list per row", field="values")
+        targets = _ppo(rows, algorithm, values)
+    return dataclasses.replace(targets, value_targets=value_targets(rows, algorithm))
+
+
+def value_targets(rows: Sequence[StepRow], algorithm: AlgorithmSpec) -> list[float]:
+    """R_t = (r_t - penalty_t) + gamma R_{t+1} per episode (the policy's value target)."""
+    traj = [row.traj for row in rows]
+    penalised = _penalised(rows, algorithm.invalid_action_penalty)
+    returns = gigpo.compute_step_discounted_returns(penalised, traj, algorithm.gamma)
+    return [float(v) for v in returns]
 
 
 def _gigpo(rows: Sequence[StepRow], spec: GiGPOSpec) -> RowTargets:

@@ -51,6 +51,7 @@ from aflowrl._proto.v1 import (
 )
 from aflowrl.common.client import ChannelOptions, error_from_rpc, make_channel
 from aflowrl.errors import InvalidInputError
+from aflowrl.search import encoding
 from aflowrl.trainer.errors import NoReplicaError
 from aflowrl.trainer.routing import HashRing
 from aflowrl.trainer.rows import Decision
@@ -435,11 +436,15 @@ class TrainRow:
     ref_logprobs: Sequence[float] = ()
     returns: Sequence[float] = ()
     old_values: Sequence[float] = ()
+    value_target: float | None = None
+    """Target of the decision's value replies (the step's discounted return)."""
 
 
 def _sequence(decision: Decision) -> learner_pb2.Sequence:
     return learner_pb2.Sequence(
-        prompt_token_ids=decision.prompt_ids, response_token_ids=decision.response_ids
+        prompt_token_ids=decision.prompt_ids,
+        response_token_ids=decision.response_ids,
+        value_token_ids=[common_pb2.TokenIds(ids=v) for v in decision.value_ids],
     )
 
 
@@ -448,6 +453,8 @@ def _choice(decision: Decision) -> learner_pb2.ChoiceDecision:
         prompt_token_ids=decision.prompt_ids,
         candidate_token_ids=[common_pb2.TokenIds(ids=c) for c in decision.candidate_ids],
         chosen=decision.chosen,
+        length_normalised=encoding.ACTIONS_LENGTH_NORMALISED,
+        value_token_ids=[common_pb2.TokenIds(ids=v) for v in decision.value_ids],
     )
 
 
@@ -512,6 +519,8 @@ class LearnerClient:
             sample.ref_logprobs.extend(row.ref_logprobs)
             sample.returns.extend(row.returns)
             sample.old_values.extend(row.old_values)
+            if row.value_target is not None and row.decision.value_ids:
+                sample.value_target = row.value_target
         reply: learner_pb2.TrainResponse = await self._call(
             f"Train of iteration {iteration}", self.stub.Train(request)
         )

@@ -29,6 +29,7 @@ from aflowrl.trainer.acting import Actor, Observed
 from aflowrl.trainer.clients import EnvironmentClient
 from aflowrl.trainer.clock import Timeline
 from aflowrl.trainer.rows import Batch, Decision, Episode, StepRow
+from aflowrl.trainer.values import ValueTable
 from aflowrl.workflow import Graph
 from aflowrl.workflow.runtime import derive_seed
 
@@ -57,10 +58,10 @@ class Collector:
         seed_workflow: Graph,
         *,
         on_phase: Callable[[int, str], None] | None = None,
-        values: Callable[[], environment_pb2.StateValues | None] | None = None,
+        values: ValueTable | None = None,
     ) -> None:
         self.spec = spec
-        self._values = values or (lambda: None)
+        self.values = values
         self.env = env
         self.actor = actor
         self.seed_workflow = seed_workflow
@@ -110,6 +111,9 @@ class Collector:
                         rng=rng,
                         seed=derive_seed(self.spec.trainer.seed, "generate", iteration, step),
                     )
+            if self.values is not None:
+                for episode, decision in zip(active, decisions, strict=True):
+                    self.values.observe(episode.anchor, decision.value)
             with timeline.phase("step"):
                 await asyncio.gather(
                     *(
@@ -120,6 +124,9 @@ class Collector:
             step += 1
         return Batch(iteration, episodes)
 
+    def _state_values(self) -> environment_pb2.StateValues | None:
+        return self.values.proto() if self.values is not None else None
+
     async def _reset(self, episode: Episode, timeline: Timeline) -> None:
         search = self.spec.environment.search
         request = environment_pb2.ResetRequest(
@@ -129,7 +136,7 @@ class Collector:
             max_steps=search.max_steps,
             action_mode=_ACTION_MODES[search.action_mode],
             seed_workflow_json=self._seed_json,
-            values=self._values(),
+            values=self._state_values(),
         )
         async with timeline.call():
             reply = await self.env.reset(request, key=self.seed_workflow.content_hash)
@@ -143,7 +150,7 @@ class Collector:
                 episode.state,
                 decision.action,
                 episode_key=episode.episode_id,
-                values=self._values(),
+                values=self._state_values(),
             )
         info = reply.info
         episode.rows.append(
@@ -163,6 +170,7 @@ class Collector:
                 canonical_action=info.canonical_action,
                 child_workflow_json=info.child_workflow_json,
                 duplicate=info.duplicate,
+                best_gain=info.best_gain,
                 executor_calls=info.executor_calls,
                 cache_hits=info.cache_hits,
                 cost_usd=info.cost_usd,
@@ -193,6 +201,7 @@ def batch_summary(batch: Batch) -> dict[str, float]:
     return {
         "charts/episode_return": mean(returns),
         "charts/episode_return_std": std(returns),
+        "charts/best_gain": mean([e.best_gain for e in batch.episodes]),
         "charts/step_reward": mean([r.reward for r in rows]),
         "charts/iteration_best_score": max(e.best_score for e in batch.episodes),
         "charts/seed_score": mean([e.seed_score for e in batch.episodes]),

@@ -43,13 +43,12 @@ from typing import Any
 
 import numpy as np
 
-from aflowrl._proto.v1.environment_pb2 import StateValues
 from aflowrl.benchmarks import get_benchmark
 from aflowrl.common.run_status import RunStatusReporter
 from aflowrl.config import RunSpec
 from aflowrl.errors import FailedPreconditionError, InvalidInputError, NotFoundError
 from aflowrl.trainer import collect as collecting
-from aflowrl.trainer.acting import Actor, ChoiceActor, TextActor
+from aflowrl.trainer.acting import Actor, ChoiceActor, TextActor, ValueReader
 from aflowrl.trainer.advantages import RowTargets, compute_advantages
 from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutClient, TrainRow
 from aflowrl.trainer.clock import Timeline
@@ -134,8 +133,11 @@ class Trainer:
         self.metrics = metrics or TrainerMetrics()
         self.train_policy = train
         mode = spec.environment.search.action_mode
+        values = ValueReader.of(spec)
         self.actor = actor or (
-            ChoiceActor(services.rollout) if mode == "choice" else TextActor(services.rollout, spec)
+            ChoiceActor(services.rollout, values)
+            if mode == "choice"
+            else TextActor(services.rollout, spec, values)
         )
         benchmark = get_benchmark(spec.environment.benchmark)
         self.task_type = benchmark.task_type
@@ -150,15 +152,12 @@ class Trainer:
             self.actor,
             self.seed_workflow,
             on_phase=progress.phase if progress is not None else None,
-            values=self._state_values,
+            values=self.values,
         )
         self.index = CheckpointIndex(run_dir.path)
         self.state = TrainerState(seed=spec.trainer.seed, fingerprint=spec_fingerprint(spec))
         self._started = time.monotonic()
         self._elapsed_before = 0.0
-
-    def _state_values(self) -> StateValues | None:
-        return self.values.proto() if self.values is not None else None
 
     # ---- start ----------------------------------------------------------------------------------
 
@@ -217,6 +216,7 @@ class Trainer:
             self.state = state
             if self.values is not None and state.values is not None:
                 self.values = ValueTable.from_dict(state.values)
+                self.collector.values = self.values
             self.index.discard_after(state.iteration)
             dropped = self.run_dir.truncate_metrics(state.iteration)
             if state.last_record is not None and len(self.run_dir.read_metrics()) < state.iteration:
@@ -437,6 +437,7 @@ class Trainer:
                     ref_logprobs=reference.get(i, ()),
                     returns=targets.returns[i] if targets.returns else (),
                     old_values=targets.old_values[i] if targets.old_values else (),
+                    value_target=targets.value_targets[i] if targets.value_targets else None,
                 )
             )
         flat = np.concatenate([np.asarray(r.advantages) for r in out])

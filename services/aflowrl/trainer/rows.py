@@ -33,6 +33,10 @@ class Decision:
     """Behaviour log-probabilities: one per response token, or one (log pi(chosen))."""
     version: int = 0
     """Policy version that produced the decision."""
+    value: float | None = None
+    """The policy's V(s) of the observation (None: no value read)."""
+    value_ids: tuple[tuple[int, ...], ...] = ()
+    """Token ids of the value replies ``<value>0`` ... (trained towards the step's return)."""
 
     @property
     def is_choice(self) -> bool:
@@ -74,6 +78,8 @@ class StepRow:
     child_workflow_json: str = ""
     """The child workflow (aflowrl.workflow JSON) when the action was valid."""
     duplicate: bool = False
+    best_gain: float = 0.0
+    """The episode's best-gain after this step (best new workflow's score minus the seed's)."""
     executor_calls: int = 0
     cache_hits: int = 0
     cost_usd: float = 0.0
@@ -102,6 +108,16 @@ class Episode:
     def episode_return(self) -> float:
         """Undiscounted sum of the environment's rewards."""
         return math.fsum(r.reward for r in self.rows)
+
+    @property
+    def best_gain(self) -> float:
+        """Best score among the workflows the episode added minus the seed's (0: none added)."""
+        return self.rows[-1].best_gain if self.rows else 0.0
+
+    @property
+    def duplicates(self) -> int:
+        """Steps into a workflow the tree already held."""
+        return sum(1 for r in self.rows if r.duplicate)
 
     @property
     def best_score(self) -> float:

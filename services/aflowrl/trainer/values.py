@@ -4,15 +4,21 @@ With ``environment.search.selection: fused`` the environment picks the next work
 by (1-w) UCB + w V(s) and keeps no value table of its own: the caller sends one
 (``StateValues``: workflow hash -> V). The trainer keeps it from what it learns:
 
+- ``policy`` (the default): the policy's own value estimate of each workflow state, read from
+  the same rollout call that scores its actions (:mod:`aflowrl.search.encoding`): each time the
+  policy observes a workflow as the one to modify, its value there replaces the table's entry
+  (the newest policy's estimate);
 - ``anchor-mc``: the mean return observed from each anchor state, the undiscounted sum of the
   rewards an episode collected from that step on (return units, as the search's value sources
-  use), over every episode so far (:class:`aflowrl.search.AnchorMonteCarlo`); unseen states get
-  the prior 0;
-- ``critic``: the learner's value head at the last observation of each anchor (the PPO critic's
-  V(s_t), computed for the advantages anyway); unseen states get the mean of the known ones.
+  use), over every episode so far (:class:`aflowrl.search.AnchorMonteCarlo`);
+- ``critic``: the learner's PPO value head at the last observation of each anchor (computed for
+  the advantages anyway).
 
-At most :data:`MAX_SENT` anchors are sent, those seen most recently. The table is part of the
-trainer's checkpointed state. Used by :mod:`aflowrl.trainer.collect` and the loop.
+A workflow the table has no value for takes its nearest valued ancestor's on the environment's
+side (:class:`aflowrl.search.StaticValues`); the default sent for the rest is the mean of the
+known values (anchor-mc: its prior, 0). At most :data:`MAX_SENT` anchors are sent, those seen
+most recently. The table is part of the trainer's checkpointed state. Used by
+:mod:`aflowrl.trainer.collect` and the loop.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from aflowrl.trainer.rows import StepRow
 MAX_SENT = 50_000
 """Anchors sent per request (the environment accepts 100,000)."""
 
-ValueSourceName = Literal["anchor-mc", "critic"]
+ValueSourceName = Literal["policy", "anchor-mc", "critic"]
 
 
 class ValueTable:
@@ -38,7 +44,8 @@ class ValueTable:
     def __init__(self, source: ValueSourceName) -> None:
         self.source = source
         self.returns = AnchorMonteCarlo(prior=0.0)
-        self.critic: OrderedDict[str, float] = OrderedDict()
+        self.estimates: OrderedDict[str, float] = OrderedDict()
+        """Latest estimate per anchor (``policy`` and ``critic``)."""
         self._recent: OrderedDict[str, None] = OrderedDict()
 
     def _seen(self, anchor: str) -> None:
@@ -47,14 +54,24 @@ class ValueTable:
         while len(self._recent) > MAX_SENT:
             self._recent.popitem(last=False)
 
+    def _estimate(self, anchor: str, value: float) -> None:
+        if math.isfinite(value):
+            self.estimates[anchor] = value
+            self.estimates.move_to_end(anchor)
+            self._seen(anchor)
+
+    def observe(self, anchor: str, value: float | None) -> None:
+        """The policy's value of ``anchor`` as it just observed it (``policy`` source)."""
+        if self.source == "policy" and value is not None:
+            self._estimate(anchor, value)
+
     def record(self, rows: Sequence[StepRow], critic_values: Sequence[float] | None = None) -> None:
-        """Add an iteration's rows: return-to-go per anchor, or the critic's V(s_t)."""
+        """Add an iteration's rows: return-to-go per anchor (anchor-mc), or the critic's V(s_t)."""
         if self.source == "critic":
             for row, value in zip(rows, critic_values or (), strict=False):
-                if math.isfinite(value):
-                    self.critic[row.anchor] = value
-                    self.critic.move_to_end(row.anchor)
-                    self._seen(row.anchor)
+                self._estimate(row.anchor, value)
+            return
+        if self.source != "anchor-mc":
             return
         by_episode: dict[int, list[StepRow]] = {}
         for row in rows:
@@ -69,20 +86,19 @@ class ValueTable:
     def proto(self) -> environment_pb2.StateValues:
         """The request field: the most recent anchors and the default for the rest."""
         anchors = list(self._recent)
-        if self.source == "critic":
-            known = [self.critic[a] for a in anchors if a in self.critic]
-            default = math.fsum(known) / len(known) if known else 0.0
-            values = {a: self.critic[a] for a in anchors if a in self.critic}
-        else:
+        if self.source == "anchor-mc":
             default = self.returns.prior
             values = {a: self.returns.value(a) for a in anchors}
+        else:
+            values = {a: self.estimates[a] for a in anchors if a in self.estimates}
+            default = math.fsum(values.values()) / len(values) if values else 0.0
         return environment_pb2.StateValues(values=values, default_value=default)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "source": self.source,
             "returns": self.returns.to_dict(),
-            "critic": dict(self.critic),
+            "estimates": dict(self.estimates),
             "recent": list(self._recent),
         }
 
@@ -90,7 +106,8 @@ class ValueTable:
     def from_dict(cls, doc: Mapping[str, Any]) -> ValueTable:
         table = cls(doc["source"])
         table.returns = AnchorMonteCarlo.from_dict(doc.get("returns", {}))
-        table.critic = OrderedDict((str(k), float(v)) for k, v in doc.get("critic", {}).items())
+        estimates = doc.get("estimates", doc.get("critic", {}))
+        table.estimates = OrderedDict((str(k), float(v)) for k, v in estimates.items())
         for anchor in doc.get("recent", []):
             table._seen(str(anchor))
         return table

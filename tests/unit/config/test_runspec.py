@@ -63,7 +63,13 @@ INVALID = [
     ({"grpc": {"maxMessageMib": 0}}, "spec.grpc.maxMessageMib"),
     ({"weightTransport": {"type": "grpc", "chunkMib": 0}}, "spec.weightTransport.chunkMib"),
     # contradictory fields, checked across the spec
-    ({"environment": {"search": {"selection": "fused"}}}, "environment.search.valueSource"),
+    (
+        {"environment": {"search": {"selection": "fused", "valueSource": "none"}}},
+        "environment.search.valueSource",
+    ),
+    ({"policy": {"value": {"enabled": False}}}, "environment.search.valueSource"),
+    ({"policy": {"value": {"min": 0.5, "max": 0.1}}}, "spec.policy.value"),
+    ({"environment": {"search": {"duplicatePenalty": -1}}}, "duplicatePenalty"),
     ({"environment": {"search": {"valueSource": "critic"}}}, "learner.algorithm.type"),
     ({"trainer": {"groupSize": 1}}, "trainer.groupSize"),
     ({"rollout": {"sampling": {"maxTokens": 512}}}, "policy.maxResponseTokens"),

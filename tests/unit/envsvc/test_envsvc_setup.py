@@ -163,7 +163,7 @@ def test_the_hit_ratio_covers_every_evaluator_sharing_the_counters():
 
 def test_fused_selection_without_a_value_source_is_refused_at_startup():
     with pytest.raises(ValidationError, match="valueSource"):  # the spec parser refuses it
-        _spec(benchmark="humaneval", search={"selection": "fused"})
+        _spec(benchmark="humaneval", search={"selection": "fused", "valueSource": "none"})
     spec = _spec(benchmark="humaneval", search={"selection": "fused", "valueSource": "anchor-mc"})
     search = spec.environment.search.model_copy(update={"value_source": "none"})
     built = spec.model_copy(

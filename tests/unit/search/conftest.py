@@ -127,9 +127,11 @@ def scripted_chat() -> type[ScriptedChat]:
 
 @pytest.fixture
 def make_context(executor):
-    """``make_context(**search_fields)``: a search context over :data:`PROBLEMS`."""
+    """``make_context(**search_fields)``: a search context over :data:`PROBLEMS` (AFlow's
+    selection rule unless ``selection`` says otherwise)."""
 
     def make(values=None, evaluation: EvaluationSpec | None = None, **search) -> SearchContext:
+        search.setdefault("selection", "aflow")
         return SearchContext(
             Evaluator(executor, get_benchmark("gsm8k")),
             PROBLEMS,

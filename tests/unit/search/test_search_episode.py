@@ -46,7 +46,8 @@ async def test_reset_evaluates_the_seed_and_observes_it(make_context, executor):
     assert observation.mode == "choice" and len(observation.admissible_actions) == 16
     for part in ("gsm8k (math tasks)", "generate = Custom", "## Operators", "got wrong"):
         assert part in observation.text
-    assert "1. add ScEnsemble after generate samples=5" in observation.text
+    assert "- add ScEnsemble after generate samples=5\n" in observation.text
+    assert observation.in_tree == (None,) * 16  # the tree holds only the seed: nothing marked
     assert state.episode_id == "e1" and EpisodeState.from_json(state.to_json()) == state
 
 
@@ -94,8 +95,16 @@ async def test_an_existing_workflow_is_reported_not_re_evaluated(make_context, e
     back = await step(ctx, first.state, removal)  # back to the seed workflow
     assert back.info.duplicate and back.info.child_index == 0 and back.info.executor_calls == 0
     assert len(executor.calls) == calls and len(back.state.nodes) == 2
-    assert back.reward == pytest.approx(back.state.nodes[0].score - first.state.nodes[1].score)
-    assert "[duplicate of workflow #0]" in (await _observe_node(ctx, back.state, 1)).text
+    # No improvement is paid for a workflow the tree holds: the step costs the penalty.
+    assert back.reward == pytest.approx(-ctx.search.duplicate_penalty)
+    assert back.state.attempts[-1].duplicate and back.state.attempts[-1].reward == back.reward
+    assert back.info.best_gain == pytest.approx(first.info.best_gain)  # nothing new was added
+    shown = await _observe_node(ctx, back.state, 1)
+    assert "[duplicate of workflow #0, nothing gained]" in shown.text
+    # The action that leads back to the seed is marked in the list of admissible actions.
+    marked = shown.in_tree[shown.admissible_actions.index("remove ensemble")]
+    assert marked == 0
+    assert "- remove ensemble   [already in the tree as workflow #0" in shown.text
 
 
 async def _observe_node(ctx, state, index):

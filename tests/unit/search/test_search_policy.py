@@ -10,9 +10,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from aflowrl.search import project_action, reset  # noqa: E402
+from aflowrl.search import (  # noqa: E402
+    encoding,
+    project_action,
+    reset,
+)
 from aflowrl.search.optimize import run_search  # noqa: E402
-from aflowrl.search.policy import PolicyProposer, choice_continuation  # noqa: E402
+from aflowrl.search.policy import PolicyProposer  # noqa: E402
 from aflowrl.search.rundir import RunDirectory  # noqa: E402
 
 
@@ -39,7 +43,7 @@ async def test_choice_mode_samples_from_a_softmax_over_the_candidates(checkpoint
         start.observation, round=0, check=check
     )
     assert again.response == first.response
-    assert choice_continuation("remove x") == "<action>remove x</action>"
+    assert encoding.action_reply("remove x") == "<action>remove x</action>"
 
 
 async def test_text_mode_samples_and_retries(checkpoint, make_context):

@@ -142,7 +142,9 @@ class StateValues(_message.Message):
     VALUES_FIELD_NUMBER: _builtins.int
     DEFAULT_VALUE_FIELD_NUMBER: _builtins.int
     default_value: _builtins.float
-    """V of workflows absent from `values` (anchor-mc: the prior of an unseen state)."""
+    """V of workflows absent from `values` whose ancestors are absent too (a workflow absent
+    from `values` takes its nearest ancestor's value first).
+    """
     @_builtins.property
     def values(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Canonical workflow hash (64 hex digits; GiGPO's anchor) -> V(s), in return units (the sum
@@ -172,14 +174,21 @@ class Observation(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     ADMISSIBLE_ACTIONS_FIELD_NUMBER: _builtins.int
     ANCHOR_FIELD_NUMBER: _builtins.int
+    ADMISSIBLE_IN_TREE_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """The prompt text shown to the policy (bounded length; cuts are stated in the text)."""
     anchor: _builtins.str
     """Canonical content hash of the workflow the next step modifies (GiGPO's anchor state)."""
     @_builtins.property
     def admissible_actions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Admissible actions, in the order they are numbered in `text` (choice mode; may be empty
-        in text and free-form modes).
+        """Admissible actions, in the order they are listed in `text` (choice mode; may be empty in
+        free-form mode).
+        """
+
+    @_builtins.property
+    def admissible_in_tree(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Per admissible action: the tree node of the workflow it makes when the episode's tree
+        already holds it (taking it is a duplicate), else -1.
         """
 
     def __init__(
@@ -188,10 +197,11 @@ class Observation(_message.Message):
         text: _builtins.str = ...,
         admissible_actions: _abc.Iterable[_builtins.str] | None = ...,
         anchor: _builtins.str = ...,
+        admissible_in_tree: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admissible_actions", b"admissible_actions", "anchor", b"anchor", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admissible_actions", b"admissible_actions", "admissible_in_tree", b"admissible_in_tree", "anchor", b"anchor", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -286,6 +296,7 @@ class StepInfo(_message.Message):
     COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
     CHILD_WORKFLOW_JSON_FIELD_NUMBER: _builtins.int
     DONE_REASON_FIELD_NUMBER: _builtins.int
+    BEST_GAIN_FIELD_NUMBER: _builtins.int
     valid_action: _builtins.bool
     """Whether the action was projected onto an admissible action."""
     invalid_reason: _builtins.str
@@ -319,6 +330,10 @@ class StepInfo(_message.Message):
     """
     done_reason: _builtins.str
     """Why the episode ended ("max_steps", "converged"; empty while it goes on)."""
+    best_gain: _builtins.float
+    """The episode's best-gain after this step: the best score among the workflows it added minus
+    the seed's (0 while it added none; duplicates add none).
+    """
     def __init__(
         self,
         *,
@@ -339,10 +354,11 @@ class StepInfo(_message.Message):
         completion_tokens: _builtins.int = ...,
         child_workflow_json: _builtins.str = ...,
         done_reason: _builtins.str = ...,
+        best_gain: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["best_score", b"best_score", "cache_hits", b"cache_hits", "canonical_action", b"canonical_action", "child_hash", b"child_hash", "child_score", b"child_score", "child_workflow_json", b"child_workflow_json", "completion_tokens", b"completion_tokens", "cost_known", b"cost_known", "cost_usd", b"cost_usd", "done_reason", b"done_reason", "duplicate", b"duplicate", "executor_calls", b"executor_calls", "invalid_reason", b"invalid_reason", "parent_score", b"parent_score", "prompt_tokens", b"prompt_tokens", "step_index", b"step_index", "valid_action", b"valid_action"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["best_gain", b"best_gain", "best_score", b"best_score", "cache_hits", b"cache_hits", "canonical_action", b"canonical_action", "child_hash", b"child_hash", "child_score", b"child_score", "child_workflow_json", b"child_workflow_json", "completion_tokens", b"completion_tokens", "cost_known", b"cost_known", "cost_usd", b"cost_usd", "done_reason", b"done_reason", "duplicate", b"duplicate", "executor_calls", b"executor_calls", "invalid_reason", b"invalid_reason", "parent_score", b"parent_score", "prompt_tokens", b"prompt_tokens", "step_index", b"step_index", "valid_action", b"valid_action"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

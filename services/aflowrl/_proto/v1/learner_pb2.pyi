@@ -30,6 +30,7 @@ class Sequence(_message.Message):
 
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     RESPONSE_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    VALUE_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Prompt tokens (chat template applied)."""
@@ -38,15 +39,22 @@ class Sequence(_message.Message):
     def response_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Response tokens the policy generated (the trained part)."""
 
+    @_builtins.property
+    def value_token_ids(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenIds]:
+        """Token ids of the value replies "<value>0" .. "<value>9" after the same prompt (empty: no
+        value); see aflowrl.search.encoding.
+        """
+
     def __init__(
         self,
         *,
         prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         response_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        value_token_ids: _abc.Iterable[_common_pb2.TokenIds] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt_token_ids", b"prompt_token_ids", "response_token_ids", b"response_token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt_token_ids", b"prompt_token_ids", "response_token_ids", b"response_token_ids", "value_token_ids", b"value_token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -55,7 +63,8 @@ Global___Sequence: _TypeAlias = Sequence  # noqa: Y015
 @_typing.final
 class ChoiceDecision(_message.Message):
     """A choice-mode decision: the policy chose one of several candidate continuations of a prompt;
-    log pi(a) is the candidate's sequence log-likelihood normalised over the candidates.
+    log pi(a) is the log-softmax over the candidates of their scores: each candidate's summed
+    token log-probability, or its mean with `length_normalised` (aflowrl.rl.candidates).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -63,15 +72,23 @@ class ChoiceDecision(_message.Message):
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     CANDIDATE_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     CHOSEN_FIELD_NUMBER: _builtins.int
+    LENGTH_NORMALISED_FIELD_NUMBER: _builtins.int
+    VALUE_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     chosen: _builtins.int
     """Index of the chosen candidate."""
+    length_normalised: _builtins.bool
+    """Score candidates by their mean token log-probability instead of the sum."""
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Prompt tokens (chat template applied)."""
 
     @_builtins.property
     def candidate_token_ids(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenIds]:
-        """Token ids of every admissible action, in the order shown to the policy."""
+        """Token ids of every admissible action's reply."""
+
+    @_builtins.property
+    def value_token_ids(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenIds]:
+        """Token ids of the value replies "<value>0" .. "<value>9" (empty: no value)."""
 
     def __init__(
         self,
@@ -79,10 +96,12 @@ class ChoiceDecision(_message.Message):
         prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         candidate_token_ids: _abc.Iterable[_common_pb2.TokenIds] | None = ...,
         chosen: _builtins.int = ...,
+        length_normalised: _builtins.bool = ...,
+        value_token_ids: _abc.Iterable[_common_pb2.TokenIds] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_token_ids", b"candidate_token_ids", "chosen", b"chosen", "prompt_token_ids", b"prompt_token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_token_ids", b"candidate_token_ids", "chosen", b"chosen", "length_normalised", b"length_normalised", "prompt_token_ids", b"prompt_token_ids", "value_token_ids", b"value_token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -177,6 +196,11 @@ class TrainSample(_message.Message):
     ADVANTAGES_FIELD_NUMBER: _builtins.int
     RETURNS_FIELD_NUMBER: _builtins.int
     OLD_VALUES_FIELD_NUMBER: _builtins.int
+    VALUE_TARGET_FIELD_NUMBER: _builtins.int
+    value_target: _builtins.float
+    """The step's discounted return, the target of the policy's value replies (when the
+    decision has value_token_ids; two-hot over policy.value's bins).
+    """
     @_builtins.property
     def sequence(self) -> Global___Sequence: ...
     @_builtins.property
@@ -209,13 +233,19 @@ class TrainSample(_message.Message):
         advantages: _abc.Iterable[_builtins.float] | None = ...,
         returns: _abc.Iterable[_builtins.float] | None = ...,
         old_values: _abc.Iterable[_builtins.float] | None = ...,
+        value_target: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["choice", b"choice", "kind", b"kind", "sequence", b"sequence"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_value_target", b"_value_target", "choice", b"choice", "kind", b"kind", "sequence", b"sequence", "value_target", b"value_target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["advantages", b"advantages", "choice", b"choice", "kind", b"kind", "old_logprobs", b"old_logprobs", "old_values", b"old_values", "ref_logprobs", b"ref_logprobs", "returns", b"returns", "sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_value_target", b"_value_target", "advantages", b"advantages", "choice", b"choice", "kind", b"kind", "old_logprobs", b"old_logprobs", "old_values", b"old_values", "ref_logprobs", b"ref_logprobs", "returns", b"returns", "sequence", b"sequence", "value_target", b"value_target"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__value_target: _TypeAlias = _typing.Literal["value_target"]  # noqa: Y015
+    _WhichOneofArgType__value_target: _TypeAlias = _typing.Literal["_value_target", b"_value_target"]  # noqa: Y015
     _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["sequence", "choice"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__value_target) -> _WhichOneofReturnType__value_target | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___TrainSample: _TypeAlias = TrainSample  # noqa: Y015
@@ -257,6 +287,7 @@ class TrainResponse(_message.Message):
     @_builtins.property
     def metrics(self) -> _common_pb2.Metrics:
         """Namespaced scalars: "losses/policy", "losses/kl", "losses/entropy", "losses/value",
+        "losses/policy_value" (the value replies' cross-entropy), "charts/value_mae",
         "charts/clipfrac", "charts/approx_kl", "charts/grad_norm", "charts/lr", "perf/tokens_per_s",
         "perf/step_seconds".
         """
