@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from aflowrl.config._base import SpecModel
@@ -18,6 +20,23 @@ class OffPolicySpec(SpecModel):
     importance_weight_cap: float = Field(default=2.0, ge=1.0, le=100.0)
     """Truncation C of the importance weight min(pi_old / pi_behaviour, C) that corrects the
     advantages of rows sampled by an older policy version (decoupled PPO)."""
+
+
+class WarmStartSpec(SpecModel):
+    """Supervised warm start before RL, from search traces the environment produces: a
+    behaviour policy plays ``episodes`` episodes and, at every state it visits, every listed
+    action is stepped from that same state, so each candidate's reward is known. The policy is
+    trained towards softmax(reward / temperature) over each state's candidates (its value
+    towards the expected reward under that target), then RL starts from those weights."""
+
+    episodes: int = Field(default=0, ge=0, le=1_000_000)
+    """Behaviour episodes to label (0: no warm start). Each is its own task."""
+    behaviour: Literal["uniform", "policy"] = "uniform"
+    """Who plays the labelled episodes: uniform over the admissible actions, or the policy."""
+    temperature: float = Field(default=0.02, gt=0.0, le=10.0)
+    """tau of the target softmax over the candidates' rewards (reward units: score changes)."""
+    epochs: int = Field(default=3, ge=1, le=1000)
+    """Passes over the labelled states (mini-batches of ``learner.loss.miniBatchSize``)."""
 
 
 class TrainerSpec(SpecModel):
@@ -39,6 +58,8 @@ class TrainerSpec(SpecModel):
     """Where checkpoints and the run's artifacts are written (a volume on Kubernetes)."""
     off_policy: OffPolicySpec = Field(default_factory=OffPolicySpec)
     """Rollout/update overlap."""
+    warm_start: WarmStartSpec = Field(default_factory=WarmStartSpec)
+    """Supervised warm start from labelled search traces, before the RL iterations."""
     step_timeout_s: float = Field(default=1800.0, gt=0.0, le=86400.0)
     """Deadline of one environment Step call (seconds); evaluation dominates it."""
     final_test_eval: bool = True

@@ -77,6 +77,8 @@ class TrainRow:
     old_values: tuple[float, ...] | None = None
     value_target: float | None = None
     """The step's discounted return, the target of the item's value replies."""
+    target_weights: tuple[float, ...] | None = None
+    """Supervised warm start, choice rows: the target distribution over the candidates."""
 
 
 @dataclass
@@ -91,6 +93,9 @@ class RowOutput:
     """[width] critic values (critic only)."""
     value_bins: torch.Tensor | None = None
     """[bins] log-softmax over the item's value replies (None: the item has none)."""
+    candidates: torch.Tensor | None = None
+    """Choice rows: [K] log pi of every candidate (the supervised warm start's target is a
+    distribution over them)."""
 
 
 DUMMY = SequenceItem(prompt=(0,), response=(0,))
@@ -160,7 +165,13 @@ def forward_rows(
             )
             state_value = token_values[cursor][:1] if token_values is not None else None
             outputs.append(
-                RowOutput(result.log_prob, result.entropy if entropy else None, state_value, bins)
+                RowOutput(
+                    result.log_prob,
+                    result.entropy if entropy else None,
+                    state_value,
+                    bins,
+                    result.log_probs[0],
+                )
             )
         cursor += count + len(item.value_bins)
     return outputs

@@ -11,6 +11,11 @@ two-hot projection of the step's discounted return on the bin centres
 (``rl.choice.bin_cross_entropy``, ``rl.candidates.two_hot``), averaged over the rows that carry
 value replies.
 
+**Supervised warm start** (``OBJECTIVE_SFT``): L = L_sft + policy.value.lossCoef * L_bins,
+with L_sft the mean over rows of the cross-entropy to the row's target: -sum_k w_k log pi_k over
+a choice row's candidates, the mean token negative log-likelihood of a text row's response
+(:func:`sft_micro_loss`).
+
 **Global normalisation.** ``agg_loss`` averages over the rows it is given; a mini-batch is split
 over micro-batches and ranks, so each micro-batch's loss is weighted by its share of the
 mini-batch in the unit the mode averages over::
@@ -74,6 +79,65 @@ class MicroLoss:
     """[len(STAT_NAMES)] detached float64 statistics of this micro-batch."""
 
 
+def _value_bins_loss(
+    outputs: Sequence[RowOutput],
+    rows: Sequence[TrainRow],
+    value_range: tuple[float, float] | None,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L_bins, |V - target| mean) over the rows that carry value replies and a target."""
+    zero = torch.zeros((), device=device)
+    valued = [
+        (o.value_bins, r.value_target)
+        for o, r in zip(outputs, rows, strict=True)
+        if o.value_bins is not None and r.value_target is not None
+    ]
+    if not valued or value_range is None:
+        return zero, zero
+    log_p = torch.stack([v for v, _ in valued]).float()
+    centres = candidates.bin_centres(value_range[0], value_range[1], log_p.shape[-1])
+    targets = torch.tensor(
+        np.stack([candidates.two_hot(g, centres) for _, g in valued]),
+        dtype=torch.float32,
+        device=device,
+    )
+    goals = torch.tensor([g for _, g in valued], dtype=torch.float32, device=device)
+    expected = choice.expected_values(log_p.detach(), torch.tensor(centres, device=device))
+    return choice.bin_cross_entropy(log_p, targets).mean(), (expected - goals).abs().mean()
+
+
+def sft_micro_loss(
+    outputs: Sequence[RowOutput],
+    rows: Sequence[TrainRow],
+    *,
+    device: torch.device,
+    value_range: tuple[float, float] | None,
+    bins_coef: float,
+) -> MicroLoss:
+    """The supervised warm start's loss of ``rows`` (module docstring)."""
+    terms = []
+    for out, row in zip(outputs, rows, strict=True):
+        if out.candidates is not None:
+            weights = torch.tensor(row.target_weights or (), dtype=torch.float32, device=device)
+            if weights.shape != out.candidates.shape:
+                raise ValueError(
+                    f"{weights.numel()} target weights for {out.candidates.numel()} candidates"
+                )
+            log_pi = torch.where(weights > 0, out.candidates.float(), torch.zeros_like(weights))
+            terms.append(-(weights * log_pi).sum())
+        else:
+            terms.append(-out.logprobs.float().mean())
+    loss = torch.stack(terms).mean()
+    bins_loss, bins_mae = _value_bins_loss(outputs, rows, value_range, device)
+    total = loss + bins_coef * bins_loss if bins_coef > 0 else loss
+    zero = torch.zeros((), device=device)
+    stats = torch.stack(
+        [total.detach(), loss.detach(), zero, zero, zero, bins_loss.detach(), bins_mae]
+        + [zero] * (len(STAT_NAMES) - 7)
+    ).to(torch.float64)
+    return MicroLoss(total, stats)
+
+
 def micro_loss(
     outputs: Sequence[RowOutput],
     rows: Sequence[TrainRow],
@@ -124,26 +188,9 @@ def micro_loss(
         value = ppo.compute_value_loss(vpreds, returns, old_values, mask, value_clip, mode)
         value_loss, value_clipfrac = value.vf_loss, value.vf_clipfrac
         loss = loss + value_coef * value_loss
-    bins_loss, bins_mae = zero, zero
-    valued = [
-        (o.value_bins, r.value_target)
-        for o, r in zip(outputs, rows, strict=True)
-        if o.value_bins is not None and r.value_target is not None
-    ]
-    if valued and value_range is not None:
-        log_p = torch.stack([v for v, _ in valued]).float()
-        centres = candidates.bin_centres(value_range[0], value_range[1], log_p.shape[-1])
-        targets = torch.tensor(
-            np.stack([candidates.two_hot(g, centres) for _, g in valued]),
-            dtype=torch.float32,
-            device=device,
-        )
-        bins_loss = choice.bin_cross_entropy(log_p, targets).mean()
-        goals = torch.tensor([g for _, g in valued], dtype=torch.float32, device=device)
-        expected = choice.expected_values(log_p.detach(), torch.tensor(centres, device=device))
-        bins_mae = (expected - goals).abs().mean()
-        if bins_coef > 0:
-            loss = loss + bins_coef * bins_loss
+    bins_loss, bins_mae = _value_bins_loss(outputs, rows, value_range, device)
+    if bins_coef > 0:
+        loss = loss + bins_coef * bins_loss
     stats = torch.stack(
         [
             loss.detach(),

@@ -188,7 +188,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             value_bins=self._value_bins(message.value_token_ids, len(prompt), field),
         )
 
-    def _train_row(self, sample: learner_pb2.TrainSample, field: str) -> TrainRow:
+    def _train_row(
+        self, sample: learner_pb2.TrainSample, field: str, *, supervised: bool = False
+    ) -> TrainRow:
         kind = sample.WhichOneof("kind")
         item: Item
         if kind == "sequence":
@@ -198,10 +200,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         else:
             raise BadBatchError("set sequence or choice", field=field)
         width = item.width
-        critic = self.learner.critic
-        old = _floats(sample.old_logprobs, width, f"{field}.old_logprobs")
-        advantages = _floats(sample.advantages, width, f"{field}.advantages")
-        assert old is not None and advantages is not None
+        critic = self.learner.critic and not supervised
+        old = _floats(sample.old_logprobs, width, f"{field}.old_logprobs", optional=supervised)
+        advantages = _floats(sample.advantages, width, f"{field}.advantages", optional=supervised)
+        target_weights = self._target_weights(sample, item, field) if supervised else None
         value_target: float | None = None
         if sample.HasField("value_target"):
             value_target = float(sample.value_target)
@@ -209,13 +211,37 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
                 raise BadBatchError(f"{value_target} is not finite", field=f"{field}.value_target")
         return TrainRow(
             item,
-            old,
-            advantages,
+            old or (0.0,) * width,
+            advantages or (0.0,) * width,
             _floats(sample.ref_logprobs, width, f"{field}.ref_logprobs", optional=True),
             _floats(sample.returns, width, f"{field}.returns", optional=not critic),
             _floats(sample.old_values, width, f"{field}.old_values", optional=not critic),
             value_target if item.value_bins else None,
+            target_weights,
         )
+
+    @staticmethod
+    def _target_weights(
+        sample: learner_pb2.TrainSample, item: Item, field: str
+    ) -> tuple[float, ...] | None:
+        """A choice row's target distribution (the supervised warm start)."""
+        if not isinstance(item, ChoiceItem):
+            if sample.target_weights:
+                raise BadBatchError(
+                    "only choice samples take them", field=f"{field}.target_weights"
+                )
+            return None
+        weights = tuple(float(w) for w in sample.target_weights)
+        if len(weights) != len(item.candidates):
+            raise BadBatchError(
+                f"{len(weights)} weights for {len(item.candidates)} candidates",
+                field=f"{field}.target_weights",
+            )
+        if not all(math.isfinite(w) and w >= 0 for w in weights) or abs(sum(weights) - 1) > 1e-3:
+            raise BadBatchError(
+                "weights must be non-negative and sum to 1", field=f"{field}.target_weights"
+            )
+        return weights
 
     # ---- RPCs ------------------------------------------------------------------------------------
 
@@ -261,14 +287,19 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     async def Train(
         self, request: learner_pb2.TrainRequest, context: Any
     ) -> learner_pb2.TrainResponse:
-        rows = [self._train_row(s, f"samples[{i}]") for i, s in enumerate(request.samples)]
+        supervised = request.objective == learner_pb2.OBJECTIVE_SFT
+        rows = [
+            self._train_row(s, f"samples[{i}]", supervised=supervised)
+            for i, s in enumerate(request.samples)
+        ]
         if not rows:
             raise BadBatchError("empty batch", field="samples")
-        if self.learner.spec.learner.loss.kl_coef > 0 and not self.learner.policy.has_reference:
+        kl = self.learner.spec.learner.loss.kl_coef > 0
+        if kl and not supervised and not self.learner.policy.has_reference:
             raise NoReferenceError("the KL term needs a reference model")
         started = time.perf_counter()
         metrics: dict[str, float]
-        metrics, version = await self._run(TrainCommand(rows, int(request.iteration)))
+        metrics, version = await self._run(TrainCommand(rows, int(request.iteration), supervised))
         self._record_train(metrics, version, time.perf_counter() - started)
         return learner_pb2.TrainResponse(
             metrics=common_pb2.Metrics(values=metrics), policy_version=version

@@ -44,7 +44,7 @@ from aflowrl.learner.batching import (
 )
 from aflowrl.learner.distributed import DistContext, all_reduce_sum, broadcast_object
 from aflowrl.learner.errors import NoReferenceError
-from aflowrl.learner.objective import STAT_NAMES, micro_loss, unit_weight
+from aflowrl.learner.objective import STAT_NAMES, micro_loss, sft_micro_loss, unit_weight
 from aflowrl.learner.optim import learning_rate, make_optimizer
 from aflowrl.learner.policy import PolicyModule, build_policy, hf_tensors
 from aflowrl.models import loading, weights
@@ -143,12 +143,17 @@ class Learner:
         generator = torch.Generator().manual_seed(seed)
         return torch.randperm(rows, generator=generator).tolist()
 
-    def train(self, rows: list[TrainRow], iteration: int) -> dict[str, float]:
-        """One policy update on ``rows`` (module docstring); returns namespaced metrics."""
+    def train(
+        self, rows: list[TrainRow], iteration: int, *, supervised: bool = False
+    ) -> dict[str, float]:
+        """One policy update on ``rows`` (module docstring); returns namespaced metrics.
+
+        ``supervised``: the warm start's objective (:func:`objective.sft_micro_loss`).
+        """
         started = time.perf_counter()
         ctx, spec = self.ctx, self.spec.learner
         loss_spec = spec.loss
-        if loss_spec.kl_coef > 0:
+        if loss_spec.kl_coef > 0 and not supervised:
             rows = self._with_reference(rows)
         module = self.policy.module
         module.train()
@@ -178,24 +183,36 @@ class Learner:
                         temperature=self.temperature,
                         device=ctx.device,
                         entropy=True,
-                        values=self.critic,
-                        entropy_grad=loss_spec.entropy_coef > 0,
+                        values=self.critic and not supervised,
+                        entropy_grad=loss_spec.entropy_coef > 0 and not supervised,
                     )
                     if not chunk:  # keeps the collectives of this rank in step, adds nothing
                         torch.autograd.backward(outputs[0].logprobs.sum() * 0.0)
                         continue
-                    result = micro_loss(
-                        outputs,
-                        chunk,
-                        loss_spec,
-                        width=width,
-                        device=ctx.device,
-                        value_coef=value_coef,
-                        value_clip=value_clip,
-                        value_range=self.value_range,
-                        bins_coef=self.spec.policy.value.loss_coef,
-                    )
-                    weight = unit_weight(loss_spec.loss_agg_mode, chunk, len(minibatch), mb_tokens)
+                    if supervised:
+                        result = sft_micro_loss(
+                            outputs,
+                            chunk,
+                            device=ctx.device,
+                            value_range=self.value_range,
+                            bins_coef=self.spec.policy.value.loss_coef,
+                        )
+                        weight = len(chunk) / len(minibatch)
+                    else:
+                        result = micro_loss(
+                            outputs,
+                            chunk,
+                            loss_spec,
+                            width=width,
+                            device=ctx.device,
+                            value_coef=value_coef,
+                            value_clip=value_clip,
+                            value_range=self.value_range,
+                            bins_coef=self.spec.policy.value.loss_coef,
+                        )
+                        weight = unit_weight(
+                            loss_spec.loss_agg_mode, chunk, len(minibatch), mb_tokens
+                        )
                     torch.autograd.backward(result.loss * (weight * ctx.world_size))
                     token_share = sum(r.item.width for r in chunk) / mb_tokens
                     shares = torch.full((len(STAT_NAMES),), token_share, dtype=torch.float64)
@@ -345,10 +362,12 @@ class ComputeLogProbsCommand(Command):
 class TrainCommand(Command):
     rows: list[TrainRow]
     iteration: int
+    supervised: bool = False
 
     def run(self, learner: Learner) -> tuple[dict[str, float], int]:
         """(metrics, the policy version after the update)."""
-        return learner.train(self.rows, self.iteration), learner.state.policy_version
+        metrics = learner.train(self.rows, self.iteration, supervised=self.supervised)
+        return metrics, learner.state.policy_version
 
 
 @dataclass(frozen=True)

@@ -438,6 +438,8 @@ class TrainRow:
     old_values: Sequence[float] = ()
     value_target: float | None = None
     """Target of the decision's value replies (the step's discounted return)."""
+    target_weights: Sequence[float] = ()
+    """Supervised warm start: the target distribution over a choice's candidates."""
 
 
 def _sequence(decision: Decision) -> learner_pb2.Sequence:
@@ -505,9 +507,13 @@ class LearnerClient:
                 out_values[i] = list(reply.values[k].values)
         return Scored(logprobs, out_values, int(reply.policy_version))
 
-    async def train(self, rows: Sequence[TrainRow], iteration: int) -> tuple[dict[str, float], int]:
-        """One policy update; returns (namespaced metrics, the new policy version)."""
-        request = learner_pb2.TrainRequest(iteration=iteration)
+    async def train(
+        self, rows: Sequence[TrainRow], iteration: int, *, supervised: bool = False
+    ) -> tuple[dict[str, float], int]:
+        """One policy update (the RL objective, or the warm start's ``supervised`` one);
+        returns (namespaced metrics, the new policy version)."""
+        objective = learner_pb2.OBJECTIVE_SFT if supervised else learner_pb2.OBJECTIVE_RL
+        request = learner_pb2.TrainRequest(iteration=iteration, objective=objective)
         for row in rows:
             sample = request.samples.add()
             if row.decision.is_choice:
@@ -521,6 +527,7 @@ class LearnerClient:
             sample.old_values.extend(row.old_values)
             if row.value_target is not None and row.decision.value_ids:
                 sample.value_target = row.value_target
+            sample.target_weights.extend(row.target_weights)
         reply: learner_pb2.TrainResponse = await self._call(
             f"Train of iteration {iteration}", self.stub.Train(request)
         )

@@ -85,14 +85,36 @@ class Collector:
                 )
         return out
 
+    def task_episodes(self, namespace: str, count: int) -> list[Episode]:
+        """``count`` single episodes, each on its own task seed drawn from ``namespace`` (apart
+        from the iterations' task seeds): the warm start's behaviour episodes."""
+        trainer = self.spec.trainer
+        return [
+            Episode(
+                traj=k,
+                group=k,
+                seed=derive_seed(trainer.seed, namespace, k),
+                episode_id=f"{namespace}-{k}",
+            )
+            for k in range(count)
+        ]
+
+    async def reset_all(self, episodes: Sequence[Episode], timeline: Timeline) -> None:
+        """Reset every episode (after refreshing the environment replicas)."""
+        # New replicas (an autoscaled Service) join, recovered ones come back.
+        await self.env.refresh()
+        await asyncio.gather(*(self._reset(e, timeline) for e in episodes))
+
+    def state_values(self) -> environment_pb2.StateValues | None:
+        """V(s) to send with a Reset or Step (fused selection), else None."""
+        return self.values.proto() if self.values is not None else None
+
     async def collect(self, iteration: int, timeline: Timeline) -> Batch:
         """Reset, then act and step until every episode is done."""
         episodes = self.episodes(iteration)
         self._on_phase(iteration, "reset")
         with timeline.phase("reset"):
-            # New replicas (an autoscaled Service) join, recovered ones come back.
-            await self.env.refresh()
-            await asyncio.gather(*(self._reset(e, timeline) for e in episodes))
+            await self.reset_all(episodes, timeline)
         rng = iteration_rng(self.spec.trainer.seed, iteration)
         max_steps = self.spec.environment.search.max_steps
         step = 0
@@ -124,9 +146,6 @@ class Collector:
             step += 1
         return Batch(iteration, episodes)
 
-    def _state_values(self) -> environment_pb2.StateValues | None:
-        return self.values.proto() if self.values is not None else None
-
     async def _reset(self, episode: Episode, timeline: Timeline) -> None:
         search = self.spec.environment.search
         request = environment_pb2.ResetRequest(
@@ -136,10 +155,11 @@ class Collector:
             max_steps=search.max_steps,
             action_mode=_ACTION_MODES[search.action_mode],
             seed_workflow_json=self._seed_json,
-            values=self._state_values(),
+            values=self.state_values(),
         )
         async with timeline.call():
             reply = await self.env.reset(request, key=self.seed_workflow.content_hash)
+        episode.benchmark = request.task
         episode.state = reply.state
         episode.seed_score = reply.seed_score
         _observe(episode, reply.observation)
@@ -150,7 +170,7 @@ class Collector:
                 episode.state,
                 decision.action,
                 episode_key=episode.episode_id,
-                values=self._state_values(),
+                values=self.state_values(),
             )
         info = reply.info
         episode.rows.append(
@@ -178,6 +198,11 @@ class Collector:
                 replica=replica,
             )
         )
+        self.advance(episode, reply)
+
+    @staticmethod
+    def advance(episode: Episode, reply: environment_pb2.StepResponse) -> None:
+        """Move ``episode`` to the state a Step answered."""
         episode.state = reply.state
         episode.done = reply.done
         if not reply.done:

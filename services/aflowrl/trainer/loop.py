@@ -2,6 +2,8 @@
 
 Per iteration (``trainer.iterations`` of them)::
 
+    (once)      a fresh run with trainer.warmStart: label behaviour episodes and train
+                the policy on them, supervised                                (warmstart.py)
     collect     reset B task seeds x n episodes; act and step until done     (collect.py)
     advantage   gigpo (default), grpo/rloo or ppo-with-critic targets         (advantages.py)
     logprob     ComputeLogProbs: critic values (ppo), old log-probs of rows from an older
@@ -66,6 +68,7 @@ from aflowrl.trainer.state import (
     spec_fingerprint,
 )
 from aflowrl.trainer.values import ValueTable
+from aflowrl.trainer.warmstart import WarmStart
 from aflowrl.trainer.weight_sync import WeightSync
 from aflowrl.workflow import Graph, library
 
@@ -242,7 +245,30 @@ class Trainer:
                     f"v{version} and this run has no checkpoint: restart the rollout replicas"
                 )
             self.state.policy_version = version
+            if self.spec.trainer.warm_start.episodes > 0:
+                await self._warm_start()
         await self._push(Timeline())
+
+    async def _warm_start(self) -> None:
+        """The supervised warm start of a fresh run (:mod:`aflowrl.trainer.warmstart`)."""
+        if self.progress is not None:
+            self.progress.write(
+                f"warm start: labelling {self.spec.trainer.warm_start.episodes} episodes"
+            )
+        timeline = Timeline()
+        warm = WarmStart(
+            self.spec, self.collector, self.actor, self.services.env, self.services.learner
+        )
+        summary = await warm.run(self.run_dir.path, 0, timeline)
+        timeline.finish()
+        summary.update({f"warmstart/{k}": v for k, v in timeline.record().items()})
+        self.state.policy_version = int(summary["warmstart/policy_version"])
+        self.run_dir.write_warm_start(summary)
+        logger.info(
+            "warm start: %d states labelled, policy v%d",
+            int(summary["warmstart/states"]),
+            self.state.policy_version,
+        )
 
     # ---- the loop -------------------------------------------------------------------------------
 

@@ -194,6 +194,13 @@ class RunDirectory:
 
     # ---- final table ---------------------------------------------------------------------------
 
+    def write_warm_start(self, summary: Mapping[str, Any]) -> Path:
+        """``warmstart/summary.json``: what the supervised warm start did."""
+        target = self.path / "warmstart" / "summary.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(target, json.dumps(dict(summary), indent=2) + "\n")
+        return target
+
     def write_final(self, rows: Sequence[Mapping[str, Any]], table: str) -> None:
         _atomic_write(self.path / "final.json", json.dumps(list(rows), indent=2) + "\n")
         _atomic_write(self.path / "final.md", table + "\n")

@@ -96,6 +96,8 @@ class Episode:
     group: int
     seed: int
     episode_id: str
+    benchmark: str = ""
+    """The task's benchmark."""
     state: bytes = b""
     observation_text: str = ""
     admissible: tuple[str, ...] = ()

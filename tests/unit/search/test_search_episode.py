@@ -19,6 +19,7 @@ from aflowrl.search import (
     reset,
     step,
 )
+from aflowrl.search.values import ValueQuery
 from aflowrl.workflow import library
 
 STEP_BY_STEP = (
@@ -239,3 +240,61 @@ async def test_text_and_freeform_modes(make_context):
     assert outcome.info.valid_action
     assert outcome.state.nodes[1].graph is not None and outcome.state.nodes[1].action is None
     assert graph_at(outcome.state, 1).content_hash == library.load("cot_sc", "math").content_hash
+
+
+async def test_a_value_change_moves_fused_selection_exactly_at_the_formulas_margin(make_context):
+    """F(i) = (1 - w) UCB(i) + w V(s_i): raising V(s_j) by more than (F_best - F_j) / w makes
+    j the next parent, by less does not; a workflow without a value takes its parent's."""
+    from aflowrl.search import selection
+
+    w = 0.5
+    values = StaticValues({}, default=0.0)
+    ctx = make_context(max_steps=6, selection="fused", fused_w=w, ucb_c=0.3, values=values)
+    state = (await reset(ctx, seed=0)).state
+    for k in (0, 1):
+        state = (await step(ctx, state, admissible_text(ctx, state, k))).state
+    base = {n.hash: 0.01 * i for i, n in enumerate(state.nodes)}
+    values.values = dict(base)
+    action = admissible_text(ctx, state, 0)
+    after = (await step(ctx, state, action)).state  # the tree the selection sees
+    nodes = after.nodes
+    assert all(n.hash in base for n in nodes)  # (the step made a duplicate: no new node)
+    stats = [
+        selection.NodeStats(n.score, after.visits(i), is_root=i == 0) for i, n in enumerate(nodes)
+    ]
+    ucb = selection.ucb_scores(stats, 0.3)
+    fused = selection.fused_scores(ucb, [base[n.hash] for n in nodes], w)
+    best = selection.argmax(fused)
+    assert after.parent == best
+    target = next(i for i in range(len(nodes)) if i != best)
+    margin = (fused[best] - fused[target]) / w
+    for bump, expected in ((margin - 1e-6, best), (margin + 1e-6, target)):
+        values.values = {**base, nodes[target].hash: base[nodes[target].hash] + bump}
+        assert (await step(ctx, state, action)).state.parent == expected
+    # A workflow absent from the table is valued as its nearest valued ancestor.
+    child = len(nodes) - 1
+    parent = nodes[child].parent
+    assert parent is not None
+    values.values = {nodes[parent].hash: 7.0}
+    values.default = -7.0
+    queries = [
+        ValueQuery(
+            n.hash,
+            graph_at(state, i),
+            n.score,
+            1,
+            tuple(nodes[a].hash for a in state.ancestors(i)),
+        )
+        for i, n in enumerate(nodes)
+    ]
+    got = await values(queries)
+    assert got[child] == 7.0 and got[parent] == 7.0
+    unrelated = [i for i in range(len(nodes)) if i != parent and parent not in state.ancestors(i)]
+    assert all(got[i] == -7.0 for i in unrelated)
+
+
+def admissible_text(ctx, state, k: int) -> str:
+    """The reply choosing the k-th listed action of ``state``'s next parent."""
+    from aflowrl.search import observe
+
+    return f"<action>{observe(ctx, state).admissible_actions[k]}</action>"

@@ -26,13 +26,15 @@ _sym_db = _symbol_database.Default()
 from aflowrl._proto.v1 import common_pb2 as aflowrl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61\x66lowrl/v1/learner.proto\x12\naflowrl.v1\x1a\x17\x61\x66lowrl/v1/common.proto\"o\n\x08Sequence\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x1a\n\x12response_token_ids\x18\x02 \x03(\x05\x12-\n\x0fvalue_token_ids\x18\x03 \x03(\x0b\x32\x14.aflowrl.v1.TokenIds\"\xb7\x01\n\x0e\x43hoiceDecision\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x31\n\x13\x63\x61ndidate_token_ids\x18\x02 \x03(\x0b\x32\x14.aflowrl.v1.TokenIds\x12\x0e\n\x06\x63hosen\x18\x03 \x01(\x05\x12\x19\n\x11length_normalised\x18\x04 \x01(\x08\x12-\n\x0fvalue_token_ids\x18\x05 \x03(\x0b\x32\x14.aflowrl.v1.TokenIds\"\xa4\x01\n\x16\x43omputeLogProbsRequest\x12\'\n\tsequences\x18\x01 \x03(\x0b\x32\x14.aflowrl.v1.Sequence\x12+\n\x07\x63hoices\x18\x02 \x03(\x0b\x32\x1a.aflowrl.v1.ChoiceDecision\x12\x11\n\treference\x18\x03 \x01(\x08\x12\x11\n\tentropies\x18\x04 \x01(\x08\x12\x0e\n\x06values\x18\x05 \x01(\x08\"\xb1\x01\n\x17\x43omputeLogProbsResponse\x12)\n\x08logprobs\x18\x01 \x03(\x0b\x32\x17.aflowrl.v1.TokenFloats\x12*\n\tentropies\x18\x02 \x03(\x0b\x32\x17.aflowrl.v1.TokenFloats\x12\'\n\x06values\x18\x03 \x03(\x0b\x32\x17.aflowrl.v1.TokenFloats\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\"\xfe\x01\n\x0bTrainSample\x12(\n\x08sequence\x18\x01 \x01(\x0b\x32\x14.aflowrl.v1.SequenceH\x00\x12,\n\x06\x63hoice\x18\x02 \x01(\x0b\x32\x1a.aflowrl.v1.ChoiceDecisionH\x00\x12\x14\n\x0cold_logprobs\x18\x03 \x03(\x02\x12\x14\n\x0cref_logprobs\x18\x04 \x03(\x02\x12\x12\n\nadvantages\x18\x05 \x03(\x02\x12\x0f\n\x07returns\x18\x06 \x03(\x02\x12\x12\n\nold_values\x18\x07 \x03(\x02\x12\x19\n\x0cvalue_target\x18\x08 \x01(\x01H\x01\x88\x01\x01\x42\x06\n\x04kindB\x0f\n\r_value_target\"K\n\x0cTrainRequest\x12(\n\x07samples\x18\x01 \x03(\x0b\x32\x17.aflowrl.v1.TrainSample\x12\x11\n\titeration\x18\x02 \x01(\x04\"M\n\rTrainResponse\x12$\n\x07metrics\x18\x01 \x01(\x0b\x32\x13.aflowrl.v1.Metrics\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\";\n\x15SaveCheckpointRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x14\n\x0c\x63lient_state\x18\x02 \x01(\x0c\"A\n\x15LoadCheckpointRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x1a\n\x12min_policy_version\x18\x02 \x01(\x04\"o\n\x12\x43heckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x14\n\x0c\x63lient_state\x18\x04 \x01(\x0c\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\":\n\x14StreamWeightsRequest\x12\x13\n\x0b\x63hunk_bytes\x18\x01 \x01(\x03\x12\r\n\x05\x64type\x18\x02 \x01(\t\"$\n\x14\x45xportWeightsRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"L\n\x15\x45xportWeightsResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\"\x16\n\x14LearnerStatusRequest\"\xc6\x01\n\x15LearnerStatusResponse\x12(\n\x07service\x18\x01 \x01(\x0b\x32\x17.aflowrl.v1.ServiceInfo\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x12\n\nhas_critic\x18\x07 \x01(\x08\x12\x15\n\rhas_reference\x18\x08 \x01(\x08\x32\xc7\x04\n\x0eLearnerService\x12Z\n\x0f\x43omputeLogProbs\x12\".aflowrl.v1.ComputeLogProbsRequest\x1a#.aflowrl.v1.ComputeLogProbsResponse\x12<\n\x05Train\x12\x18.aflowrl.v1.TrainRequest\x1a\x19.aflowrl.v1.TrainResponse\x12S\n\x0eSaveCheckpoint\x12!.aflowrl.v1.SaveCheckpointRequest\x1a\x1e.aflowrl.v1.CheckpointResponse\x12S\n\x0eLoadCheckpoint\x12!.aflowrl.v1.LoadCheckpointRequest\x1a\x1e.aflowrl.v1.CheckpointResponse\x12L\n\rStreamWeights\x12 .aflowrl.v1.StreamWeightsRequest\x1a\x17.aflowrl.v1.WeightChunk0\x01\x12T\n\rExportWeights\x12 .aflowrl.v1.ExportWeightsRequest\x1a!.aflowrl.v1.ExportWeightsResponse\x12M\n\x06Status\x12 .aflowrl.v1.LearnerStatusRequest\x1a!.aflowrl.v1.LearnerStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61\x66lowrl/v1/learner.proto\x12\naflowrl.v1\x1a\x17\x61\x66lowrl/v1/common.proto\"o\n\x08Sequence\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x1a\n\x12response_token_ids\x18\x02 \x03(\x05\x12-\n\x0fvalue_token_ids\x18\x03 \x03(\x0b\x32\x14.aflowrl.v1.TokenIds\"\xb7\x01\n\x0e\x43hoiceDecision\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x31\n\x13\x63\x61ndidate_token_ids\x18\x02 \x03(\x0b\x32\x14.aflowrl.v1.TokenIds\x12\x0e\n\x06\x63hosen\x18\x03 \x01(\x05\x12\x19\n\x11length_normalised\x18\x04 \x01(\x08\x12-\n\x0fvalue_token_ids\x18\x05 \x03(\x0b\x32\x14.aflowrl.v1.TokenIds\"\xa4\x01\n\x16\x43omputeLogProbsRequest\x12\'\n\tsequences\x18\x01 \x03(\x0b\x32\x14.aflowrl.v1.Sequence\x12+\n\x07\x63hoices\x18\x02 \x03(\x0b\x32\x1a.aflowrl.v1.ChoiceDecision\x12\x11\n\treference\x18\x03 \x01(\x08\x12\x11\n\tentropies\x18\x04 \x01(\x08\x12\x0e\n\x06values\x18\x05 \x01(\x08\"\xb1\x01\n\x17\x43omputeLogProbsResponse\x12)\n\x08logprobs\x18\x01 \x03(\x0b\x32\x17.aflowrl.v1.TokenFloats\x12*\n\tentropies\x18\x02 \x03(\x0b\x32\x17.aflowrl.v1.TokenFloats\x12\'\n\x06values\x18\x03 \x03(\x0b\x32\x17.aflowrl.v1.TokenFloats\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\"\x96\x02\n\x0bTrainSample\x12(\n\x08sequence\x18\x01 \x01(\x0b\x32\x14.aflowrl.v1.SequenceH\x00\x12,\n\x06\x63hoice\x18\x02 \x01(\x0b\x32\x1a.aflowrl.v1.ChoiceDecisionH\x00\x12\x14\n\x0cold_logprobs\x18\x03 \x03(\x02\x12\x14\n\x0cref_logprobs\x18\x04 \x03(\x02\x12\x12\n\nadvantages\x18\x05 \x03(\x02\x12\x0f\n\x07returns\x18\x06 \x03(\x02\x12\x12\n\nold_values\x18\x07 \x03(\x02\x12\x19\n\x0cvalue_target\x18\x08 \x01(\x01H\x01\x88\x01\x01\x12\x16\n\x0etarget_weights\x18\t \x03(\x02\x42\x06\n\x04kindB\x0f\n\r_value_target\"u\n\x0cTrainRequest\x12(\n\x07samples\x18\x01 \x03(\x0b\x32\x17.aflowrl.v1.TrainSample\x12\x11\n\titeration\x18\x02 \x01(\x04\x12(\n\tobjective\x18\x03 \x01(\x0e\x32\x15.aflowrl.v1.Objective\"M\n\rTrainResponse\x12$\n\x07metrics\x18\x01 \x01(\x0b\x32\x13.aflowrl.v1.Metrics\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\";\n\x15SaveCheckpointRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x14\n\x0c\x63lient_state\x18\x02 \x01(\x0c\"A\n\x15LoadCheckpointRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x1a\n\x12min_policy_version\x18\x02 \x01(\x04\"o\n\x12\x43heckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x14\n\x0c\x63lient_state\x18\x04 \x01(\x0c\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\":\n\x14StreamWeightsRequest\x12\x13\n\x0b\x63hunk_bytes\x18\x01 \x01(\x03\x12\r\n\x05\x64type\x18\x02 \x01(\t\"$\n\x14\x45xportWeightsRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"L\n\x15\x45xportWeightsResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\"\x16\n\x14LearnerStatusRequest\"\xc6\x01\n\x15LearnerStatusResponse\x12(\n\x07service\x18\x01 \x01(\x0b\x32\x17.aflowrl.v1.ServiceInfo\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x12\n\nhas_critic\x18\x07 \x01(\x08\x12\x15\n\rhas_reference\x18\x08 \x01(\x08*0\n\tObjective\x12\x10\n\x0cOBJECTIVE_RL\x10\x00\x12\x11\n\rOBJECTIVE_SFT\x10\x01\x32\xc7\x04\n\x0eLearnerService\x12Z\n\x0f\x43omputeLogProbs\x12\".aflowrl.v1.ComputeLogProbsRequest\x1a#.aflowrl.v1.ComputeLogProbsResponse\x12<\n\x05Train\x12\x18.aflowrl.v1.TrainRequest\x1a\x19.aflowrl.v1.TrainResponse\x12S\n\x0eSaveCheckpoint\x12!.aflowrl.v1.SaveCheckpointRequest\x1a\x1e.aflowrl.v1.CheckpointResponse\x12S\n\x0eLoadCheckpoint\x12!.aflowrl.v1.LoadCheckpointRequest\x1a\x1e.aflowrl.v1.CheckpointResponse\x12L\n\rStreamWeights\x12 .aflowrl.v1.StreamWeightsRequest\x1a\x17.aflowrl.v1.WeightChunk0\x01\x12T\n\rExportWeights\x12 .aflowrl.v1.ExportWeightsRequest\x1a!.aflowrl.v1.ExportWeightsResponse\x12M\n\x06Status\x12 .aflowrl.v1.LearnerStatusRequest\x1a!.aflowrl.v1.LearnerStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'aflowrl._proto.v1.learner_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_OBJECTIVE']._serialized_start=1832
+  _globals['_OBJECTIVE']._serialized_end=1880
   _globals['_SEQUENCE']._serialized_start=65
   _globals['_SEQUENCE']._serialized_end=176
   _globals['_CHOICEDECISION']._serialized_start=179
@@ -42,27 +44,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMPUTELOGPROBSRESPONSE']._serialized_start=532
   _globals['_COMPUTELOGPROBSRESPONSE']._serialized_end=709
   _globals['_TRAINSAMPLE']._serialized_start=712
-  _globals['_TRAINSAMPLE']._serialized_end=966
-  _globals['_TRAINREQUEST']._serialized_start=968
-  _globals['_TRAINREQUEST']._serialized_end=1043
-  _globals['_TRAINRESPONSE']._serialized_start=1045
-  _globals['_TRAINRESPONSE']._serialized_end=1122
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=1124
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=1183
-  _globals['_LOADCHECKPOINTREQUEST']._serialized_start=1185
-  _globals['_LOADCHECKPOINTREQUEST']._serialized_end=1250
-  _globals['_CHECKPOINTRESPONSE']._serialized_start=1252
-  _globals['_CHECKPOINTRESPONSE']._serialized_end=1363
-  _globals['_STREAMWEIGHTSREQUEST']._serialized_start=1365
-  _globals['_STREAMWEIGHTSREQUEST']._serialized_end=1423
-  _globals['_EXPORTWEIGHTSREQUEST']._serialized_start=1425
-  _globals['_EXPORTWEIGHTSREQUEST']._serialized_end=1461
-  _globals['_EXPORTWEIGHTSRESPONSE']._serialized_start=1463
-  _globals['_EXPORTWEIGHTSRESPONSE']._serialized_end=1539
-  _globals['_LEARNERSTATUSREQUEST']._serialized_start=1541
-  _globals['_LEARNERSTATUSREQUEST']._serialized_end=1563
-  _globals['_LEARNERSTATUSRESPONSE']._serialized_start=1566
-  _globals['_LEARNERSTATUSRESPONSE']._serialized_end=1764
-  _globals['_LEARNERSERVICE']._serialized_start=1767
-  _globals['_LEARNERSERVICE']._serialized_end=2350
+  _globals['_TRAINSAMPLE']._serialized_end=990
+  _globals['_TRAINREQUEST']._serialized_start=992
+  _globals['_TRAINREQUEST']._serialized_end=1109
+  _globals['_TRAINRESPONSE']._serialized_start=1111
+  _globals['_TRAINRESPONSE']._serialized_end=1188
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=1190
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=1249
+  _globals['_LOADCHECKPOINTREQUEST']._serialized_start=1251
+  _globals['_LOADCHECKPOINTREQUEST']._serialized_end=1316
+  _globals['_CHECKPOINTRESPONSE']._serialized_start=1318
+  _globals['_CHECKPOINTRESPONSE']._serialized_end=1429
+  _globals['_STREAMWEIGHTSREQUEST']._serialized_start=1431
+  _globals['_STREAMWEIGHTSREQUEST']._serialized_end=1489
+  _globals['_EXPORTWEIGHTSREQUEST']._serialized_start=1491
+  _globals['_EXPORTWEIGHTSREQUEST']._serialized_end=1527
+  _globals['_EXPORTWEIGHTSRESPONSE']._serialized_start=1529
+  _globals['_EXPORTWEIGHTSRESPONSE']._serialized_end=1605
+  _globals['_LEARNERSTATUSREQUEST']._serialized_start=1607
+  _globals['_LEARNERSTATUSREQUEST']._serialized_end=1629
+  _globals['_LEARNERSTATUSRESPONSE']._serialized_start=1632
+  _globals['_LEARNERSTATUSRESPONSE']._serialized_end=1830
+  _globals['_LEARNERSERVICE']._serialized_start=1883
+  _globals['_LEARNERSERVICE']._serialized_end=2466
 # @@protoc_insertion_point(module_scope)

@@ -11,6 +11,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -21,6 +22,32 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _Objective:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ObjectiveEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Objective.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    OBJECTIVE_RL: _Objective.ValueType  # 0
+    """The RL objective (the default): the clipped policy loss with the samples' advantages."""
+    OBJECTIVE_SFT: _Objective.ValueType  # 1
+    """Supervised warm start: choice samples move towards their target_weights over the
+    candidates (cross-entropy), text samples towards their response tokens (token
+    cross-entropy); old log-probs and advantages are not used.
+    """
+
+class Objective(_Objective, metaclass=_ObjectiveEnumTypeWrapper):
+    """What a Train call optimises."""
+
+OBJECTIVE_RL: Objective.ValueType  # 0
+"""The RL objective (the default): the clipped policy loss with the samples' advantages."""
+OBJECTIVE_SFT: Objective.ValueType  # 1
+"""Supervised warm start: choice samples move towards their target_weights over the
+candidates (cross-entropy), text samples towards their response tokens (token
+cross-entropy); old log-probs and advantages are not used.
+"""
+Global___Objective: _TypeAlias = Objective  # noqa: Y015
 
 @_typing.final
 class Sequence(_message.Message):
@@ -197,6 +224,7 @@ class TrainSample(_message.Message):
     RETURNS_FIELD_NUMBER: _builtins.int
     OLD_VALUES_FIELD_NUMBER: _builtins.int
     VALUE_TARGET_FIELD_NUMBER: _builtins.int
+    TARGET_WEIGHTS_FIELD_NUMBER: _builtins.int
     value_target: _builtins.float
     """The step's discounted return, the target of the policy's value replies (when the
     decision has value_token_ids; two-hot over policy.value's bins).
@@ -223,6 +251,12 @@ class TrainSample(_message.Message):
 
     @_builtins.property
     def old_values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def target_weights(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """OBJECTIVE_SFT, choice samples: the target distribution over the candidates (one weight
+        per candidate, non-negative, summing to 1).
+        """
+
     def __init__(
         self,
         *,
@@ -234,10 +268,11 @@ class TrainSample(_message.Message):
         returns: _abc.Iterable[_builtins.float] | None = ...,
         old_values: _abc.Iterable[_builtins.float] | None = ...,
         value_target: _builtins.float | None = ...,
+        target_weights: _abc.Iterable[_builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_value_target", b"_value_target", "choice", b"choice", "kind", b"kind", "sequence", b"sequence", "value_target", b"value_target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_value_target", b"_value_target", "advantages", b"advantages", "choice", b"choice", "kind", b"kind", "old_logprobs", b"old_logprobs", "old_values", b"old_values", "ref_logprobs", b"ref_logprobs", "returns", b"returns", "sequence", b"sequence", "value_target", b"value_target"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_value_target", b"_value_target", "advantages", b"advantages", "choice", b"choice", "kind", b"kind", "old_logprobs", b"old_logprobs", "old_values", b"old_values", "ref_logprobs", b"ref_logprobs", "returns", b"returns", "sequence", b"sequence", "target_weights", b"target_weights", "value_target", b"value_target"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__value_target: _TypeAlias = _typing.Literal["value_target"]  # noqa: Y015
     _WhichOneofArgType__value_target: _TypeAlias = _typing.Literal["_value_target", b"_value_target"]  # noqa: Y015
@@ -256,8 +291,10 @@ class TrainRequest(_message.Message):
 
     SAMPLES_FIELD_NUMBER: _builtins.int
     ITERATION_FIELD_NUMBER: _builtins.int
+    OBJECTIVE_FIELD_NUMBER: _builtins.int
     iteration: _builtins.int
     """Trainer iteration, for logging and the learning-rate schedule."""
+    objective: Global___Objective.ValueType
     @_builtins.property
     def samples(self) -> _containers.RepeatedCompositeFieldContainer[Global___TrainSample]:
         """The batch: every row of the iteration (the learner splits it into mini-batches)."""
@@ -267,10 +304,11 @@ class TrainRequest(_message.Message):
         *,
         samples: _abc.Iterable[Global___TrainSample] | None = ...,
         iteration: _builtins.int = ...,
+        objective: Global___Objective.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["iteration", b"iteration", "samples", b"samples"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["iteration", b"iteration", "objective", b"objective", "samples", b"samples"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
