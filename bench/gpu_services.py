@@ -37,9 +37,9 @@ def build_model(out: Path, args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from aflowrl.models import tiny
+    from aflowrl.models import builtin
 
-    tiny_dir = tiny.build_tiny(out.parent / "tiny")
+    tiny_dir = builtin.build(out.parent / "tiny")
     for file in tiny_dir.iterdir():
         if "token" in file.name or file.name in {"generation_config.json", "chat_template.jinja"}:
             shutil.copy(file, out / file.name)

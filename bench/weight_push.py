@@ -26,7 +26,7 @@ from typing import Any
 
 from aflowrl._proto.v1 import learner_pb2, learner_pb2_grpc
 from aflowrl.common.client import ChannelOptions, make_channel
-from aflowrl.models import tiny
+from aflowrl.models import builtin
 from aflowrl.trainer.weight_sync import GrpcWeightSync
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +45,7 @@ def build_model(out: Path, hidden: int, layers: int) -> int:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    source = tiny.ensure_tiny()
+    source = builtin.ensure("tiny")
     for name in (
         "tokenizer.json",
         "tokenizer_config.json",

@@ -297,7 +297,7 @@ async def test_lora_critic_learner_streams_merged_weights(tmp_path):
     """LoRA + value head + gradient checkpointing: values, training, merged weights streamed."""
     import torch
 
-    from aflowrl.models import loading, logprobs, tiny, weights, wire
+    from aflowrl.models import builtin, loading, logprobs, weights, wire
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(
@@ -363,7 +363,7 @@ async def test_lora_critic_learner_streams_merged_weights(tmp_path):
     finally:
         assert service.stop() == 0
     model = loading.load_causal_lm(
-        tiny.ensure_tiny(), dtype=torch.float32, device=torch.device("cpu")
+        builtin.ensure("tiny"), dtype=torch.float32, device=torch.device("cpu")
     )
     assert set(tensors) == set(weights.parameter_shapes(model))
     params = dict(model.named_parameters())

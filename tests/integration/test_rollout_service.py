@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from aflowrl._proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from aflowrl.common.client import ChannelOptions, make_channel
-from aflowrl.models import loading, logprobs, tiny, weights, wire
+from aflowrl.models import builtin, loading, logprobs, weights, wire
 
 sys.path.insert(0, str(Path(__file__).parent))
 from policy_services import Service, metrics_text, start_service
@@ -45,7 +45,7 @@ def rollout(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def reference_model():
     """The tiny model in this process, to recompute log-probs of any weights."""
-    path = tiny.ensure_tiny()
+    path = builtin.ensure("tiny")
     model = loading.load_causal_lm(path, dtype=torch.float32, device=torch.device("cpu"))
     tokenizer = loading.load_tokenizer(path)
     base = load_file(str(path / "model.safetensors"))
@@ -316,7 +316,7 @@ async def test_load_weights_from_a_directory(rollout, reference_model, tmp_path)
     version = await _version(stub)
     new = _perturbed(base, seed=300 + version)
     good = weights.version_dir(tmp_path, version + 1)
-    weights.write_weights_dir(good, new, version=version + 1, model_dir=tiny.ensure_tiny())
+    weights.write_weights_dir(good, new, version=version + 1, model_dir=builtin.ensure("tiny"))
 
     partial = tmp_path / "partial"
     weights.write_weights_dir(partial, new, version=version + 1)

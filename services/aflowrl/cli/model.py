@@ -1,30 +1,35 @@
-"""``aflowrl model``: build the tiny policy model, or show where a policy model resolves to."""
+"""``aflowrl model``: build a built-in policy model, or show where a policy model resolves to."""
 
 from __future__ import annotations
 
 import argparse
 
+from aflowrl.config.policy import BUILT_IN_MODELS
+
 NAME = "model"
-HELP = "Policy models: build the tiny Qwen2 test model, or resolve a model name to its directory."
+HELP = "Policy models: build a built-in Qwen2 model, or resolve a model name to its directory."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     init = sub.add_parser(
-        "init-tiny",
-        help="write the deterministic tiny Qwen2-architecture model and its tokenizer to DIR",
+        "init",
+        help="write a deterministic built-in Qwen2-architecture model and its tokenizer to DIR",
     )
+    init.add_argument("--preset", default="tiny", choices=BUILT_IN_MODELS, help="model size")
     init.add_argument("--out", required=True, help="output directory (created)")
     init.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
     path = sub.add_parser("path", help="print the local directory a policy.model name resolves to")
-    path.add_argument("name", help='a model directory, or "tiny" (built and cached on first use)')
+    path.add_argument(
+        "name", help=f"a model directory, or {', '.join(BUILT_IN_MODELS)} (built on first use)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from aflowrl.models import loading, tiny
+    from aflowrl.models import builtin, loading
 
-    if args.action == "init-tiny":
-        print(tiny.build_tiny(args.out, seed=args.seed))
+    if args.action == "init":
+        print(builtin.build(args.out, preset=args.preset, seed=args.seed))
     else:
         print(loading.resolve_model_path(args.name, field="name"))
     return 0

@@ -15,7 +15,7 @@ from aflowrl.config.environment import (
 from aflowrl.config.errors import ConfigError
 from aflowrl.config.learner import GiGPOSpec, GRPOSpec, LearnerSpec, PolicyLossSpec, PPOSpec
 from aflowrl.config.monitoring import GrpcSpec, MonitoringSpec
-from aflowrl.config.policy import TINY_MODEL, PolicySpec
+from aflowrl.config.policy import BUILT_IN_MODELS, TINY_MODEL, PolicySpec
 from aflowrl.config.resources import ImageSpec, ResourceSpec, SecretKeyRef
 from aflowrl.config.rollout import RolloutSpec, SamplingSpec
 from aflowrl.config.run import API_GROUP, API_VERSION, KIND, PLURAL, RunSpec, StorageSpec
@@ -31,6 +31,7 @@ __all__ = [
     "API_GROUP",
     "API_VERSION",
     "BENCHMARKS",
+    "BUILT_IN_MODELS",
     "CONDITION_TYPES",
     "KIND",
     "PLURAL",

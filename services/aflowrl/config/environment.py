@@ -186,6 +186,9 @@ class SearchSpec(SpecModel):
     """k of the convergence test."""
     failed_examples: int = Field(default=3, ge=0, le=20)
     """Problems the parent got wrong, shown to the policy."""
+    describe_operators: bool = True
+    """Show the operator descriptions in every observation (an LLM proposer reads them; a small
+    trained policy learns the operators from experience and reads a shorter prompt)."""
     max_admissible_actions: int = Field(default=24, ge=2, le=512)
     """Most admissible actions listed per observation (choice mode)."""
     max_observation_chars: int = Field(default=6000, ge=500, le=1_000_000)

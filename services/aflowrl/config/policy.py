@@ -10,6 +10,8 @@ from aflowrl.config._base import DnsLabel, SpecModel
 
 TINY_MODEL = "tiny"
 """Reserved model name: the tiny Qwen2-architecture model built locally on first use."""
+BUILT_IN_MODELS = ("tiny", "small", "base")
+"""Reserved model names: the project-built presets (aflowrl.models.builtin), fastest first."""
 
 
 class LoraSpec(SpecModel):
@@ -65,8 +67,9 @@ class PolicySpec(SpecModel):
     """The model trained by RL."""
 
     model: str = Field(default=TINY_MODEL, min_length=1, max_length=1024)
-    """Hugging Face model directory (e.g. a mounted "/models/Qwen2.5-7B-Instruct"), or "tiny" for
-    the built-in tiny Qwen2 model. Nothing is downloaded from a hub."""
+    """Hugging Face model directory (e.g. a mounted "/models/Qwen2.5-7B-Instruct"), or a
+    project-built model: "tiny" (0.4 M parameters, fast on a CPU), "small" (4 M) or "base"
+    (90 M, for a GPU). Nothing is downloaded from a hub."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Parameter dtype; "auto" is bfloat16 on GPU and float32 on CPU."""
     max_prompt_tokens: int = Field(default=3072, ge=64, le=131072)

@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from aflowrl import envs
-from aflowrl.config import TINY_MODEL, OpenAIExecutorSpec, RunSpec
+from aflowrl.config import BUILT_IN_MODELS, OpenAIExecutorSpec, RunSpec
 from aflowrl.errors import AflowRLError
 from aflowrl.local.errors import PreflightError
 
@@ -80,9 +80,9 @@ def check_executor(spec: RunSpec, *, timeout_s: float = 5.0) -> None:
 
 
 def check_policy(spec: RunSpec) -> None:
-    """The policy model directory exists (``tiny`` is built on first use)."""
+    """The policy model directory exists (a built-in model is built on first use)."""
     model = spec.policy.model
-    if model == TINY_MODEL:
+    if model in BUILT_IN_MODELS:
         return
     path = Path(model).expanduser()
     if not (path / "config.json").is_file():

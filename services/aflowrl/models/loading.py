@@ -1,7 +1,7 @@
 """Resolving ``policy.model`` to a local directory and loading its model and tokenizer.
 
 Used by the rollout and learner services. Nothing is fetched from a hub: a name that is not a
-local Hugging Face model directory (or the reserved ``tiny``) is a clear
+local Hugging Face model directory (or a built-in preset: ``tiny``, ``small``, ``base``) is a clear
 :class:`ModelNotFoundError`.
 """
 
@@ -11,8 +11,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aflowrl.config.policy import TINY_MODEL
-from aflowrl.models import tiny
+from aflowrl.config.policy import BUILT_IN_MODELS, TINY_MODEL
+from aflowrl.models import builtin
 from aflowrl.models.errors import ModelNotFoundError
 
 if TYPE_CHECKING:
@@ -25,16 +25,16 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def resolve_model_path(name: str, *, field: str = "policy.model") -> Path:
-    """The local directory of ``name``: the cached tiny model for "tiny", else a directory."""
-    if name == TINY_MODEL:
-        return tiny.ensure_tiny()
+    """The local directory of ``name``: a built-in preset's cached copy, else a directory."""
+    if name in BUILT_IN_MODELS:
+        return builtin.ensure(name)
     path = Path(name).expanduser()
     if not (path / "config.json").is_file():
         what = "directory has no config.json" if path.is_dir() else "no such directory"
         raise ModelNotFoundError(
             f"{field}: {name!r} is not a Hugging Face model directory ({what}); aflow-rl never "
-            f"downloads models: mount the weights, or use {TINY_MODEL!r} for the built-in tiny "
-            "model"
+            f"downloads models: mount the weights, or use a built-in model "
+            f"({', '.join(BUILT_IN_MODELS)}; {TINY_MODEL!r} is the fastest)"
         )
     return path
 

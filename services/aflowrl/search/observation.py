@@ -4,7 +4,8 @@ It holds, in this order: the task (benchmark, task type, step, the tree's size, 
 scores), the workflow to modify (rendered readably with every prompt in full; as JSON in
 free-form mode) with its score, the experience of its children (every action tried on it,
 whether it improved the score, duplicates and rejected actions with the reason), a few
-problems it got wrong (question, expected, produced), the operator descriptions, the action
+problems it got wrong (question, expected, produced), the operator descriptions (unless
+``search.describeOperators`` is off), the action
 language (text and free-form modes), the admissible actions (every one in full; one that leads
 to a workflow the tree already holds is marked with that workflow and its score, since taking
 it gains nothing), and how to reply.
@@ -217,7 +218,9 @@ def render_observation(obs: ObservationInput, max_chars: int) -> str:
         _wrong_item(i, w, obs.problems.get(w.problem_id))
         for i, w in enumerate(parent.wrong[: config.failed_examples], start=1)
     ]
-    operators = describe_operators(state.task_type).splitlines()
+    operators = (
+        describe_operators(state.task_type).splitlines() if config.describe_operators else []
+    )
     sections: dict[str, str] = {}
     for key, title, items, what in (
         (

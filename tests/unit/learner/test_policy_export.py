@@ -6,12 +6,12 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from aflowrl.learner.policy import PolicyModule, hf_tensors
-from aflowrl.models import loading, tiny
+from aflowrl.models import builtin, loading
 from aflowrl.models.weights import parameter_shapes
 
 
 def test_merged_lora_equals_the_adapted_model():
-    path = tiny.ensure_tiny()
+    path = builtin.ensure("tiny")
     cpu = torch.device("cpu")
     base = loading.load_causal_lm(path, dtype=torch.float32, device=cpu)
     shapes = parameter_shapes(base)

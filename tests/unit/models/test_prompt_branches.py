@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from aflowrl.models import loading, tiny
+from aflowrl.models import builtin, loading
 from aflowrl.models.logprobs import (
     pack_prompt_branches,
     pack_sequences,
@@ -26,7 +26,7 @@ from aflowrl.models.logprobs import (
 def lm():
     torch.manual_seed(0)
     return loading.load_causal_lm(
-        tiny.ensure_tiny(), dtype=torch.float32, device=torch.device("cpu")
+        builtin.ensure("tiny"), dtype=torch.float32, device=torch.device("cpu")
     )
 
 

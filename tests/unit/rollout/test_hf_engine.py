@@ -6,14 +6,14 @@ import asyncio
 
 import torch
 
-from aflowrl.models import tiny
+from aflowrl.models import builtin
 from aflowrl.rollout.engine import SamplingOptions
 from aflowrl.rollout.gate import VersionGate
 from aflowrl.rollout.hf_engine import HfEngine
 
 
 async def test_greedy_equals_generate_and_concurrent_requests_share_batches():
-    engine = HfEngine(tiny.ensure_tiny(), max_batch_size=4)
+    engine = HfEngine(builtin.ensure("tiny"), max_batch_size=4)
     await engine.start()
     try:
         tokenizer = engine.tokenizer

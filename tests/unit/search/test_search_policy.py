@@ -23,9 +23,9 @@ from aflowrl.search.rundir import RunDirectory  # noqa: E402
 @pytest.fixture(scope="module")
 def checkpoint() -> Path:
     """The built-in tiny Qwen2 policy (built once into the test cache directory)."""
-    from aflowrl.models import tiny
+    from aflowrl.models import builtin
 
-    return tiny.ensure_tiny()
+    return builtin.ensure("tiny")
 
 
 async def test_choice_mode_samples_from_a_softmax_over_the_candidates(checkpoint, make_context):
