@@ -90,6 +90,8 @@ class Episode:
     group: int
     seed: int
     episode_id: str
+    benchmark: str = ""
+    """The task's benchmark (the Reset's ``task``)."""
     state: bytes = b""
     observation_text: str = ""
     admissible: tuple[str, ...] = ()

@@ -12,7 +12,7 @@ from aflowrl.config.run import API_GROUP, API_VERSION
 def test_default_spec_is_valid_and_round_trips():
     spec = RunSpec()
     doc = spec.to_document()
-    assert doc["environment"]["benchmark"] == "humaneval"
+    assert doc["environment"]["benchmarks"] == ["humaneval"]
     assert doc["learner"]["algorithm"]["type"] == "gigpo"
     assert "maxPromptTokens" in doc["policy"]  # camelCase keys, as in a TrainingRun
     assert RunSpec.from_document(doc) == spec
@@ -28,9 +28,9 @@ def test_training_run_document_is_accepted():
         "apiVersion": f"{API_GROUP}/{API_VERSION}",
         "kind": "TrainingRun",
         "metadata": {"name": "demo"},
-        "spec": {"environment": {"benchmark": "gsm8k", "data": {"dir": "/data"}}},
+        "spec": {"environment": {"benchmarks": ["gsm8k"], "data": {"dir": "/data"}}},
     }
-    assert RunSpec.from_document(doc).environment.benchmark == "gsm8k"
+    assert RunSpec.from_document(doc).environment.training_benchmarks == ("gsm8k",)
 
 
 def test_yaml_with_discriminated_unions():
@@ -55,7 +55,7 @@ INVALID = [
     ({"rollut": {}}, "spec.rollut"),
     ({"rollout": {"sampling": {"topP": 0}}}, "spec.rollout.sampling.topP"),
     ({"rollout": {"resources": {"memory": "lots"}}}, "spec.rollout.resources.memory"),
-    ({"environment": {"benchmark": "mmlu"}}, "spec.environment.benchmark"),
+    ({"environment": {"benchmarks": ["mmlu"]}}, "spec.environment.benchmarks[0]"),
     ({"learner": {"algorithm": {"type": "dqn"}}}, "spec.learner.algorithm"),
     ({"learner": {"algorithm": {"type": "gigpo", "gamma": 1.5}}}, "spec.learner.algorithm.gamma"),
     ({"environment": {"executor": {"type": "openai"}}}, "spec.environment.executor"),
