@@ -10,11 +10,13 @@ run starts from the same fresh tiny policy. Methods:
 - ``random``: uniform over the admissible actions, nothing trained.
 
 Each runs with 3 seeds (``trainer.seed``: task seeds and sampling). After training, the final
-policy plays ``--eval-tasks`` x 4 evaluation episodes (nothing trained), on task seeds drawn
-from the run's seed but the same for every method (a paired design: each method meets the same
-problems). Printed per method, as mean ± standard error over the seeds: the final episode
-return (the mean return of those evaluation episodes), the training return of the last
-``--last`` iterations, the best validation score of the run and that workflow's test score; then
+policy plays ``--eval-tasks`` x 4 evaluation episodes (nothing trained:
+:func:`aflowrl.trainer.evaluate.evaluate_policy`) on held-out tasks, task seeds training never
+draws (:func:`aflowrl.trainer.tasks.held_out_tasks`), chosen by the seed but the same for every
+method (a paired design: each method meets the same problems). Printed per method, as
+mean ± standard error over the seeds: the final episode return (the mean return of those
+evaluation episodes), the training return of the last ``--last`` iterations, the best
+validation score of the run and that workflow's test score; then
 GiGPO's margin over random in standard errors (sqrt(se_gigpo^2 + se_random^2)) on the final
 return. The best validation score is the run's final comparison's
 (:mod:`aflowrl.trainer.final`): the best workflows the run kept, scored on the whole validation
@@ -40,8 +42,10 @@ from aflowrl.config import RunSpec
 from aflowrl.local.launcher import default_run, local_services, local_spec
 from aflowrl.trainer import app
 from aflowrl.trainer.acting import UniformActor
-from aflowrl.trainer.clients import LearnerClient, RolloutClient
+from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutClient
+from aflowrl.trainer.evaluate import evaluate_policy, policy_actor
 from aflowrl.trainer.records import RunDirectory
+from aflowrl.trainer.tasks import held_out_tasks
 
 
 def _base() -> RunSpec:
@@ -71,23 +75,8 @@ def _mean_se(values: list[float]) -> tuple[float, float]:
     return mean, se
 
 
-EVAL_SEED = 1_000_003
-"""Offset of the evaluation episodes' ``trainer.seed``: other tasks than any training saw."""
-
-
-def _evaluation(base: RunSpec, seed: int, args: argparse.Namespace) -> RunSpec:
-    """``--eval-tasks`` x 4 episodes of the final policy, on tasks fixed by ``seed``."""
-    doc = base.to_document()
-    doc["trainer"].update(
-        {
-            "seed": EVAL_SEED + seed,
-            "iterations": 1,
-            "tasksPerIteration": args.eval_tasks,
-            "groupSize": 4,
-            "finalTestEval": False,
-        }
-    )
-    return RunSpec.from_document(doc)
+EVAL_EPISODES = 4
+"""Evaluation episodes per held-out task."""
 
 
 Result = tuple[float, float, float, float]
@@ -101,6 +90,7 @@ async def _bench(args: argparse.Namespace, root: Path) -> dict[str, list[Result]
     async with local_services(base, root) as (targets, _group):
         learner = LearnerClient(targets.learner)
         rollout = RolloutClient(targets.rollout)
+        env = EnvironmentClient(targets.env)
         initial = root / "initial-policy"
         await learner.save(str(initial), b"")
         for method in args.methods:
@@ -126,20 +116,15 @@ async def _bench(args: argparse.Namespace, root: Path) -> dict[str, list[Result]
                 # The final comparison's first row: the best workflow on the validation split.
                 chosen = result.final_rows[0]
                 best = chosen.validation_score if chosen.validation_score is not None else math.nan
-                # The final policy (or the random one) on the evaluation tasks, nothing trained.
-                eval_spec = _evaluation(base, seed, args)
-                eval_dir = root / f"{method}-{seed}-eval"
-                await app.train(
-                    eval_spec,
-                    app.connect(
-                        eval_spec, env=targets.env, rollout=targets.rollout, learner=targets.learner
-                    ),
-                    eval_dir,
-                    actor=UniformActor("choice") if random_policy else None,
-                    train_policy=False,
+                # The final policy (or the random one) on held-out tasks, nothing trained.
+                tasks = held_out_tasks(
+                    base.environment.training_benchmarks, args.eval_tasks, seed=seed
                 )
-                [evaluated] = RunDirectory(eval_dir).read_metrics()
-                final = float(evaluated["charts/episode_return"])
+                actor = UniformActor("choice") if random_policy else policy_actor(spec, rollout)
+                played = await evaluate_policy(
+                    spec, env, actor, tasks, episodes_per_task=EVAL_EPISODES, seed=seed
+                )
+                final = statistics.fmean(e.episode_return for e in played)
                 results[method].append((final, last, best, chosen.test_mean))
                 print(
                     f"{method:>7} seed {seed}: final return {final:+.4f} (training, last "
@@ -149,6 +134,7 @@ async def _bench(args: argparse.Namespace, root: Path) -> dict[str, list[Result]
                 )
         await learner.close()
         await rollout.close()
+        await env.close()
     return results
 
 

@@ -28,8 +28,8 @@ from typing import Any
 from aflowrl._proto.v1 import environment_pb2
 from aflowrl.config import RunSpec
 from aflowrl.errors import InvalidInputError
-from aflowrl.trainer.acting import Actor
-from aflowrl.trainer.clients import EnvironmentClient
+from aflowrl.trainer.acting import Actor, ChoiceActor, TextActor
+from aflowrl.trainer.clients import EnvironmentClient, RolloutClient
 from aflowrl.trainer.clock import Timeline
 from aflowrl.trainer.collect import Collector, group_episodes, seed_workflows
 from aflowrl.trainer.final import aligned_table
@@ -59,13 +59,8 @@ class EpisodeResult:
     """Valid steps that reached a workflow the tree already held."""
     invalid_steps: int
 
-    @property
-    def best_gain(self) -> float:
-        """The best score among the episode's workflows minus the seed's."""
-        return self.best_score - self.seed_score
-
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "best_gain": self.best_gain}
+        return asdict(self)
 
     @staticmethod
     def of(episode: Episode) -> EpisodeResult:
@@ -80,6 +75,14 @@ class EpisodeResult:
             duplicates=sum(1 for r in episode.rows if r.valid and r.duplicate),
             invalid_steps=sum(1 for r in episode.rows if not r.valid),
         )
+
+
+def policy_actor(spec: RunSpec, rollout: RolloutClient) -> Actor:
+    """The policy served by ``rollout``, acting in the run's action mode (what the trainer
+    trains with, and what an evaluation of a trained policy plays)."""
+    if spec.environment.search.action_mode == "choice":
+        return ChoiceActor(rollout)
+    return TextActor(rollout, spec)
 
 
 async def evaluate_policy(
@@ -166,7 +169,6 @@ class BenchmarkSummary:
     """Standard error of the mean return (NaN with one episode)."""
     seed_score: float
     best_score: float
-    best_gain: float
     duplicate_ratio: float
     """Duplicate steps per step."""
     invalid_ratio: float
@@ -204,7 +206,6 @@ def summarize(
                 episode_return_se=_standard_error(returns),
                 seed_score=mean([r.seed_score for r in group]),
                 best_score=mean([r.best_score for r in group]),
-                best_gain=mean([r.best_gain for r in group]),
                 duplicate_ratio=sum(r.duplicates for r in group) / steps if steps else math.nan,
                 invalid_ratio=sum(r.invalid_steps for r in group) / steps if steps else math.nan,
             )
@@ -220,7 +221,6 @@ def policy_table(summaries: Sequence[BenchmarkSummary], *, title: str) -> str:
         "return",
         "seed score",
         "best score",
-        "best gain",
         "duplicates",
         "invalid",
     )
@@ -235,7 +235,6 @@ def policy_table(summaries: Sequence[BenchmarkSummary], *, title: str) -> str:
             f"{s.episode_return:+.4f} ± {number(s.episode_return_se, '.4f')}",
             f"{s.seed_score:.3f}",
             f"{s.best_score:.3f}",
-            f"{s.best_gain:+.3f}",
             number(s.duplicate_ratio, ".0%"),
             number(s.invalid_ratio, ".0%"),
         )

@@ -56,12 +56,18 @@ from aflowrl.common.run_status import RunStatusReporter
 from aflowrl.config import RunSpec
 from aflowrl.errors import FailedPreconditionError, InvalidInputError, NotFoundError
 from aflowrl.trainer import collect as collecting
-from aflowrl.trainer.acting import Actor, ChoiceActor, TextActor
+from aflowrl.trainer.acting import Actor
 from aflowrl.trainer.advantages import RowTargets, compute_advantages
 from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutClient, TrainRow
 from aflowrl.trainer.clock import Timeline
 from aflowrl.trainer.errors import LearnerDivergedError, NoReplicaError
-from aflowrl.trainer.evaluate import EpisodeResult, held_out_evaluation, policy_table, summarize
+from aflowrl.trainer.evaluate import (
+    EpisodeResult,
+    held_out_evaluation,
+    policy_actor,
+    policy_table,
+    summarize,
+)
 from aflowrl.trainer.final import FinalRow, final_comparison, final_table
 from aflowrl.trainer.metrics import TrainerMetrics
 from aflowrl.trainer.progress import Progress
@@ -145,10 +151,7 @@ class Trainer:
         self.reporter = reporter
         self.metrics = metrics or TrainerMetrics()
         self.train_policy = train
-        mode = spec.environment.search.action_mode
-        self.actor = actor or (
-            ChoiceActor(services.rollout) if mode == "choice" else TextActor(services.rollout, spec)
-        )
+        self.actor = actor or policy_actor(spec, services.rollout)
         self.benchmarks = spec.environment.training_benchmarks
         self.seed_workflows = collecting.seed_workflows(spec.environment.served_benchmarks)
         search = spec.environment.search

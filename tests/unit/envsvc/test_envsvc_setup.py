@@ -164,7 +164,9 @@ def test_the_hit_ratio_covers_every_evaluator_sharing_the_counters():
 def test_fused_selection_without_a_value_source_is_refused_at_startup():
     with pytest.raises(ValidationError, match="valueSource"):  # the spec parser refuses it
         _spec(benchmarks=["humaneval"], search={"selection": "fused"})
-    spec = _spec(benchmarks=["humaneval"], search={"selection": "fused", "valueSource": "anchor-mc"})
+    spec = _spec(
+        benchmarks=["humaneval"], search={"selection": "fused", "valueSource": "anchor-mc"}
+    )
     search = spec.environment.search.model_copy(update={"value_source": "none"})
     built = spec.model_copy(
         update={"environment": spec.environment.model_copy(update={"search": search})}

@@ -82,7 +82,7 @@ def test_a_format_1_state_of_one_benchmark_resumes():
     assert state.format == 2 and state.iteration == 4
     assert [b.hash for b in state.best["mbpp"]] == ["a"]
     state.check_resumable(spec)  # the same run, in the new vocabulary
-    with pytest.raises(ResumeError, match="environment.benchmarks"):
+    with pytest.raises(ResumeError, match=r"environment\.benchmarks"):
         state.check_resumable(RunSpec.from_document({"environment": {"benchmarks": ["gsm8k"]}}))
 
 
