@@ -4,11 +4,11 @@ For iteration i the trainer starts ``trainer.tasksPerIteration`` (B) tasks (a be
 from ``environment.benchmarks`` by weight and a task seed: :mod:`aflowrl.trainer.tasks`), each
 ``trainer.groupSize`` (n) times: the n episodes of a group start identically (same benchmark,
 seed and seed workflow, the AFlow seed of the benchmark's task type), which is what GiGPO's and
-GRPO's group baselines need. Then, while any
-episode is active: one rollout call decides for every active episode
-(:mod:`aflowrl.trainer.acting`), and all of them step in parallel across the environment
-replicas (:mod:`aflowrl.trainer.routing`). Resets go to the replica owning the seed workflow's
-hash, so its evaluation is cached once for every group.
+GRPO's group baselines need. Then, while any episode is active: one rollout call decides for
+every active episode (:mod:`aflowrl.trainer.acting`), and all of them step in parallel across
+the environment replicas (:mod:`aflowrl.trainer.routing`). Resets go to the replica owning the
+seed workflow's hash, so its evaluation is cached once for every group. :meth:`Collector.play`
+runs given episodes the same way (the evaluation of a policy: :mod:`aflowrl.trainer.evaluate`).
 
 Randomness is derived from ``(trainer.seed, iteration)`` only (tasks, the choice sampler,
 generation seeds), so an iteration collects the same episodes whether or not the run was
