@@ -75,6 +75,28 @@ INVALID = [
     ({"learner": {"loss": {"miniBatchSize": 4, "microBatchSize": 8}}}, "microBatchSize"),
     ({"learner": {"procsPerNode": 2, "resources": {"gpus": 4}}}, "procsPerNode"),
     ({"learner": {"optimizer": {"betas": [0.9, 1.0]}}}, "betas[1]"),
+    # the benchmarks a run trains on and holds out
+    ({"environment": {"benchmark": "gsm8k"}}, "write benchmarks: [gsm8k]"),
+    ({"environment": {"benchmarks": []}}, "spec.environment.benchmarks"),
+    ({"environment": {"benchmarks": ["gsm8k", "gsm8k"]}}, "benchmarks lists gsm8k more than once"),
+    ({"environment": {"benchmarks": ["mixed", "math"]}}, "'mixed' means all six"),
+    ({"environment": {"heldOutBenchmarks": ["mixed"]}}, "spec.environment.heldOutBenchmarks[0]"),
+    (
+        {"environment": {"benchmarks": ["gsm8k"], "heldOutBenchmarks": ["gsm8k"]}},
+        "heldOutBenchmarks: gsm8k is also in benchmarks",
+    ),
+    ({"environment": {"benchmarkWeights": {"gsm8k": 1}}}, "benchmarkWeights: gsm8k is no training"),
+    ({"environment": {"benchmarkWeights": {"humaneval": 0}}}, "benchmarkWeights.humaneval"),
+    (
+        {
+            "environment": {
+                "benchmarks": ["mixed"],
+                "heldOutBenchmarks": ["drop"],
+                "benchmarkWeights": {"drop": 2},
+            }
+        },
+        "benchmarkWeights: drop is no training benchmark",
+    ),
 ]
 
 
@@ -83,6 +105,27 @@ def test_invalid_spec_names_the_field(doc, field):
     with pytest.raises(ConfigError) as info:
         RunSpec.from_document(doc)
     assert field in str(info.value)
+
+
+def test_mixed_means_every_benchmark_but_the_held_out_ones():
+    env = RunSpec.from_document(
+        {
+            "environment": {
+                "benchmarks": ["mixed"],
+                "heldOutBenchmarks": ["drop"],
+                "benchmarkWeights": {"gsm8k": 3},
+            }
+        }
+    ).environment
+    assert env.training_benchmarks == ("gsm8k", "math", "humaneval", "mbpp", "hotpotqa")
+    assert env.served_benchmarks == (*env.training_benchmarks, "drop")
+    assert env.task_weights == (3.0, 1.0, 1.0, 1.0, 1.0)
+    assert env.needing_data_dir == ("gsm8k", "math", "mbpp", "hotpotqa", "drop")
+    listed = RunSpec.from_document(
+        {"environment": {"benchmarks": ["humaneval"], "heldOutBenchmarks": ["mbpp"]}}
+    )
+    assert listed.environment.training_benchmarks == ("humaneval",)
+    assert listed.needs_data_dir() and not RunSpec().needs_data_dir()
 
 
 def test_all_problems_are_reported_at_once():

@@ -42,6 +42,15 @@ def test_check_spec_names_the_data_directory_problem(monkeypatch, tmp_path):
     server.check_spec(_spec(benchmarks=["humaneval"], executor=openai))  # packaged data
 
 
+def test_check_spec_names_every_served_benchmark_without_data(monkeypatch):
+    monkeypatch.delenv("AFLOWRL_DATA_DIR", raising=False)
+    openai = {"type": "openai", "baseUrl": "http://127.0.0.1:9/v1"}
+    spec = _spec(benchmarks=["humaneval", "math"], heldOutBenchmarks=["drop"], executor=openai)
+    with pytest.raises(InvalidInputError, match="math, drop needs a data directory") as caught:
+        server.check_spec(spec)
+    assert caught.value.field == "environment.data.dir"
+
+
 def test_an_openai_executor_needs_an_endpoint(monkeypatch):
     monkeypatch.delenv("AFLOWRL_EXECUTOR_BASE_URL", raising=False)
     served = {"type": "openai", "serve": {"model": "/models/qwen"}}

@@ -32,6 +32,19 @@ def test_a_benchmark_without_a_packaged_copy_needs_a_data_dir(monkeypatch):
     assert "gsm8k_validate.jsonl" in str(info.value) and "AFLOWRL_DATA_DIR" in str(info.value)
 
 
+def test_a_held_out_benchmark_needs_its_data_too(monkeypatch, tmp_path):
+    monkeypatch.delenv("AFLOWRL_DATA_DIR", raising=False)
+    doc = {"benchmarks": ["humaneval"], "heldOutBenchmarks": ["mbpp"]}
+    with pytest.raises(PreflightError) as info:
+        preflight.check_data(_spec(environment=doc))
+    assert info.value.field == "spec.environment.data.dir" and "mbpp_test.jsonl" in str(info.value)
+    for split in ("validate", "test"):  # the training benchmark's files, not the held-out one's
+        (tmp_path / f"gsm8k_{split}.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    doc = {"benchmarks": ["gsm8k"], "heldOutBenchmarks": ["mbpp"], "data": {"dir": str(tmp_path)}}
+    with pytest.raises(PreflightError, match=r"mbpp_validate\.jsonl does not exist"):
+        preflight.check_data(_spec(environment=doc))
+
+
 def test_a_missing_or_incomplete_data_dir_is_named(tmp_path):
     spec = _spec(environment={"benchmarks": ["gsm8k"], "data": {"dir": str(tmp_path / "nope")}})
     with pytest.raises(PreflightError, match="is not a directory"):
