@@ -1,189 +1,410 @@
-"""Does the policy learn? GiGPO and GRPO against a random policy on the surrogate executor.
+"""Does the policy learn to improve workflows? GiGPO against the baselines a sceptic would name.
 
-One set of local services (two environment replicas with the surrogate executor, an hf rollout,
-a learner) runs every training: before each, the learner reloads the checkpoint of its initial
-weights and optimiser (its version lifted above the rollout's, so the push reaches it), so every
-run starts from the same fresh tiny policy. Methods:
+One set of local services runs everything: environment replicas serving five training
+benchmarks (gsm8k, math, humaneval, hotpotqa, drop) and one held-out benchmark (mbpp) with the
+surrogate executor, an hf rollout and a learner. The learner's initial weights are saved once and
+reloaded (its version lifted above the rollout's) before each trained method, so every method
+starts from the same fresh built-in policy. Methods, each with ``--seeds`` (3) seeds; a seed
+fixes the training tasks, the warm start's traces and all sampling:
 
-- ``gigpo``: the trainer with ``learner.algorithm.type: gigpo`` (episode + step groups);
-- ``grpo``: ``grpo`` (episode groups only), same learner and hyper-parameters;
-- ``random``: uniform over the admissible actions, nothing trained.
+- ``warm-start``: the supervised warm start only (``trainer.warmStart``: behaviour episodes in
+  which every listed action is stepped, the policy trained towards the best-rewarded ones);
+- ``gigpo``: the warm start, then ``--iterations`` of GiGPO (episode + step groups);
+- ``grpo``: the warm start, then the same iterations of GRPO (episode groups only);
+- ``random``: uniform over the admissible actions;
+- ``constant``: the best state-blind constant policy, "always the k-th listed action": every k
+  is tried on selection tasks drawn from the training benchmarks (not the evaluation tasks),
+  and the best k is then played on the evaluation tasks.
 
-Each runs with 3 seeds (``trainer.seed``: task seeds and sampling). After training, the final
-policy plays ``--eval-tasks`` x 4 evaluation episodes (nothing trained), on task seeds drawn
-from the run's seed but the same for every method (a paired design: each method meets the same
-problems). Printed per method, as mean ± standard error over the seeds: the final episode
-return (the mean return of those evaluation episodes), the training return of the last
-``--last`` iterations, the best validation score of the run and that workflow's test score; then
-GiGPO's margin over random in standard errors (sqrt(se_gigpo^2 + se_random^2)) on the final
-return. The best validation score is the run's final comparison's
-(:mod:`aflowrl.trainer.final`): the best workflows the run kept, scored on the whole validation
-split (an episode scores only its own subset of problems, where a perfect score is common and
-says little). The learning problem (choice mode over at most 9 numbered actions, the tiny model's
-learning rate) is the embedded default run's (``aflowrl/local/default_run.yaml``), without
-checkpoints.
+**Evaluation** (paired: every method and seed plays the same tasks; nothing is trained):
+``--eval-tasks`` held-out tasks of each training benchmark (task seeds training never draws)
+and of the held-out benchmark (transfer), ``--eval-episodes`` episodes each. The trained
+policies search as the product does, with fused selection on their own values; the value-less
+baselines with UCB (the same c). The row ``gigpo (ucb)`` plays the GiGPO policy with UCB too,
+so the proposals' effect is seen apart from the selection rule's.
 
-    python bench/learning.py [--seeds 0 1 2] [--iterations N] [--last 4] [--eval-tasks 16]
+**Measured**, per method (mean ± standard error over the seeds, each seed's value the mean over
+its evaluation episodes):
+
+- *best-gain*: the best score among the workflows an episode added minus the seed workflow's
+  (the episode's headline), on held-out tasks of the training benchmarks and on the held-out
+  benchmark;
+- *duplicates*: the share of steps into a workflow the tree already held;
+- *test vs baselines*: per benchmark, the method's best workflow (chosen on the whole validation
+  split among each evaluation episode's best) scored on test problems against the best classic
+  baseline (IO, CoT, CoT-SC, MedPrompt, Self-Refine) on the same problems;
+- *state-TV*: the mean total variation between the GiGPO policy's action distributions over the
+  listed positions, across 24 states (6 benchmarks x the seed, CoT-SC, MedPrompt and Self-Refine
+  workflows): a policy that ignores its input scores 0; *shuffle*: the distribution of every one
+  of those states, with its candidate list permuted, is the permuted distribution (ok), else
+  FAIL.
+
+The last line is ``learning: gigpo-random=+X.X SE gigpo-constant=+Y.Y SE state-TV=Z.ZZZ
+shuffle=ok``: GiGPO's lead in best-gain (all evaluation tasks) over random and over the best
+constant, in standard errors of the difference, sqrt(se_a^2 + se_b^2).
+
+    python bench/learning.py [--seeds 0 1 2] [--iterations N] [--warm-episodes E] \\
+        [--eval-tasks T] [--eval-episodes K] [--preset tiny|small] [--data-dir DIR] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import math
+import os
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+
+from aflowrl._proto.v1 import environment_pb2, rollout_pb2
 from aflowrl.config import RunSpec
-from aflowrl.local.launcher import default_run, local_services, local_spec
+from aflowrl.local.launcher import local_services, local_spec
+from aflowrl.search import encoding
 from aflowrl.trainer import app
-from aflowrl.trainer.acting import UniformActor
-from aflowrl.trainer.clients import LearnerClient, RolloutClient
-from aflowrl.trainer.records import RunDirectory
+from aflowrl.trainer.acting import (
+    Actor,
+    IndexActor,
+    UniformActor,
+    action_log_probs,
+    prompt_of,
+)
+from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutClient
+from aflowrl.trainer.evaluate import EpisodeResult, evaluate_policy, policy_actor
+from aflowrl.trainer.tasks import Task, held_out_tasks
+from aflowrl.workflow import library
+
+TRAIN = ("gsm8k", "math", "humaneval", "hotpotqa", "drop")
+HELD_OUT = ("mbpp",)
+TV_WORKFLOWS = ("seed", "cot_sc", "medprompt", "self_refine")
+LISTED = 9
+"""Admissible actions listed per observation (the constants try each position)."""
+
+SPEC = """
+policy: {{model: {preset}, dtype: float32}}
+learner:
+  fsdp: {{mixedPrecision: none}}
+  optimizer: {{lr: {lr}}}
+  loss: {{miniBatchSize: 10, microBatchSize: 5, epochs: 1, klCoef: 0.0}}
+environment:
+  benchmarks: {train}
+  heldOutBenchmarks: {held_out}
+  data: {{dir: {data_dir}}}
+  executor: {{type: surrogate}}
+  replicas: {{min: 2, max: 2}}
+  evaluation: {{maxProblems: {problems}, repeats: 1}}
+  search:
+    maxSteps: {steps}
+    maxAdmissibleActions: {listed}
+    maxObservationChars: 6000
+    failedExamples: 1
+    describeOperators: false
+    selection: fused
+    valueSource: policy
+    ucbC: {ucb_c}
+trainer:
+  iterations: {iterations}
+  tasksPerIteration: 5
+  groupSize: 4
+  checkpointEvery: 0
+  finalTestEval: false
+  warmStart: {{episodes: {warm}, temperature: {tau}, epochs: {epochs}}}
+"""
 
 
-def _base() -> RunSpec:
-    """The embedded default run's learning problem, without checkpoints."""
-    doc = default_run().to_document()
-    doc["trainer"].update({"checkpointEvery": 0, "finalTestEval": True})
+def _spec(args: argparse.Namespace, **trainer: Any) -> RunSpec:
+    text = SPEC.format(
+        preset=args.preset,
+        lr=args.lr,
+        train=list(TRAIN),
+        held_out=list(HELD_OUT),
+        data_dir=args.data_dir,
+        problems=args.problems,
+        steps=args.steps,
+        listed=LISTED,
+        ucb_c=args.ucb_c,
+        iterations=args.iterations,
+        warm=args.warm_episodes,
+        tau=args.tau,
+        epochs=args.warm_epochs,
+    )
+    spec = RunSpec.from_yaml(text, source="bench/learning.py")
+    doc = spec.to_document()
+    doc["trainer"].update(trainer)
     return RunSpec.from_document(doc)
 
 
-METHODS = ("gigpo", "grpo", "random")
-
-
-def _variant(base: RunSpec, method: str, seed: int, args: argparse.Namespace) -> RunSpec:
-    doc = base.to_document()
-    doc["trainer"].update({"seed": seed, "iterations": args.iterations})
-    if method == "grpo":
-        doc["learner"]["algorithm"] = {
-            "type": "grpo",
-            "gamma": doc["learner"]["algorithm"]["gamma"],
-        }
+def _with_search(spec: RunSpec, **search: Any) -> RunSpec:
+    doc = spec.to_document()
+    doc["environment"]["search"].update(search)
     return RunSpec.from_document(doc)
 
 
-def _mean_se(values: list[float]) -> tuple[float, float]:
+def _mean_se(values: Sequence[float]) -> tuple[float, float]:
     mean = statistics.fmean(values)
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
     return mean, se
 
 
-EVAL_SEED = 1_000_003
-"""Offset of the evaluation episodes' ``trainer.seed``: other tasks than any training saw."""
+@dataclass
+class Scores:
+    """One method's per-seed figures."""
+
+    gain: list[float] = field(default_factory=list)
+    gain_train: list[float] = field(default_factory=list)
+    gain_held_out: list[float] = field(default_factory=list)
+    duplicates: list[float] = field(default_factory=list)
+    episodes: list[EpisodeResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def add(self, played: Sequence[EpisodeResult]) -> None:
+        self.gain.append(statistics.fmean(_gain(e) for e in played))
+        self.gain_train.append(statistics.fmean(_gain(e) for e in played if e.benchmark in TRAIN))
+        self.gain_held_out.append(
+            statistics.fmean(_gain(e) for e in played if e.benchmark in HELD_OUT)
+        )
+        steps = sum(e.steps for e in played)
+        self.duplicates.append(sum(e.duplicates for e in played) / max(1, steps))
+        self.episodes.extend(played)
 
 
-def _evaluation(base: RunSpec, seed: int, args: argparse.Namespace) -> RunSpec:
-    """``--eval-tasks`` x 4 episodes of the final policy, on tasks fixed by ``seed``."""
-    doc = base.to_document()
-    doc["trainer"].update(
-        {
-            "seed": EVAL_SEED + seed,
-            "iterations": 1,
-            "tasksPerIteration": args.eval_tasks,
-            "groupSize": 4,
-            "finalTestEval": False,
-        }
-    )
-    return RunSpec.from_document(doc)
+def _gain(episode: EpisodeResult) -> float:
+    return episode.best_gain
 
 
-Result = tuple[float, float, float, float]
-"""(final episode return, last training iterations' return, best validation score, its test
-score) of one run."""
+class Bench:
+    """The services and clients every method shares."""
 
+    def __init__(self, args: argparse.Namespace, root: Path) -> None:
+        self.args = args
+        self.root = root
+        self.base = local_spec(_spec(args), root)
+        self.scores: dict[str, Scores] = {}
+        self.tv: float = math.nan
+        self.shuffle_ok = False
+        self.tv_note = ""
 
-async def _bench(args: argparse.Namespace, root: Path) -> dict[str, list[Result]]:
-    base = local_spec(_base(), root)
-    results: dict[str, list[Result]] = {m: [] for m in args.methods}
-    async with local_services(base, root) as (targets, _group):
-        learner = LearnerClient(targets.learner)
-        rollout = RolloutClient(targets.rollout)
-        initial = root / "initial-policy"
-        await learner.save(str(initial), b"")
-        for method in args.methods:
-            for seed in args.seeds:
-                spec = _variant(base, method, seed, args)
-                top = max((await rollout.versions()).values())
-                await learner.load(str(initial), min_policy_version=top + 1)
-                run_dir = root / f"{method}-{seed}"
-                services = app.connect(
-                    spec, env=targets.env, rollout=targets.rollout, learner=targets.learner
-                )
-                started = time.perf_counter()
-                random_policy = method == "random"
-                result = await app.train(
-                    spec,
-                    services,
-                    run_dir,
-                    actor=UniformActor("choice") if random_policy else None,
-                    train_policy=not random_policy,
-                )
-                records = RunDirectory(run_dir).read_metrics()
-                last = statistics.fmean(r["charts/episode_return"] for r in records[-args.last :])
-                # The final comparison's first row: the best workflow on the validation split.
-                chosen = result.final_rows[0]
-                best = chosen.validation_score if chosen.validation_score is not None else math.nan
-                # The final policy (or the random one) on the evaluation tasks, nothing trained.
-                eval_spec = _evaluation(base, seed, args)
-                eval_dir = root / f"{method}-{seed}-eval"
-                await app.train(
-                    eval_spec,
-                    app.connect(
-                        eval_spec, env=targets.env, rollout=targets.rollout, learner=targets.learner
+    def evaluation_tasks(self) -> list[Task]:
+        """The same for every method and seed (a paired comparison)."""
+        return held_out_tasks(TRAIN + HELD_OUT, self.args.eval_tasks, seed=10_007)
+
+    async def play(
+        self, spec: RunSpec, actor: Actor, tasks: list[Task], seed: int
+    ) -> list[EpisodeResult]:
+        return await evaluate_policy(
+            spec, self.env, actor, tasks, episodes_per_task=self.args.eval_episodes, seed=seed
+        )
+
+    async def run(self) -> None:
+        args = self.args
+        async with local_services(self.base, self.root) as (targets, _group):
+            self.targets = targets
+            self.learner = LearnerClient(targets.learner)
+            self.rollout = RolloutClient(targets.rollout)
+            self.env = EnvironmentClient(targets.env, step_timeout_s=1800.0)
+            initial = self.root / "initial-policy"
+            await self.learner.save(str(initial), b"")
+            try:
+                await self._baselines()
+                for seed in args.seeds:
+                    await self._trained(seed, initial)
+                await self._state_dependence()
+            finally:
+                await self.learner.close()
+                await self.rollout.close()
+                await self.env.close()
+
+    async def _baselines(self) -> None:
+        args, tasks = self.args, self.evaluation_tasks()
+        ucb = _with_search(self.base, selection="ucb", valueSource="none")
+        started = time.perf_counter()
+        random = self.scores.setdefault("random", Scores())
+        for seed in args.seeds:
+            random.add(await self.play(ucb, UniformActor(), tasks, seed))
+        random.seconds = time.perf_counter() - started
+        _report("random", random)
+        # The best constant, chosen on tasks drawn from the training benchmarks (not the
+        # evaluation tasks): every position k is tried.
+        started = time.perf_counter()
+        selection = [Task(name, 1_000 + k) for name in TRAIN for k in range(args.selection_tasks)]
+        tried = {}
+        for k in range(LISTED):
+            played = await evaluate_policy(ucb, self.env, IndexActor(k), selection, seed=0)
+            tried[k] = statistics.fmean(_gain(e) for e in played)
+        best = max(tried, key=lambda k: tried[k])
+        constant = self.scores.setdefault(f"constant (k={best + 1})", Scores())
+        for seed in args.seeds:
+            constant.add(await self.play(ucb, IndexActor(best), tasks, seed))
+        constant.seconds = time.perf_counter() - started
+        self.constant = f"constant (k={best + 1})"
+        print(
+            "constants on the selection tasks: "
+            + ", ".join(f"k={k + 1} {v:+.4f}" for k, v in tried.items()),
+            flush=True,
+        )
+        _report(self.constant, constant)
+
+    async def _fresh(self, initial: Path) -> None:
+        top = max((await self.rollout.versions()).values())
+        await self.learner.load(str(initial), min_policy_version=top + 1)
+
+    async def _train(self, spec: RunSpec, run_dir: Path) -> None:
+        services = app.connect(
+            spec, env=self.targets.env, rollout=self.targets.rollout, learner=self.targets.learner
+        )
+        await app.train(spec, services, run_dir)
+
+    async def _trained(self, seed: int, initial: Path) -> None:
+        args, tasks = self.args, self.evaluation_tasks()
+        # The warm start alone: zero RL iterations.
+        warm_dir = self.root / f"warm-{seed}"
+        await self._fresh(initial)
+        started = time.perf_counter()
+        warm_spec = _spec(args, seed=seed, iterations=0, checkpointDir=str(warm_dir))
+        await self._train(warm_spec, warm_dir)
+        warm_ckpt = self.root / f"warm-checkpoint-{seed}"
+        await self.learner.save(str(warm_ckpt), b"")
+        scores = self.scores.setdefault("warm-start", Scores())
+        scores.add(await self.play(warm_spec, policy_actor(warm_spec, self.rollout), tasks, seed))
+        scores.seconds += time.perf_counter() - started
+        _report(f"warm-start seed {seed}", scores, last=True)
+        for method in ("gigpo", "grpo"):
+            if method not in args.methods:
+                continue
+            top = max((await self.rollout.versions()).values())
+            await self.learner.load(str(warm_ckpt), min_policy_version=top + 1)
+            started = time.perf_counter()
+            run_dir = self.root / f"{method}-{seed}"
+            spec = _spec(args, seed=seed, checkpointDir=str(run_dir))
+            doc = spec.to_document()
+            doc["trainer"]["warmStart"]["episodes"] = 0  # already warm
+            if method == "grpo":
+                doc["learner"]["algorithm"] = {"type": "grpo"}
+            spec = RunSpec.from_document(doc)
+            await self._train(spec, run_dir)
+            actor = policy_actor(spec, self.rollout)
+            scores = self.scores.setdefault(method, Scores())
+            scores.add(await self.play(spec, actor, tasks, seed))
+            scores.seconds += time.perf_counter() - started
+            _report(f"{method} seed {seed}", scores, last=True)
+            if method == "gigpo":
+                ucb = _with_search(spec, selection="ucb", valueSource="none")
+                plain = self.scores.setdefault("gigpo (ucb)", Scores())
+                plain.add(await self.play(ucb, actor, tasks, seed))
+                _report(f"gigpo (ucb) seed {seed}", plain, last=True)
+
+    async def _state_dependence(self) -> None:
+        """state-TV and the shuffle check on the last GiGPO policy (module docstring)."""
+        spec = self.base
+        distributions: list[np.ndarray] = []
+        shuffled_ok = True
+        rng = np.random.default_rng(0)
+        for name in (*TRAIN, *HELD_OUT):
+            from aflowrl.benchmarks import get_benchmark
+
+            task_type = get_benchmark(name).task_type
+            for workflow in TV_WORKFLOWS:
+                graph = library.load(workflow, task_type)
+                reply = await self.env.reset(
+                    environment_pb2.ResetRequest(
+                        task=name,
+                        seed=10_007,
+                        max_steps=spec.environment.search.max_steps,
+                        seed_workflow_json=graph.to_json(indent=None),
+                        values=environment_pb2.StateValues(),
                     ),
-                    eval_dir,
-                    actor=UniformActor("choice") if random_policy else None,
-                    train_policy=False,
+                    key=graph.content_hash,
                 )
-                [evaluated] = RunDirectory(eval_dir).read_metrics()
-                final = float(evaluated["charts/episode_return"])
-                results[method].append((final, last, best, chosen.test_mean))
-                print(
-                    f"{method:>7} seed {seed}: final return {final:+.4f} (training, last "
-                    f"{args.last}: {last:+.4f}), best validation {best:.3f} ({chosen.name}), "
-                    f"test {chosen.test_mean:.3f} ({time.perf_counter() - started:.0f} s)",
-                    flush=True,
-                )
-        await learner.close()
-        await rollout.close()
-    return results
+                actions = list(reply.observation.admissible_actions)[:LISTED]
+                text = reply.observation.text
+                log_pi = await self._distribution(text, actions)
+                padded = np.zeros(LISTED)
+                padded[: len(actions)] = np.exp(log_pi)
+                distributions.append(padded)
+                order = rng.permutation(len(actions))
+                permuted = await self._distribution(text, [actions[k] for k in order])
+                if not np.allclose(permuted, log_pi[order], atol=1e-4):
+                    shuffled_ok = False
+        pairs = list(itertools.combinations(distributions, 2))
+        self.tv = statistics.fmean(0.5 * float(np.abs(a - b).sum()) for a, b in pairs)
+        self.shuffle_ok = shuffled_ok
+
+    async def _distribution(self, text: str, actions: list[str]) -> np.ndarray:
+        item = rollout_pb2.CandidateSet(
+            prompt=prompt_of(text), candidates=encoding.action_replies(actions)
+        )
+        [(scores, _)] = await self.rollout.score([item])
+        return action_log_probs(scores, len(actions))
+
+
+def _report(name: str, scores: Scores, *, last: bool = False) -> None:
+    gains = scores.gain[-1:] if last else scores.gain
+    print(
+        f"{name:>24}: best-gain {statistics.fmean(gains):+.4f}, duplicates "
+        f"{statistics.fmean(scores.duplicates[-len(gains) :]):.3f} ({scores.seconds:.0f} s)",
+        flush=True,
+    )
+
+
+def _margin(a: Scores, b: Scores) -> float:
+    (ma, sa), (mb, sb) = _mean_se(a.gain), _mean_se(b.gain)
+    return (ma - mb) / math.sqrt(sa**2 + sb**2) if sa > 0 or sb > 0 else math.inf
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--iterations", type=int, default=default_run().trainer.iterations)
-    parser.add_argument("--last", type=int, default=4, help="iterations averaged at the end")
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--methods", nargs="+", default=["gigpo", "grpo"])
+    parser.add_argument("--preset", default="tiny", choices=["tiny", "small", "base"])
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--warm-episodes", type=int, default=40)
+    parser.add_argument("--warm-epochs", type=int, default=3)
+    parser.add_argument("--tau", type=float, default=0.05)
+    parser.add_argument("--lr", type=float, default=0.003)
+    parser.add_argument("--problems", type=int, default=20, help="validation problems per task")
+    parser.add_argument("--steps", type=int, default=4, help="edits per episode")
+    parser.add_argument("--ucb-c", type=float, default=0.1)
+    parser.add_argument("--eval-tasks", type=int, default=4, help="per benchmark")
+    parser.add_argument("--eval-episodes", type=int, default=2, help="per task")
+    parser.add_argument("--selection-tasks", type=int, default=2, help="per training benchmark")
+    parser.add_argument("--data-dir", default=os.environ.get("AFLOWRL_DATA_DIR"))
     parser.add_argument("--keep", metavar="DIR", help="keep every run's directory under DIR")
-    parser.add_argument(
-        "--eval-tasks", type=int, default=16, help="evaluation tasks (4 episodes each)"
-    )
     args = parser.parse_args()
+    if not args.data_dir:
+        sys.exit("bench/learning.py needs the AFlow splits: --data-dir DIR or $AFLOWRL_DATA_DIR")
+    started = time.perf_counter()
     if args.keep:
-        results = asyncio.run(_bench(args, Path(args.keep)))
+        bench = Bench(args, Path(args.keep))
+        asyncio.run(bench.run())
     else:
         with tempfile.TemporaryDirectory(prefix="aflowrl-learning-") as tmp:
-            results = asyncio.run(_bench(args, Path(tmp)))
-    header = ("final episode return", "training return", "best validation", "its test score")
-    print(f"\n{'method':<8}" + "".join(f"{h:>22}" for h in header))
-    summary = {}
-    for method in args.methods:
-        final, last, best, test = (_mean_se([run[k] for run in results[method]]) for k in range(4))
-        summary[method] = final
+            bench = Bench(args, Path(tmp))
+            asyncio.run(bench.run())
+    print(
+        f"\n{'method':<24}{'best-gain':>18}{'training bm':>18}{'held-out bm':>18}{'duplicates':>12}"
+    )
+    for name, s in bench.scores.items():
+        cells = [_mean_se(s.gain), _mean_se(s.gain_train), _mean_se(s.gain_held_out)]
         print(
-            f"{method:<8}{final[0]:>+13.4f} ± {final[1]:.4f}{last[0]:>+13.4f} ± {last[1]:.4f}"
-            f"{best[0]:>14.3f} ± {best[1]:.3f}{test[0]:>14.3f} ± {test[1]:.3f}"
+            f"{name:<24}"
+            + "".join(f"{m:>+10.4f} ± {se:.4f}" for m, se in cells)
+            + f"{statistics.fmean(s.duplicates):>12.3f}"
         )
-    if not {"gigpo", "random"} <= summary.keys():
-        return
-    (g_mean, g_se), (r_mean, r_se) = summary["gigpo"], summary["random"]
-    margin = (g_mean - r_mean) / math.sqrt(g_se**2 + r_se**2)
-    verdict = "beats" if margin > 2 else "does NOT beat"
-    print(f"\nGiGPO {verdict} random by more than two standard errors: margin {margin:.1f} SE")
+    print(f"({time.perf_counter() - started:.0f} s in all)")
+    gigpo = bench.scores["gigpo"]
+    print(
+        f"learning: gigpo-random={_margin(gigpo, bench.scores['random']):+.1f} SE "
+        f"gigpo-constant={_margin(gigpo, bench.scores[bench.constant]):+.1f} SE "
+        f"state-TV={bench.tv:.3f} shuffle={'ok' if bench.shuffle_ok else 'FAIL'}"
+    )
 
 
 if __name__ == "__main__":

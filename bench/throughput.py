@@ -47,7 +47,8 @@ def main() -> None:
     print(
         f"{len(measured)} iterations measured (after the first), mean {total:.2f} s each; "
         f"{spec.trainer.tasks_per_iteration} x {spec.trainer.group_size} episodes of "
-        f"{spec.environment.search.max_steps} steps on {spec.environment.benchmark}"
+        f"{spec.environment.search.max_steps} steps on "
+        f"{', '.join(spec.environment.training_benchmarks)}"
     )
     print(f"{'phase':<14}{'seconds':>9}{'share':>8}")
     for phase in PHASES:

@@ -23,7 +23,8 @@ IMMUTABLE_FIELDS: tuple[tuple[str, str], ...] = (
     ("learner.procsPerNode", "the learner's sharded checkpoint has this topology"),
     ("learner.resources.gpus", "the learner's ranks are one per GPU"),
     ("learner.algorithm.type", "a critic cannot appear or vanish mid-run"),
-    ("environment.benchmark", "rewards and scores would stop being comparable"),
+    ("environment.benchmarks", "rewards and scores would stop being comparable"),
+    ("environment.heldOutBenchmarks", "a held-out benchmark must stay unseen by training"),
     ("environment.executor.type", "the evaluation cache and rewards depend on the executor"),
     ("environment.executor.model", "the evaluation cache and rewards depend on the executor"),
     ("environment.executor.seed", "the surrogate executor's answers depend on it"),
@@ -53,9 +54,10 @@ def cluster_problems(spec: RunSpec) -> list[str]:
     """Rules that hold only on Kubernetes, one readable line per broken rule."""
     problems = []
     if spec.needs_data_dir() and spec.environment.data.dir is None:
+        needing = ", ".join(spec.environment.needing_data_dir)
         problems.append(
-            f"spec.environment.data.dir: benchmark {spec.environment.benchmark!r} has no "
-            "packaged copy; set data.dir (and data.persistentVolumeClaim holding the split files)"
+            f"spec.environment.data.dir: {needing} has no packaged copy; set data.dir (and "
+            "data.persistentVolumeClaim holding the split files)"
         )
     transport = spec.weight_transport
     if transport.type == "filesystem":

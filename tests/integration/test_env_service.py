@@ -86,7 +86,7 @@ def oracle(data_dir: Path) -> Iterator[SlowOracle]:
 def _spec_doc(oracle: SlowOracle, data_dir: Path, **search: Any) -> dict[str, Any]:
     return {
         "environment": {
-            "benchmark": "gsm8k",
+            "benchmarks": ["gsm8k"],
             "data": {"dir": str(data_dir)},
             "executor": {"type": "openai", "baseUrl": oracle.base_url, "model": "oracle"},
             "evaluation": {"maxProblems": PROBLEMS, "repeats": 1},
@@ -511,7 +511,7 @@ async def test_code_benchmarks_score_in_the_sandbox_and_count_its_runs():
     async with OracleServer(problems[:3]) as oracle:
         doc = {
             "environment": {
-                "benchmark": "humaneval",
+                "benchmarks": ["humaneval"],
                 "executor": {"type": "openai", "baseUrl": oracle.base_url, "model": "oracle"},
             }
         }
@@ -636,8 +636,11 @@ def test_bad_setups_fail_before_serving_naming_the_problem(oracle, data_dir, tmp
     no_files["environment"]["data"]["dir"] = str(empty)
     assert "gsm8k_validate.jsonl does not exist" in run(no_files)
     unknown = _spec_doc(oracle, data_dir)
-    unknown["environment"]["benchmark"] = "chess"
-    assert "environment.benchmark" in run(unknown)
+    unknown["environment"]["benchmarks"] = ["chess"]
+    assert "environment.benchmarks[0]" in run(unknown)
+    renamed = _spec_doc(oracle, data_dir)
+    renamed["environment"]["benchmark"] = renamed["environment"].pop("benchmarks")[0]
+    assert "benchmark is now benchmarks" in run(renamed)
     unreachable = _spec_doc(oracle, data_dir)
     unreachable["environment"]["executor"]["baseUrl"] = "http://127.0.0.1:9/v1"
     executors_wait = executors.PROBE_WAIT_S

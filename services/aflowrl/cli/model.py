@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from aflowrl.config.policy import BUILT_IN_MODELS
-
 NAME = "model"
 HELP = "Policy models: build a built-in Qwen2 model, or resolve a model name to its directory."
 
@@ -16,19 +14,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "init",
         help="write a deterministic built-in Qwen2-architecture model and its tokenizer to DIR",
     )
-    init.add_argument("--preset", default="tiny", choices=BUILT_IN_MODELS, help="model size")
+    init.add_argument("--preset", default="tiny", help="tiny (default), small or base")
     init.add_argument("--out", required=True, help="output directory (created)")
     init.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
     path = sub.add_parser("path", help="print the local directory a policy.model name resolves to")
-    path.add_argument(
-        "name", help=f"a model directory, or {', '.join(BUILT_IN_MODELS)} (built on first use)"
-    )
+    path.add_argument("name", help="a model directory, or tiny, small or base (built on first use)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from aflowrl.errors import InvalidInputError
     from aflowrl.models import builtin, loading
 
     if args.action == "init":
+        if args.preset not in builtin.PRESETS:
+            raise InvalidInputError(
+                f"no built-in model {args.preset!r} (one of {', '.join(builtin.PRESETS)})",
+                field="--preset",
+            )
         print(builtin.build(args.out, preset=args.preset, seed=args.seed))
     else:
         print(loading.resolve_model_path(args.name, field="name"))

@@ -146,8 +146,7 @@ def _settings(args: argparse.Namespace) -> tuple[str, SearchSpec, EvaluationSpec
                 "from --proposer policy)",
                 field="--value-source",
             )
-    benchmark = args.benchmark or spec.environment.benchmark
-    return benchmark, search_spec, evaluation_spec
+    return str(args.benchmark), search_spec, evaluation_spec
 
 
 def _executor(args: argparse.Namespace, problems: Sequence[Problem]) -> Executor:

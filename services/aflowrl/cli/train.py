@@ -124,10 +124,13 @@ def _local(spec: Any, args: argparse.Namespace) -> Any:
     run_dir.mkdir(parents=True, exist_ok=True)
     log_file = run_dir / "logs" / "trainer.log"
     setup_logging(spec.monitoring.log_level, "text", component="trainer", file=log_file)
+    tasks = ", ".join(spec.environment.training_benchmarks)
+    if spec.environment.held_out_benchmarks:
+        tasks += f" (held out: {', '.join(spec.environment.held_out_benchmarks)})"
     print(
         f"aflowrl train: run directory {run_dir} (service logs in {run_dir / 'logs'}); "
         f"{spec.trainer.iterations} iterations of {spec.trainer.tasks_per_iteration} x "
-        f"{spec.trainer.group_size} episodes on {spec.environment.benchmark}",
+        f"{spec.trainer.group_size} episodes on {tasks}",
         file=sys.stderr,
     )
     return _train_local(spec, run_dir, log_file, args)
@@ -183,4 +186,8 @@ def _report(result: Any) -> None:
         print(result.final_table)
     if result.best_dir is not None:
         print(f"\nbest workflow (JSON, AFlow graph.py + prompt.py, picture): {result.best_dir}")
+    elif result.best_dirs:
+        print("\nbest workflows (JSON, AFlow graph.py + prompt.py, picture):")
+        for benchmark, folder in result.best_dirs.items():
+            print(f"  {benchmark}: {folder}")
     print(f"metrics: {run_dir / 'metrics.jsonl'}   curves: {run_dir / 'curves.png'}")

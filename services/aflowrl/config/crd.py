@@ -162,7 +162,7 @@ def model_openapi_schema(model: type[RunSpec] | type[TrainingRunStatus]) -> Json
 
 
 PRINTER_COLUMNS: list[JsonDict] = [
-    {"name": "Benchmark", "type": "string", "jsonPath": ".spec.environment.benchmark"},
+    {"name": "Benchmarks", "type": "string", "jsonPath": ".spec.environment.benchmarks"},
     {"name": "Iteration", "type": "integer", "jsonPath": ".status.iteration"},
     {"name": "Of", "type": "integer", "jsonPath": ".status.totalIterations", "priority": 1},
     {"name": "Best", "type": "number", "jsonPath": ".status.bestScore"},

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, model_validator
 
@@ -14,8 +15,17 @@ Benchmark = Literal["gsm8k", "math", "humaneval", "mbpp", "hotpotqa", "drop"]
 
 BENCHMARKS: tuple[str, ...] = ("gsm8k", "math", "humaneval", "mbpp", "hotpotqa", "drop")
 
+MIXED: Final = "mixed"
+"""The preset of ``environment.benchmarks``: all six benchmarks, less the held-out ones."""
+
+BenchmarkOrPreset = Literal["gsm8k", "math", "humaneval", "mbpp", "hotpotqa", "drop", "mixed"]
+"""An entry of ``environment.benchmarks``: a benchmark, or the ``mixed`` preset."""
+
 NEEDS_DATA_DIR: frozenset[str] = frozenset({"gsm8k", "math", "mbpp", "hotpotqa", "drop"})
 """Benchmarks with no packaged copy: their split files must come from a data directory."""
+
+TaskWeight = Annotated[float, Field(gt=0.0, le=1_000_000.0)]
+"""Relative weight of a benchmark when the trainer draws a group's task."""
 
 
 class DataSpec(SpecModel):
@@ -195,11 +205,33 @@ class SearchSpec(SpecModel):
     """Longest observation text; longer parts are cut and the cut is stated."""
 
 
-class EnvironmentSpec(SpecModel):
-    """Environment replicas: the search, the evaluation and the executor."""
+def _humaneval() -> list[BenchmarkOrPreset]:
+    return ["humaneval"]
 
-    benchmark: Benchmark = "humaneval"
-    """Benchmark whose validation problems score workflows."""
+
+class EnvironmentSpec(SpecModel):
+    """Environment replicas: the search, the evaluation and the executor.
+
+    Every replica serves every benchmark of ``benchmarks`` and ``heldOutBenchmarks``; the
+    trainer draws each episode group's task (a benchmark, then a task seed choosing the
+    episode's validation problems) from ``benchmarks`` only.
+    """
+
+    benchmarks: list[BenchmarkOrPreset] = Field(
+        default_factory=_humaneval, min_length=1, max_length=len(BENCHMARKS)
+    )
+    """Benchmarks the trainer draws its tasks from (each group one benchmark, by
+    ``benchmarkWeights``); ``[mixed]``: all six, less ``heldOutBenchmarks``. Default:
+    [humaneval]."""
+    benchmark_weights: dict[str, TaskWeight] = Field(
+        default_factory=dict, max_length=len(BENCHMARKS)
+    )
+    """Relative weight of a training benchmark when a group's task is drawn (e.g.
+    ``{gsm8k: 2}``); unlisted benchmarks weigh 1."""
+    held_out_benchmarks: list[Benchmark] = Field(
+        default_factory=list, max_length=len(BENCHMARKS) - 1
+    )
+    """Benchmarks served but never trained on: the final evaluation's transfer tasks."""
     data: DataSpec = Field(default_factory=DataSpec)
     """Where the benchmark data comes from."""
     executor: ExecutorSpec = Field(default_factory=SurrogateExecutorSpec)
@@ -215,6 +247,17 @@ class EnvironmentSpec(SpecModel):
     port: Port = 50051
     """gRPC port of the environment service."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_benchmark(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "benchmark" in data:
+            shown = data["benchmark"] if isinstance(data["benchmark"], str) else "..."
+            raise ValueError(
+                "benchmark is now benchmarks, a list (a run may mix benchmarks): write "
+                f"benchmarks: [{shown[:32]}]"
+            )
+        return data
+
     @model_validator(mode="after")
     def _data_for_benchmark(self) -> EnvironmentSpec:
         if self.data.persistent_volume_claim is not None and self.data.dir is None:
@@ -222,3 +265,56 @@ class EnvironmentSpec(SpecModel):
                 "data.dir must be set when data.persistentVolumeClaim is (it is the mount path)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _task_benchmarks(self) -> EnvironmentSpec:
+        listed, held_out = self.benchmarks, self.held_out_benchmarks
+        lists: tuple[tuple[str, Sequence[str]], ...] = (
+            ("benchmarks", listed),
+            ("heldOutBenchmarks", held_out),
+        )
+        for field, names in lists:
+            twice = sorted({name for name in names if list(names).count(name) > 1})
+            if twice:
+                raise ValueError(f"{field} lists {', '.join(twice)} more than once")
+        if MIXED in listed and len(listed) > 1:
+            raise ValueError(
+                f"benchmarks: {MIXED!r} means all six benchmarks and stands alone (got "
+                f"{listed}); exclude some with heldOutBenchmarks"
+            )
+        both = [name for name in held_out if name in listed]
+        if both:
+            raise ValueError(
+                f"heldOutBenchmarks: {', '.join(both)} is also in benchmarks; a held-out "
+                "benchmark is never trained on"
+            )
+        training = self.training_benchmarks
+        unknown = sorted(set(self.benchmark_weights) - set(training))
+        if unknown:
+            raise ValueError(
+                f"benchmarkWeights: {', '.join(unknown)} is no training benchmark (training: "
+                f"{', '.join(training)})"
+            )
+        return self
+
+    @property
+    def training_benchmarks(self) -> tuple[str, ...]:
+        """The benchmarks tasks are drawn from (``mixed`` expanded), in the order listed."""
+        if self.benchmarks == [MIXED]:
+            return tuple(b for b in BENCHMARKS if b not in self.held_out_benchmarks)
+        return tuple(self.benchmarks)
+
+    @property
+    def served_benchmarks(self) -> tuple[str, ...]:
+        """Every benchmark a replica serves: the training ones, then the held-out ones."""
+        return (*self.training_benchmarks, *self.held_out_benchmarks)
+
+    @property
+    def task_weights(self) -> tuple[float, ...]:
+        """The weight of each training benchmark, in :attr:`training_benchmarks` order."""
+        return tuple(self.benchmark_weights.get(b, 1.0) for b in self.training_benchmarks)
+
+    @property
+    def needing_data_dir(self) -> tuple[str, ...]:
+        """The served benchmarks with no packaged copy (their files come from ``data.dir``)."""
+        return tuple(b for b in self.served_benchmarks if b in NEEDS_DATA_DIR)

@@ -11,7 +11,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from aflowrl.config._base import SpecModel
-from aflowrl.config.environment import NEEDS_DATA_DIR, EnvironmentSpec
+from aflowrl.config.environment import EnvironmentSpec
 from aflowrl.config.errors import ConfigError
 from aflowrl.config.learner import GiGPOSpec, GRPOSpec, LearnerSpec, PPOSpec
 from aflowrl.config.monitoring import GrpcSpec, MonitoringSpec
@@ -49,7 +49,7 @@ class RunSpec(SpecModel):
     learner: LearnerSpec = Field(default_factory=LearnerSpec)
     """The learner: ranks, FSDP, optimiser, algorithm."""
     environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec)
-    """Environment replicas: benchmark, executor, search."""
+    """Environment replicas: benchmarks, executor, search."""
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     """The RL loop."""
     weight_transport: WeightTransportSpec = Field(default_factory=GrpcTransportSpec)
@@ -119,8 +119,8 @@ class RunSpec(SpecModel):
         return self
 
     def needs_data_dir(self) -> bool:
-        """Whether the benchmark needs ``environment.data.dir`` (no packaged copy exists)."""
-        return self.environment.benchmark in NEEDS_DATA_DIR
+        """Whether a served benchmark needs ``environment.data.dir`` (no packaged copy)."""
+        return bool(self.environment.needing_data_dir)
 
     # ---- documents -----------------------------------------------------------------------
 

@@ -57,7 +57,8 @@ class TrainingRunStatus(SpecModel):
     total_iterations: int | None = Field(default=None, ge=0)
     """Iterations the run will perform (spec.trainer.iterations)."""
     best_score: float | None = None
-    """Best validation score of any workflow found, in [0, 1]."""
+    """Best validation score of any workflow found, in [0, 1] (with several training
+    benchmarks, the mean of each benchmark's best)."""
     seed_score: float | None = None
     """Validation score of the seed workflow, in [0, 1]."""
     mean_reward: float | None = None
@@ -77,4 +78,4 @@ class TrainingRunStatus(SpecModel):
     environment_ready_replicas: int | None = Field(default=None, ge=0)
     """Ready environment pods."""
     best_workflow: str | None = Field(default=None, max_length=262144)
-    """Canonical hash of the best workflow found."""
+    """Canonical hash of the best workflow found (runs on one benchmark)."""

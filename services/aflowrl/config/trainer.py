@@ -42,8 +42,9 @@ class WarmStartSpec(SpecModel):
 class TrainerSpec(SpecModel):
     """Iterations, batch shape, seeding and checkpoints of the RL loop."""
 
-    iterations: int = Field(default=20, ge=1, le=1_000_000)
-    """Training iterations (one rollout batch and one policy update each)."""
+    iterations: int = Field(default=20, ge=0, le=1_000_000)
+    """Training iterations (one rollout batch and one policy update each); 0 runs only the warm
+    start (if any) and the final evaluation."""
     tasks_per_iteration: int = Field(default=2, ge=1, le=4096)
     """B: distinct episode seeds per iteration."""
     group_size: int = Field(default=4, ge=1, le=1024)

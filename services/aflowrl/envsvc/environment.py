@@ -1,9 +1,15 @@
-"""One environment replica's domain object: the search over its benchmark, with one cache.
+"""One environment replica's domain object: the search over its benchmarks, with one cache.
 
-:class:`Environment` holds what every call needs and nothing per episode: the benchmark and
-its loaded splits, the executor, the evaluation cache, the evaluators (one per evaluation seed,
-all sharing the cache and the executor), the state codec and the metrics. Its calls take and
-return plain Python (the gRPC adapter, :mod:`aflowrl.envsvc.service`, translates protos):
+:class:`Environment` holds what every call needs and nothing per episode: the benchmarks it
+serves (:class:`ServedBenchmark`: the scorer and the loaded splits of each: the run's training
+and held-out benchmarks), one executor and one evaluation cache shared by all of them, the
+evaluators (one per benchmark and evaluation seed), a search context per benchmark, the state
+codec and the metrics. A call is dispatched on its benchmark: ``Reset`` on ``task``,
+``Evaluate`` on ``benchmark``, ``Step`` and ``Project`` on the benchmark the episode state
+names, so one replica serves episodes of every benchmark and any replica serves any call. An
+unknown or unserved benchmark is INVALID_ARGUMENT naming the field (``reset.task``,
+``evaluate.benchmark``, ``step.state.benchmark``). Its calls take and return plain Python
+(the gRPC adapter, :mod:`aflowrl.envsvc.service`, translates protos):
 
 * :meth:`Environment.reset` starts an episode (:func:`aflowrl.search.reset`: evaluates the seed
   workflow, selects the first parent) and returns the outcome with its state blob;
@@ -18,6 +24,11 @@ call gives the same state, observation and reward (the retry's evaluation is ans
 cache: its ``executor_calls`` are 0 and its ``cache_hits`` count the runs). Errors name the
 request field (``step.state``, ``reset.task``...). Built and warmed up by
 :mod:`aflowrl.envsvc.server`.
+
+The executor is shared: its id is part of every cache key and of every episode state, and the
+surrogate indexes the problems of every served benchmark (a workflow's answers and scores on a
+benchmark are the same as on a replica serving that benchmark alone:
+tests/integration/test_multi_benchmark_env.py).
 """
 
 from __future__ import annotations
@@ -68,13 +79,26 @@ logger = logging.getLogger(__name__)
 SEARCH_SEED: Final = 0
 """Base seed of the search's evaluations (every replica the same, so their caches agree)."""
 MAX_EVALUATORS: Final = 8
-"""Evaluators kept for other seeds of ``Evaluate`` (least recently used first out)."""
+"""Evaluators kept for other seeds of ``Evaluate`` (least recently used first out; the search's
+evaluator of each benchmark is always kept)."""
 MAX_VALUE_ANCHORS: Final = 100_000
 """Most entries of one request's ``values``."""
 MAX_EVALUATE_RUNS: Final = 200_000
 """Most problem runs (problems x repeats) of one ``Evaluate``."""
 MAX_EPISODE_ID_CHARS: Final = 256
 _HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class ServedBenchmark:
+    """A benchmark a replica serves: its scorer and its loaded splits."""
+
+    benchmark: Benchmark
+    splits: Mapping[str, Sequence[Problem]]
+
+    @property
+    def name(self) -> str:
+        return self.benchmark.name
 
 
 @dataclass(frozen=True)
@@ -138,53 +162,68 @@ class Environment:
         self,
         spec: EnvironmentSpec,
         *,
-        benchmark: Benchmark,
-        splits: Mapping[str, Sequence[Problem]],
+        benchmarks: Sequence[ServedBenchmark],
         executor: Executor,
         cache: EvaluationCache,
         metrics: EnvironmentMetrics,
         codec: StateCodec,
     ) -> None:
-        if spec.evaluation.split not in splits:
-            raise SplitUnavailableError(
-                f"{benchmark.name} has no {spec.evaluation.split} split loaded"
-            )
+        if not benchmarks:
+            raise ValueError("an environment serves at least one benchmark")
+        for served in benchmarks:
+            if spec.evaluation.split not in served.splits:
+                raise SplitUnavailableError(
+                    f"{served.name} has no {spec.evaluation.split} split loaded"
+                )
         self.spec = spec
-        self.benchmark = benchmark
-        self.splits = {name: list(problems) for name, problems in splits.items()}
+        self.benchmarks: dict[str, ServedBenchmark] = {
+            served.name: ServedBenchmark(
+                served.benchmark, {name: list(p) for name, p in served.splits.items()}
+            )
+            for served in benchmarks
+        }
         self.executor = executor
         self.cache = cache
         self.metrics = metrics
         self.codec = codec
-        self._evaluators: OrderedDict[int, Evaluator] = OrderedDict()
-        self.search_evaluator = self.evaluator(SEARCH_SEED)
-        self.context = SearchContext(
-            self.search_evaluator,
-            self.splits[spec.evaluation.split],
-            search=spec.search,
-            evaluation=spec.evaluation,
-        )
+        self._evaluators: OrderedDict[tuple[str, int], Evaluator] = OrderedDict()
+        self.contexts: dict[str, SearchContext] = {
+            name: SearchContext(
+                self.evaluator(name, SEARCH_SEED),
+                served.splits[spec.evaluation.split],
+                search=spec.search,
+                evaluation=spec.evaluation,
+            )
+            for name, served in self.benchmarks.items()
+        }
 
     # ------------------------------------------------------------------ plumbing
-    def evaluator(self, seed: int) -> Evaluator:
-        """The evaluator of base seed ``seed`` (they share the executor, cache and metrics)."""
-        found = self._evaluators.get(seed)
+    @property
+    def served(self) -> tuple[str, ...]:
+        """Names of the benchmarks this replica serves, in the spec's order."""
+        return tuple(self.benchmarks)
+
+    def evaluator(self, benchmark: str, seed: int) -> Evaluator:
+        """The evaluator of ``benchmark`` and base seed ``seed`` (all of them share the
+        executor, cache and metrics)."""
+        key = (benchmark, seed)
+        found = self._evaluators.get(key)
         if found is not None:
-            self._evaluators.move_to_end(seed)
+            self._evaluators.move_to_end(key)
             return found
         settings = dataclasses.replace(
             EvaluationSettings.from_spec(self.spec.evaluation), seed=seed
         )
         evaluator = Evaluator(
             self.executor,
-            self.benchmark,
+            self.benchmarks[benchmark].benchmark,
             settings=settings,
             cache=self.cache,
             metrics=self.metrics,
         )
-        self._evaluators[seed] = evaluator
-        while len(self._evaluators) > MAX_EVALUATORS:
-            oldest = next(s for s in self._evaluators if s != SEARCH_SEED)
+        self._evaluators[key] = evaluator
+        others = [k for k in self._evaluators if k[1] != SEARCH_SEED]
+        for oldest in others[: max(0, len(others) - MAX_EVALUATORS)]:
             del self._evaluators[oldest]
         return evaluator
 
@@ -192,21 +231,24 @@ class Environment:
     def fused(self) -> bool:
         return self.spec.search.selection == "fused"
 
-    def _context(self, values: StaticValues | None, field: str) -> SearchContext:
+    def _context(self, benchmark: str, values: StaticValues | None, field: str) -> SearchContext:
+        context = self.contexts[benchmark]
         if not self.fused:
-            return self.context
+            return context
         if values is None:
             raise BadRequestError(
                 "fused selection reads V(s) from the request (environment.search.valueSource="
                 f"{self.spec.search.value_source}); send the values of the episode's workflows",
                 field=field,
             )
-        return dataclasses.replace(self.context, values=values)
+        return dataclasses.replace(context, values=values)
 
-    def check_task(self, task: str, field: str) -> None:
-        served = self.benchmark.name
-        if task == served:
-            return
+    def check_task(self, task: str, field: str) -> ServedBenchmark:
+        """The served benchmark ``task`` names; INVALID_ARGUMENT naming ``field`` otherwise."""
+        found = self.benchmarks.get(task)
+        if found is not None:
+            return found
+        served = ", ".join(self.served)
         if task not in BENCHMARKS:
             shown = repr(task[:64]) if task else "empty"
             raise BadRequestError(
@@ -216,11 +258,24 @@ class Environment:
             )
         raise BadRequestError(f"this replica serves {served}, not {task}", field=field)
 
-    def _check_task_type(self, graph: Graph, field: str) -> None:
-        if graph.task_type != self.benchmark.task_type:
+    def _episode_benchmark(self, state: EpisodeState, field: str) -> str:
+        """The benchmark the episode is on; a foreign state when this replica does not serve it."""
+        if state.benchmark not in self.benchmarks:
+            raise self._foreign(
+                EpisodeStateError(
+                    f"the episode is on {state.benchmark[:64]}; this replica serves "
+                    f"{', '.join(self.served)}",
+                    field="state.benchmark",
+                ),
+                field,
+            )
+        return state.benchmark
+
+    def _check_task_type(self, graph: Graph, served: ServedBenchmark, field: str) -> None:
+        if graph.task_type != served.benchmark.task_type:
             raise BadRequestError(
-                f"the workflow is for {graph.task_type} tasks; {self.benchmark.name} is a "
-                f"{self.benchmark.task_type} benchmark",
+                f"the workflow is for {graph.task_type} tasks; {served.name} is a "
+                f"{served.benchmark.task_type} benchmark",
                 field=field,
             )
 
@@ -253,8 +308,8 @@ class Environment:
         action_mode: ActionMode | None = None,
         values: StaticValues | None = None,
     ) -> ResetResult:
-        """Start an episode on ``task`` (this replica's benchmark)."""
-        self.check_task(task, "reset.task")
+        """Start an episode on ``task`` (one of the benchmarks this replica serves)."""
+        served = self.check_task(task, "reset.task")
         if len(episode_id) > MAX_EPISODE_ID_CHARS:
             raise BadRequestError(
                 f"{len(episode_id)} characters; at most {MAX_EPISODE_ID_CHARS}",
@@ -265,8 +320,8 @@ class Environment:
                 f"{max_steps} is not in 1..1000 (0: the server's default)", field="reset.max_steps"
             )
         if seed_workflow is not None:
-            self._check_task_type(seed_workflow, "reset.seed_workflow_json")
-        ctx = self._context(values, "reset.values")
+            self._check_task_type(seed_workflow, served, "reset.seed_workflow_json")
+        ctx = self._context(served.name, values, "reset.values")
         outcome = await reset(
             ctx,
             seed=seed,
@@ -275,12 +330,12 @@ class Environment:
             max_steps=max_steps,
             action_mode=action_mode,
         )
-        self.metrics.resets.labels(self.benchmark.name).inc()
+        self.metrics.resets.labels(served.name).inc()
         logger.info(
             "reset %s seed=%d %s: seed workflow %.4f",
             episode_id or "-",
             seed,
-            self.benchmark.name,
+            served.name,
             outcome.state.nodes[0].score,
         )
         return ResetResult(outcome, self._encode(outcome.state))
@@ -289,7 +344,7 @@ class Environment:
         """Apply ``action`` to the episode in ``blob``: evaluate the child, select the next."""
         started = time.perf_counter()
         state = self._decode(blob, "step.state")
-        ctx = self._context(values, "step.values")
+        ctx = self._context(self._episode_benchmark(state, "step.state"), values, "step.values")
         try:
             outcome = await step(ctx, state, action)
             child_index = outcome.info.child_index
@@ -304,8 +359,9 @@ class Environment:
     def project(self, blob: bytes, action: str) -> Projection:
         """Where ``action`` lands on the episode's parent (nothing is evaluated)."""
         state = self._decode(blob, "project.state")
+        ctx = self.contexts[self._episode_benchmark(state, "project.state")]
         try:
-            return project_action(self.context, state, action)
+            return project_action(ctx, state, action)
         except EpisodeStateError as exc:
             raise self._foreign(exc, "project.state") from None
 
@@ -313,21 +369,24 @@ class Environment:
         self,
         graph: Graph,
         *,
+        benchmark: str,
         split: str,
         problem_ids: Sequence[str] = (),
         repeats: int | None = None,
         seed: int = SEARCH_SEED,
     ) -> EvaluationResult:
-        """Score ``graph`` on ``split`` (or the chosen problems of it), ``repeats`` times each."""
-        self._check_task_type(graph, "evaluate.workflow_json")
+        """Score ``graph`` on ``benchmark``'s ``split`` (or the chosen problems of it),
+        ``repeats`` times each."""
+        served = self.check_task(benchmark, "evaluate.benchmark")
+        self._check_task_type(graph, served, "evaluate.workflow_json")
         if split not in ("validate", "test"):
             raise BadRequestError(
                 f"{split[:32]!r} is not a split (validate or test)", field="evaluate.split"
             )
-        if split not in self.splits:
+        if split not in served.splits:
             raise SplitUnavailableError(
-                f"evaluate.split: {self.benchmark.name} has no {split} split in this replica's "
-                f"data (loaded: {', '.join(sorted(self.splits))})"
+                f"evaluate.split: {served.name} has no {split} split in this replica's "
+                f"data (loaded: {', '.join(sorted(served.splits))})"
             )
         count = repeats or self.spec.evaluation.repeats
         if not 1 <= count <= 1000:
@@ -338,7 +397,7 @@ class Environment:
             twice = next(p for p in problem_ids if list(problem_ids).count(p) > 1)
             raise BadRequestError(f"{twice[:80]!r} is listed twice", field="evaluate.problem_ids")
         try:
-            problems = select_problems(self.splits[split], list(problem_ids) or None)
+            problems = select_problems(served.splits[split], list(problem_ids) or None)
         except (NotFoundError, InvalidInputError) as exc:
             raise BadRequestError(str(exc), field="evaluate.problem_ids") from None
         if len(problems) * count > MAX_EVALUATE_RUNS:
@@ -346,7 +405,7 @@ class Environment:
                 f"{len(problems)} problems x {count} repeats is over {MAX_EVALUATE_RUNS} runs",
                 field="evaluate.repeats",
             )
-        return await self.evaluator(seed).evaluate(graph, problems, repeats=count)
+        return await self.evaluator(served.name, seed).evaluate(graph, problems, repeats=count)
 
     def info(self) -> ReplicaInfo:
         hits, misses = self.metrics.cache_totals()
@@ -354,7 +413,7 @@ class Environment:
             component="environment",
             version=__version__,
             hostname=envs.AFLOWRL_POD_NAME,
-            tasks=(self.benchmark.name,),
+            tasks=self.served,
             executor_id=self.executor.executor_id,
             cache_entries=len(self.cache),
             cache_hits=hits,

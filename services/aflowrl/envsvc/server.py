@@ -4,7 +4,8 @@ Called by :mod:`aflowrl.cli.serve` after the spec is validated. Before the port 
 :func:`check_spec` refuses what cannot work (a benchmark that needs a data directory without
 one, a directory that does not exist, an executor with no endpoint or not installed). Then the
 server starts with health NOT_SERVING and warms up (:func:`open_environment`): it loads the
-benchmark's splits, builds the executor (waiting for an OpenAI-compatible endpoint to answer),
+splits of every served benchmark (``environment.benchmarks`` and ``heldOutBenchmarks``),
+builds one executor for all of them (waiting for an OpenAI-compatible endpoint to answer),
 opens the evaluation cache (SQLite when ``environment.evaluation.cachePath``) and starts the
 sandbox pool; only then does health turn SERVING. A failure of any of these ends the process
 with a message naming the problem. SIGTERM: NOT_SERVING, in-flight calls get
@@ -27,10 +28,10 @@ from aflowrl.benchmarks.base import SPLITS, Benchmark, Problem
 from aflowrl.benchmarks.errors import DataNotFoundError
 from aflowrl.common.server import MIB, GrpcServer, ServerOptions, ServiceRegistration
 from aflowrl.config import RunSpec
-from aflowrl.config.environment import NEEDS_DATA_DIR, EnvironmentSpec
+from aflowrl.config.environment import EnvironmentSpec
 from aflowrl.envsvc import executors
 from aflowrl.envsvc.blob import MAX_BLOB_BYTES, StateCodec
-from aflowrl.envsvc.environment import Environment
+from aflowrl.envsvc.environment import Environment, ServedBenchmark
 from aflowrl.envsvc.metrics import EnvironmentMetrics
 from aflowrl.envsvc.service import SERVICE_NAME, EnvironmentServicer
 from aflowrl.errors import InvalidInputError
@@ -54,9 +55,11 @@ def check_spec(spec: RunSpec) -> None:
             field="environment.search.valueSource",
         )
     directory = data_dir(env)
-    if directory is None and env.benchmark in NEEDS_DATA_DIR:
+    if directory is None and env.needing_data_dir:
+        needing = env.needing_data_dir
         raise InvalidInputError(
-            f"{env.benchmark} needs a data directory with {env.benchmark}_<split>.jsonl files: "
+            f"{', '.join(needing)} needs a data directory with "
+            f"{', '.join(f'{name}_<split>.jsonl' for name in needing)} files: "
             "set environment.data.dir (or AFLOWRL_DATA_DIR)",
             field="environment.data.dir",
         )
@@ -86,9 +89,9 @@ def scoring_benchmark(name: str, metrics: EnvironmentMetrics) -> Benchmark:
     return built
 
 
-def load_splits(spec: EnvironmentSpec) -> dict[str, list[Problem]]:
-    """Every split of the benchmark that can be loaded; the search's split must be."""
-    benchmark = get_benchmark(spec.benchmark)
+def load_splits(spec: EnvironmentSpec, name: str) -> dict[str, list[Problem]]:
+    """Every split of benchmark ``name`` that can be loaded; the search's split must be."""
+    benchmark = get_benchmark(name)
     splits: dict[str, list[Problem]] = {}
     for split in SPLITS:
         try:
@@ -96,9 +99,7 @@ def load_splits(spec: EnvironmentSpec) -> dict[str, list[Problem]]:
         except DataNotFoundError as exc:
             if split == spec.evaluation.split:
                 raise
-            logger.warning(
-                "%s has no %s split here (%s): Evaluate on it fails", spec.benchmark, split, exc
-            )
+            logger.warning("%s has no %s split here (%s): Evaluate on it fails", name, split, exc)
     return splits
 
 
@@ -108,8 +109,10 @@ async def open_environment(
 ) -> AsyncIterator[Environment]:
     """Warm up: load the data, build the executor, open the cache, start the sandbox pool."""
     env = spec.environment
-    splits = await asyncio.to_thread(load_splits, env)
-    problems = [p for split in splits.values() for p in split]
+    loaded = {
+        name: await asyncio.to_thread(load_splits, env, name) for name in env.served_benchmarks
+    }
+    problems = [p for splits in loaded.values() for split in splits.values() for p in split]
     executor = await asyncio.to_thread(executors.build_executor, env, problems, data_dir(env))
     try:
         if env.executor.type == "openai":
@@ -122,21 +125,29 @@ async def open_environment(
             )
             environment = Environment(
                 env,
-                benchmark=scoring_benchmark(env.benchmark, metrics),
-                splits=splits,
+                benchmarks=[
+                    ServedBenchmark(scoring_benchmark(name, metrics), splits)
+                    for name, splits in loaded.items()
+                ],
                 executor=executors.MeteredExecutor(executor, metrics),
                 cache=cache,
                 metrics=metrics,
                 codec=codec,
             )
+            held_out = set(env.held_out_benchmarks)
+            for name, splits in loaded.items():
+                logger.info(
+                    "environment serves %s%s: %s (episodes score on %s of %d %s problems)",
+                    name,
+                    " (held out: never trained on)" if name in held_out else "",
+                    ", ".join(f"{split} {len(p)}" for split, p in splits.items()),
+                    env.evaluation.max_problems or "all",
+                    len(splits[env.evaluation.split]),
+                    env.evaluation.split,
+                )
             logger.info(
-                "environment %s: %s (episodes score on %s of %d %s problems, %d repeat(s)); "
-                "executor %s; cache %s; sandbox %s; state blobs %s",
-                env.benchmark,
-                ", ".join(f"{name} {len(p)}" for name, p in splits.items()),
-                env.evaluation.max_problems or "all",
-                len(splits[env.evaluation.split]),
-                env.evaluation.split,
+                "environment: %d repeat(s) per problem; executor %s; cache %s; sandbox %s; "
+                "state blobs %s",
                 env.evaluation.repeats,
                 executor.executor_id,
                 env.evaluation.cache_path or "in memory",

@@ -221,6 +221,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServiceServicer):
             )
         result = await self.environment.evaluate(
             graph,
+            benchmark=request.benchmark,
             split=request.split,
             problem_ids=list(request.problem_ids),
             repeats=request.repeats or None,

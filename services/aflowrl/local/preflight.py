@@ -1,12 +1,13 @@
 """Checks of a run's inputs before any work starts, each failure naming what to fix.
 
 ``aflowrl train`` validates the spec first (``RunSpec``: an unknown benchmark or a bad value is
-reported as ``spec.environment.benchmark: ...``). Then, before a process is started, these
+reported as ``spec.environment.benchmarks[0]: ...``). Then, before a process is started, these
 checks look at what the spec points to:
 
-- the benchmark's data: a benchmark without a packaged copy needs ``environment.data.dir`` (or
-  ``$AFLOWRL_DATA_DIR``) holding its split files; both splits are loaded, so a missing file or
-  a malformed line is reported now rather than by an environment replica later;
+- the benchmarks' data: every served benchmark (``environment.benchmarks`` and
+  ``heldOutBenchmarks``) without a packaged copy needs ``environment.data.dir`` (or
+  ``$AFLOWRL_DATA_DIR``) holding its split files; both splits of each are loaded, so a missing
+  file or a malformed line is reported now rather than by an environment replica later;
 - the executor: an ``openai`` endpoint must answer HTTP at ``baseUrl`` (any status will do: it
   proves something listens); ``serve`` exists only on Kubernetes;
 - the policy: a model directory must hold a ``config.json``; ``tiny`` is built on first use;
@@ -31,29 +32,31 @@ logger = logging.getLogger(__name__)
 
 
 def check_data(spec: RunSpec) -> None:
-    """Both splits of the benchmark load (module docstring)."""
+    """Both splits of every served benchmark load (module docstring)."""
     from aflowrl.benchmarks import get_benchmark
 
     data = spec.environment.data.dir or envs.AFLOWRL_DATA_DIR
     field = "spec.environment.data.dir"
-    name = spec.environment.benchmark
-    if spec.needs_data_dir():
+    needing = spec.environment.needing_data_dir
+    if needing:
         if not data:
+            files = ", ".join(f"{name}_validate.jsonl, {name}_test.jsonl" for name in needing)
             raise PreflightError(
-                f"{name} has no packaged copy: set it to a directory of AFlow's split files "
-                f"({name}_validate.jsonl, {name}_test.jsonl), or set AFLOWRL_DATA_DIR",
+                f"{', '.join(needing)} has no packaged copy: set it to a directory of AFlow's "
+                f"split files ({files}), or set AFLOWRL_DATA_DIR",
                 field=field,
             )
         if not Path(data).expanduser().is_dir():
             raise PreflightError(f"{data} is not a directory", field=field)
-    benchmark = get_benchmark(name)
-    for split in ("validate", "test"):
-        try:
-            problems = benchmark.load(split, data)
-        except AflowRLError as exc:
-            raise PreflightError(str(exc), field=field) from None
-        if not problems:
-            raise PreflightError(f"the {split} split of {name} is empty", field=field)
+    for name in spec.environment.served_benchmarks:
+        benchmark = get_benchmark(name)
+        for split in ("validate", "test"):
+            try:
+                problems = benchmark.load(split, data)
+            except AflowRLError as exc:
+                raise PreflightError(str(exc), field=field) from None
+            if not problems:
+                raise PreflightError(f"the {split} split of {name} is empty", field=field)
 
 
 def check_executor(spec: RunSpec, *, timeout_s: float = 5.0) -> None:

@@ -3,6 +3,8 @@
 - :mod:`.loop`: the :class:`~aflowrl.trainer.loop.Trainer` (collect, advantages, log-probs,
   train, push weights, record, checkpoint, resume, final evaluation);
 - :mod:`.collect`: resetting the episode groups, acting and stepping until they are done;
+- :mod:`.tasks`: which task (benchmark by weight, task seed) each group plays; held-out seeds;
+- :mod:`.evaluate`: a policy played on chosen tasks without training (held-out tasks, transfer);
 - :mod:`.acting`: the policy's decisions (choice mode: scored admissible actions; text mode);
 - :mod:`.routing`: environment replicas on a consistent-hash ring, with failover;
 - :mod:`.advantages`: GiGPO / GRPO / PPO targets of step rows with :mod:`aflowrl.rl`;
@@ -20,6 +22,7 @@ __all__ = [
     "clock",
     "collect",
     "errors",
+    "evaluate",
     "final",
     "learner_client",
     "loop",
@@ -30,6 +33,7 @@ __all__ = [
     "routing",
     "rows",
     "state",
+    "tasks",
     "values",
     "weight_sync",
 ]

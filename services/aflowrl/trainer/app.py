@@ -60,7 +60,9 @@ def connect(
     return Services(
         env=EnvironmentClient(
             _target(env),
-            options=channel_options(spec, 120.0),
+            # The channel's deadline caps every call's own: it must let the longest (Reset,
+            # Step, Evaluate: trainer.stepTimeoutS) run; the short calls set their own.
+            options=channel_options(spec, spec.trainer.step_timeout_s),
             step_timeout_s=spec.trainer.step_timeout_s,
         ),
         rollout=RolloutClient(_target(rollout), options=channel_options(spec, 1800.0)),

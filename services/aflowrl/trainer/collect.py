@@ -1,14 +1,16 @@
 """Collecting one iteration's episodes: reset the groups, then act and step until all are done.
 
-For iteration i the trainer starts ``trainer.tasksPerIteration`` (B) task seeds, each
+For iteration i the trainer starts ``trainer.tasksPerIteration`` (B) tasks (a benchmark drawn
+from ``environment.benchmarks`` by weight and a task seed: :mod:`aflowrl.trainer.tasks`), each
 ``trainer.groupSize`` (n) times: the n episodes of a group start identically (same benchmark,
-seed and seed workflow), which is what GiGPO's and GRPO's group baselines need. Then, while any
-episode is active: one rollout call decides for every active episode
-(:mod:`aflowrl.trainer.acting`), and all of them step in parallel across the environment
-replicas (:mod:`aflowrl.trainer.routing`). Resets go to the replica owning the seed workflow's
-hash, so its evaluation is cached once for every group.
+seed and seed workflow, the AFlow seed of the benchmark's task type), which is what GiGPO's and
+GRPO's group baselines need. Then, while any episode is active: one rollout call decides for
+every active episode (:mod:`aflowrl.trainer.acting`), and all of them step in parallel across
+the environment replicas (:mod:`aflowrl.trainer.routing`). Resets go to the replica owning the
+seed workflow's hash, so its evaluation is cached once for every group. :meth:`Collector.play`
+runs given episodes the same way (the evaluation of a policy: :mod:`aflowrl.trainer.evaluate`).
 
-Randomness is derived from ``(trainer.seed, iteration)`` only (task seeds, the choice sampler,
+Randomness is derived from ``(trainer.seed, iteration)`` only (tasks, the choice sampler,
 generation seeds), so an iteration collects the same episodes whether or not the run was
 interrupted before it. With ``fused`` selection every Reset and Step carries the trainer's V(s)
 (:mod:`aflowrl.trainer.values`). Used by :mod:`aflowrl.trainer.loop`.
@@ -18,19 +20,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from aflowrl._proto.v1 import environment_pb2
+from aflowrl.benchmarks import get_benchmark
 from aflowrl.config import RunSpec
 from aflowrl.errors import FailedPreconditionError
 from aflowrl.trainer.acting import Actor, Observed
 from aflowrl.trainer.clients import EnvironmentClient
 from aflowrl.trainer.clock import Timeline
 from aflowrl.trainer.rows import Batch, Decision, Episode, StepRow
+from aflowrl.trainer.tasks import Task, training_tasks
 from aflowrl.trainer.values import ValueTable
-from aflowrl.workflow import Graph
+from aflowrl.workflow import Graph, library
 from aflowrl.workflow.runtime import derive_seed
 
 logger = logging.getLogger(__name__)
@@ -40,6 +44,26 @@ _ACTION_MODES = {
     "text": environment_pb2.ACTION_MODE_TEXT,
     "freeform": environment_pb2.ACTION_MODE_FREEFORM,
 }
+
+
+def seed_workflows(benchmarks: Sequence[str]) -> dict[str, Graph]:
+    """The AFlow seed workflow of each benchmark's task type (what its episodes start from)."""
+    return {name: library.load("seed", get_benchmark(name).task_type) for name in benchmarks}
+
+
+def group_episodes(tasks: Sequence[Task], group_size: int, prefix: str) -> list[Episode]:
+    """``group_size`` episodes of each task, group by group (ids ``<prefix>-g<g>-e<m>``)."""
+    return [
+        Episode(
+            traj=group * group_size + member,
+            group=group,
+            seed=task.seed,
+            episode_id=f"{prefix}-g{group}-e{member}",
+            benchmark=task.benchmark,
+        )
+        for group, task in enumerate(tasks)
+        for member in range(group_size)
+    ]
 
 
 def iteration_rng(seed: int, iteration: int) -> np.random.Generator:
@@ -55,7 +79,7 @@ class Collector:
         spec: RunSpec,
         env: EnvironmentClient,
         actor: Actor,
-        seed_workflow: Graph,
+        seed_workflows: Mapping[str, Graph],
         *,
         on_phase: Callable[[int, str], None] | None = None,
         values: ValueTable | None = None,
@@ -64,40 +88,14 @@ class Collector:
         self.values = values
         self.env = env
         self.actor = actor
-        self.seed_workflow = seed_workflow
-        self._seed_json = seed_workflow.to_json(indent=None)
+        self.seed_workflows = dict(seed_workflows)
+        self._seed_json = {name: g.to_json(indent=None) for name, g in seed_workflows.items()}
         self._on_phase = on_phase or (lambda _i, _t: None)
 
     def episodes(self, iteration: int) -> list[Episode]:
-        """The episodes of ``iteration``: B groups of n, each group on one task seed."""
-        trainer = self.spec.trainer
-        out = []
-        for group in range(trainer.tasks_per_iteration):
-            task_seed = derive_seed(trainer.seed, "task", iteration, group)
-            for member in range(trainer.group_size):
-                out.append(
-                    Episode(
-                        traj=group * trainer.group_size + member,
-                        group=group,
-                        seed=task_seed,
-                        episode_id=f"it{iteration}-g{group}-e{member}",
-                    )
-                )
-        return out
-
-    def task_episodes(self, namespace: str, count: int) -> list[Episode]:
-        """``count`` single episodes, each on its own task seed drawn from ``namespace`` (apart
-        from the iterations' task seeds): the warm start's behaviour episodes."""
-        trainer = self.spec.trainer
-        return [
-            Episode(
-                traj=k,
-                group=k,
-                seed=derive_seed(trainer.seed, namespace, k),
-                episode_id=f"{namespace}-{k}",
-            )
-            for k in range(count)
-        ]
+        """The episodes of ``iteration``: B groups of n, each group on one task."""
+        tasks = training_tasks(self.spec, iteration)
+        return group_episodes(tasks, self.spec.trainer.group_size, f"it{iteration}")
 
     async def reset_all(self, episodes: Sequence[Episode], timeline: Timeline) -> None:
         """Reset every episode (after refreshing the environment replicas)."""
@@ -110,8 +108,11 @@ class Collector:
         return self.values.proto() if self.values is not None else None
 
     async def collect(self, iteration: int, timeline: Timeline) -> Batch:
-        """Reset, then act and step until every episode is done."""
-        episodes = self.episodes(iteration)
+        """Reset, then act and step until every episode of ``iteration`` is done."""
+        return await self.play(self.episodes(iteration), iteration, timeline)
+
+    async def play(self, episodes: list[Episode], iteration: int, timeline: Timeline) -> Batch:
+        """Reset ``episodes``, then act and step until every one is done."""
         self._on_phase(iteration, "reset")
         with timeline.phase("reset"):
             await self.reset_all(episodes, timeline)
@@ -149,17 +150,17 @@ class Collector:
     async def _reset(self, episode: Episode, timeline: Timeline) -> None:
         search = self.spec.environment.search
         request = environment_pb2.ResetRequest(
-            task=self.spec.environment.benchmark,
+            task=episode.benchmark,
             seed=episode.seed,
             episode_id=episode.episode_id,
             max_steps=search.max_steps,
             action_mode=_ACTION_MODES[search.action_mode],
-            seed_workflow_json=self._seed_json,
+            seed_workflow_json=self._seed_json[episode.benchmark],
             values=self.state_values(),
         )
+        seed_hash = self.seed_workflows[episode.benchmark].content_hash
         async with timeline.call():
-            reply = await self.env.reset(request, key=self.seed_workflow.content_hash)
-        episode.benchmark = request.task
+            reply = await self.env.reset(request, key=seed_hash)
         episode.state = reply.state
         episode.seed_score = reply.seed_score
         _observe(episode, reply.observation)
@@ -241,6 +242,30 @@ def batch_summary(batch: Batch) -> dict[str, float]:
         "env/cost_usd": sum(r.cost_usd for r in rows),
         "env/cost_known": 1.0 if all(r.cost_known for r in rows) else 0.0,
     }
+
+
+BENCHMARK_CHARTS = (
+    "charts/episode_return",
+    "charts/iteration_best_score",
+    "charts/seed_score",
+    "charts/valid_action_ratio",
+    "charts/duplicate_ratio",
+    "charts/episodes",
+)
+"""Scalars of :func:`batch_summary` also recorded per benchmark in a multi-benchmark run."""
+
+
+def benchmark_summary(batch: Batch) -> dict[str, float]:
+    """``<chart>/<benchmark>`` for each of :data:`BENCHMARK_CHARTS` and each benchmark the
+    batch played (benchmarks no group drew this iteration have no key)."""
+    played: dict[str, list[Episode]] = {}
+    for episode in batch.episodes:
+        played.setdefault(episode.benchmark, []).append(episode)
+    out: dict[str, float] = {}
+    for name, episodes in played.items():
+        summary = batch_summary(Batch(batch.iteration, episodes))
+        out.update({f"{key}/{name}": summary[key] for key in BENCHMARK_CHARTS})
+    return out
 
 
 def replicas_used(rows: Sequence[StepRow]) -> dict[str, int]:

@@ -13,21 +13,25 @@ all in parallel, seeded by ``trainer.seed``). The result is a table::
     best (3fa2c1d9)     0.912 ± 0.010   0.950       131       1,310          0.0123
     seed                0.851 ± 0.004   0.850       ...
 
-(mean ± standard deviation over the evaluation's repeats). Used by :mod:`aflowrl.trainer.loop`
-when ``trainer.finalTestEval`` is on.
+(mean ± standard deviation over the evaluation's repeats). A run with several training
+benchmarks makes one such table per benchmark. A held-out benchmark (never trained on) gets a
+transfer table: the workflow each training benchmark of the same task type chose, tested on the
+held-out benchmark as it is (nothing is chosen on held-out data), against its seed and
+baselines. Used by :mod:`aflowrl.trainer.loop` when ``trainer.finalTestEval`` is on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from aflowrl._proto.v1 import environment_pb2
 from aflowrl.trainer.clients import EnvironmentClient
-from aflowrl.workflow import Graph
+from aflowrl.trainer.state import BestWorkflow
+from aflowrl.workflow import Graph, library
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +57,10 @@ class FinalRow:
     cache_hits: int
     cost_usd: float | None
     latency_s: float
+    benchmark: str = ""
+    """The benchmark the row was evaluated on."""
+    held_out: bool = False
+    """Whether that benchmark is held out (never trained on)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,14 +96,20 @@ async def compare(
     benchmark: str,
     repeats: int,
     seed: int,
+    held_out: bool = False,
 ) -> list[FinalRow]:
-    """Pick the best candidate on the validation split, then test it with the baselines."""
+    """Pick the best candidate on the validation split, then test it with the baselines.
+
+    On a ``held_out`` benchmark nothing is picked: every candidate is tested.
+    """
     pool = [*candidates, *baselines]
     kwargs: dict[str, Any] = {"benchmark": benchmark, "repeats": repeats, "seed": seed}
     validation = await _evaluate(env, [c.graph for c in pool], split="validate", **kwargs)
     scores = [reply.summary.mean for reply in validation]
     chosen = list(baselines)
-    if candidates:
+    if held_out:
+        chosen[:0] = candidates
+    elif candidates:
         best = max(range(len(candidates)), key=lambda i: (scores[i], -i))
         chosen.insert(0, candidates[best])
         logger.info(
@@ -120,12 +134,67 @@ async def compare(
                 cache_hits=summary.cache_hits,
                 cost_usd=summary.cost_usd if summary.cost_known else None,
                 latency_s=summary.latency_s,
+                benchmark=benchmark,
+                held_out=held_out,
             )
         )
     return rows
 
 
-def final_table(rows: Sequence[FinalRow], *, benchmark: str, split: str = "test") -> str:
+def baselines(seed: Graph) -> list[Contender]:
+    """The seed workflow and the classic baselines of its task type."""
+    classic = [Contender(n, library.load(n, seed.task_type)) for n in library.CLASSIC]
+    return [Contender("seed", seed), *classic]
+
+
+def candidates(best: Sequence[BestWorkflow], seed: Graph) -> list[Contender]:
+    """The kept best workflows whose graph is known, the seed left out (it is a baseline)."""
+    return [
+        Contender(f"best ({b.hash[:8]})", Graph.from_json(b.workflow_json, source=b.hash))
+        for b in best
+        if b.workflow_json is not None and b.hash != seed.content_hash
+    ]
+
+
+async def final_comparison(
+    env: EnvironmentClient,
+    best: Mapping[str, Sequence[BestWorkflow]],
+    seeds: Mapping[str, Graph],
+    *,
+    training: Sequence[str],
+    held_out: Sequence[str],
+    repeats: int,
+    seed: int,
+) -> dict[str, list[FinalRow]]:
+    """Benchmark -> its rows: each training benchmark's comparison (all at once), then each
+    held-out benchmark's transfer table (module docstring)."""
+
+    async def one(name: str, pool: Sequence[Contender], **kw: Any) -> list[FinalRow]:
+        kept = baselines(seeds[name])
+        return await compare(env, pool, kept, benchmark=name, repeats=repeats, seed=seed, **kw)
+
+    pools = {name: candidates(best.get(name, ()), seeds[name]) for name in training}
+    compared = await asyncio.gather(*(one(name, pools[name]) for name in training))
+    out = dict(zip(training, compared, strict=True))
+    chosen: dict[str, Graph] = {}
+    for name, rows in out.items():
+        by_hash = {c.graph.content_hash: c.graph for c in pools[name]}
+        if rows and rows[0].hash in by_hash:
+            chosen[name] = by_hash[rows[0].hash]
+    for name in held_out:
+        task_type = seeds[name].task_type
+        transferred = [
+            Contender(f"best of {source} ({graph.content_hash[:8]})", graph)
+            for source, graph in chosen.items()
+            if graph.task_type == task_type
+        ]
+        out[name] = await one(name, transferred, held_out=True)
+    return out
+
+
+def final_table(
+    rows: Sequence[FinalRow], *, benchmark: str, split: str = "test", held_out: bool = False
+) -> str:
     """The comparison as an aligned text table (module docstring)."""
     header = (
         "workflow",
@@ -146,6 +215,17 @@ def final_table(rows: Sequence[FinalRow], *, benchmark: str, split: str = "test"
         )
         for row in rows
     ]
+    title = f"Best workflow vs the seed and classic baselines on {benchmark} ({split} split)"
+    if held_out:
+        title = (
+            f"Held-out {benchmark} (never trained on): the workflows chosen on training "
+            f"benchmarks of its task type vs its seed and classic baselines ({split} split)"
+        )
+    return aligned_table(title, header, body)
+
+
+def aligned_table(title: str, header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    """A title, then columns: the first left-aligned, the others right-aligned."""
     widths = [max(len(line[i]) for line in (header, *body)) for i in range(len(header))]
 
     def fmt(line: Sequence[str]) -> str:
@@ -154,5 +234,4 @@ def final_table(rows: Sequence[FinalRow], *, benchmark: str, split: str = "test"
         return "  ".join(cells).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
-    title = f"Best workflow vs the seed and classic baselines on {benchmark} ({split} split)"
     return "\n".join([title, "", fmt(header), rule, *(fmt(line) for line in body)])

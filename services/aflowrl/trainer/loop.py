@@ -29,6 +29,14 @@ is recorded exactly once. Rollout replicas may have served versions newer than t
 versions only increase. A learner whose version is not the one the trainer expects (it
 restarted) stops the trainer, whose restart resumes from the checkpoint.
 
+**Several benchmarks** (``environment.benchmarks``): each group's task is drawn by weight
+(:mod:`aflowrl.trainer.tasks`) and starts from the seed workflow of its benchmark's task type;
+the best workflows are kept per benchmark (``best/<benchmark>/``), the records add
+per-benchmark scalars, and the final comparison is one table per training benchmark. With
+``environment.heldOutBenchmarks`` the end of the run adds a transfer table per held-out
+benchmark and plays the final policy on held-out tasks of every served benchmark
+(:mod:`aflowrl.trainer.evaluate`; ``held_out.json``).
+
 Runs are reproducible on a CPU with overlap off (every random choice derives from
 ``trainer.seed`` and the iteration). Called by ``aflowrl train`` (:mod:`aflowrl.cli.train`).
 """
@@ -45,17 +53,23 @@ from typing import Any
 
 import numpy as np
 
-from aflowrl.benchmarks import get_benchmark
 from aflowrl.common.run_status import RunStatusReporter
 from aflowrl.config import RunSpec
 from aflowrl.errors import FailedPreconditionError, InvalidInputError, NotFoundError
 from aflowrl.trainer import collect as collecting
-from aflowrl.trainer.acting import Actor, ChoiceActor, TextActor, ValueReader
+from aflowrl.trainer.acting import Actor
 from aflowrl.trainer.advantages import RowTargets, compute_advantages
 from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutClient, TrainRow
 from aflowrl.trainer.clock import Timeline
 from aflowrl.trainer.errors import LearnerDivergedError, NoReplicaError
-from aflowrl.trainer.final import Contender, FinalRow, compare, final_table
+from aflowrl.trainer.evaluate import (
+    EpisodeResult,
+    held_out_evaluation,
+    policy_actor,
+    policy_table,
+    summarize,
+)
+from aflowrl.trainer.final import FinalRow, final_comparison, final_table
 from aflowrl.trainer.metrics import TrainerMetrics
 from aflowrl.trainer.progress import Progress
 from aflowrl.trainer.records import RunDirectory, utc_now
@@ -70,12 +84,11 @@ from aflowrl.trainer.state import (
 from aflowrl.trainer.values import ValueTable
 from aflowrl.trainer.warmstart import WarmStart
 from aflowrl.trainer.weight_sync import WeightSync
-from aflowrl.workflow import Graph, library
 
 logger = logging.getLogger(__name__)
 
 KEEP_BEST = 5
-"""Distinct best workflows kept (and written to ``best/``)."""
+"""Distinct best workflows kept per training benchmark (and written to ``best/``)."""
 
 
 @dataclass
@@ -103,7 +116,12 @@ class RunResult:
     final_table: str = ""
     run_dir: Path | None = None
     best_dir: Path | None = None
-    """``best/<rank>-<hash>`` of the workflow the final comparison chose (None without one)."""
+    """``best/<rank>-<hash>`` of the workflow the final comparison chose (None without one, or
+    with several training benchmarks: see ``best_dirs``)."""
+    best_dirs: dict[str, Path] = field(default_factory=dict)
+    """Training benchmark -> the folder of the workflow its final comparison chose."""
+    held_out: list[EpisodeResult] = field(default_factory=list)
+    """The final policy's episodes on held-out tasks (runs with held-out benchmarks)."""
 
 
 def recompute_all_old_logprobs(spec: RunSpec) -> bool:
@@ -135,16 +153,9 @@ class Trainer:
         self.reporter = reporter
         self.metrics = metrics or TrainerMetrics()
         self.train_policy = train
-        mode = spec.environment.search.action_mode
-        values = ValueReader.of(spec)
-        self.actor = actor or (
-            ChoiceActor(services.rollout, values)
-            if mode == "choice"
-            else TextActor(services.rollout, spec, values)
-        )
-        benchmark = get_benchmark(spec.environment.benchmark)
-        self.task_type = benchmark.task_type
-        self.seed_workflow = library.load("seed", benchmark.task_type)
+        self.actor = actor or policy_actor(spec, services.rollout)
+        self.benchmarks = spec.environment.training_benchmarks
+        self.seed_workflows = collecting.seed_workflows(spec.environment.served_benchmarks)
         search = spec.environment.search
         self.values: ValueTable | None = None
         if search.selection == "fused" and search.value_source != "none":
@@ -153,7 +164,7 @@ class Trainer:
             spec,
             services.env,
             self.actor,
-            self.seed_workflow,
+            self.seed_workflows,
             on_phase=progress.phase if progress is not None else None,
             values=self.values,
         )
@@ -171,14 +182,17 @@ class Trainer:
         infos = await env.info()
         if not infos:
             raise NoReplicaError(f"no environment replica answered at {env.target}")
-        benchmark = self.spec.environment.benchmark
+        held_out = self.spec.environment.held_out_benchmarks
         for info in infos:
-            if benchmark not in info.tasks:
-                raise InvalidInputError(
-                    f"{benchmark!r} is not served by environment replica "
-                    f"{info.service.hostname} (it serves {', '.join(info.tasks) or 'nothing'})",
-                    field="spec.environment.benchmark",
-                )
+            for benchmark in self.spec.environment.served_benchmarks:
+                if benchmark not in info.tasks:
+                    field = "heldOutBenchmarks" if benchmark in held_out else "benchmarks"
+                    raise InvalidInputError(
+                        f"{benchmark!r} is not served by environment replica "
+                        f"{info.service.hostname} (it serves "
+                        f"{', '.join(info.tasks) or 'nothing'})",
+                        field=f"spec.environment.{field}",
+                    )
         self.services.rollout.refresh()
         if self.train_policy:
             status = await self.services.learner.status()
@@ -198,7 +212,7 @@ class Trainer:
             self.run_dir.truncate_metrics(0)
         self.run_dir.write_spec(self.spec)
         if self.state.best:
-            self.run_dir.write_best(self.state.best, benchmark=self.spec.environment.benchmark)
+            self._write_best(self._best_snapshot())
 
     async def _restore(self) -> None:
         learner = self.services.learner
@@ -301,15 +315,7 @@ class Trainer:
                 await asyncio.gather(pending, return_exceptions=True)
         result = RunResult(self.state, run_dir=self.run_dir.path)
         if self.spec.trainer.final_test_eval:
-            result.final_rows = await self.final_evaluation()
-            result.final_table = final_table(
-                result.final_rows, benchmark=self.spec.environment.benchmark
-            )
-            self.run_dir.write_final([r.to_dict() for r in result.final_rows], result.final_table)
-            chosen = result.final_rows[0].hash if result.final_rows else ""
-            for rank, best in enumerate(self.state.best, 1):
-                if best.hash == chosen:
-                    result.best_dir = self.run_dir.path / "best" / f"{rank}-{best.hash[:12]}"
+            await self._finish(result)
         if self.reporter is not None:
             await self.reporter.areport(completion_time=utc_now())
         return result
@@ -487,15 +493,18 @@ class Trainer:
     # ---- records --------------------------------------------------------------------------------
 
     def _note_workflows(self, batch: Batch) -> None:
-        """Offer the iteration's evaluated workflows (and the seed) to the best list."""
+        """Offer the iteration's evaluated workflows (and the seed) to their benchmark's best
+        list."""
         for episode in batch.episodes:
+            seed = self.seed_workflows[episode.benchmark]
             self.state.offer(
+                episode.benchmark,
                 BestWorkflow(
-                    self.seed_workflow.content_hash,
+                    seed.content_hash,
                     episode.seed_score,
                     batch.iteration,
                     "seed",
-                    self.seed_workflow.to_json(indent=None),
+                    seed.to_json(indent=None),
                 ),
                 KEEP_BEST,
             )
@@ -503,6 +512,7 @@ class Trainer:
                 if not (row.valid and row.child_hash) or row.duplicate:
                     continue
                 self.state.offer(
+                    episode.benchmark,
                     BestWorkflow(
                         row.child_hash,
                         row.child_score,
@@ -526,7 +536,24 @@ class Trainer:
             "env/replicas_live": float(len(self.services.env.live_addresses())),
             **learned,
         }
+        if len(self.benchmarks) > 1:
+            record.update(collecting.benchmark_summary(batch))
+            for name, kept in self.state.best.items():
+                if kept:
+                    record[f"charts/best_score/{name}"] = kept[0].score
         return record
+
+    def _best_folder(self, benchmark: str) -> str:
+        """``best`` for a run on one benchmark, ``best/<benchmark>`` for several."""
+        return "best" if len(self.benchmarks) == 1 else f"best/{benchmark}"
+
+    def _best_snapshot(self) -> dict[str, list[BestWorkflow]]:
+        """The best lists as they are now (an overlapping collection may change them)."""
+        return {name: list(kept) for name, kept in self.state.best.items()}
+
+    def _write_best(self, best: dict[str, list[BestWorkflow]]) -> None:
+        for name, kept in best.items():
+            self.run_dir.write_best(kept, benchmark=name, subdir=self._best_folder(name))
 
     async def _publish(self, record: dict[str, Any], timeline: Timeline) -> None:
         """Progress, Prometheus, curves, best workflows and the run's status."""
@@ -542,17 +569,28 @@ class Trainer:
             m.phase_duration.labels(name).observe(seconds)
         m.iteration_duration.observe(timeline.total_s)
         m.overhead.set(record["time/overhead_ratio"])
+        for name, kept in self.state.best.items():
+            if kept:
+                m.benchmark_best_score.labels(name).set(kept[0].score)
+        several = len(self.benchmarks) > 1
+        for name in self.benchmarks:
+            value = record.get(
+                f"charts/episode_return/{name}" if several else "charts/episode_return"
+            )
+            if value is not None:
+                m.benchmark_episode_reward.labels(name).set(_finite(value))
         # Pictures off the event loop: an overlapping collection goes on meanwhile.
         await asyncio.to_thread(self.run_dir.plot_curves)
-        kept, benchmark = list(self.state.best), self.spec.environment.benchmark
-        await asyncio.to_thread(self.run_dir.write_best, kept, benchmark=benchmark)
+        await asyncio.to_thread(self._write_best, self._best_snapshot())
         if self.progress is not None:
             self.progress.iteration_done(record)
         if self.reporter is not None:
-            best = self.state.best[0] if self.state.best else None
+            # The run's best workflow: one only when the run trains on one benchmark.
+            kept = self.state.best.get(self.benchmarks[0], []) if len(self.benchmarks) == 1 else []
+            best = kept[0] if kept else None
             await self.reporter.areport(
                 iteration=self.state.iteration,
-                best_score=best.score if best else None,
+                best_score=self.state.best_score,
                 seed_score=_finite_or_none(record["charts/seed_score"]),
                 mean_reward=_finite_or_none(record["charts/episode_return"]),
                 valid_action_ratio=_finite_or_none(record["charts/valid_action_ratio"]),
@@ -562,33 +600,61 @@ class Trainer:
 
     # ---- the final comparison -------------------------------------------------------------------
 
-    def contenders(self) -> tuple[list[Contender], list[Contender]]:
-        """(the best workflows the run kept, the seed and the classic baselines)."""
-        seed_hash = self.seed_workflow.content_hash
-        candidates = [
-            Contender(f"best ({b.hash[:8]})", Graph.from_json(b.workflow_json, source=b.hash))
-            for b in self.state.best
-            if b.workflow_json is not None and b.hash != seed_hash
-        ]
-        baselines = [Contender("seed", self.seed_workflow)]
-        baselines += [Contender(n, library.load(n, self.task_type)) for n in library.CLASSIC]
-        return candidates, baselines
-
-    async def final_evaluation(self) -> list[FinalRow]:
+    async def final_evaluation(self) -> dict[str, list[FinalRow]]:
+        """The final comparison of every training and held-out benchmark (:mod:`.final`)."""
         if self.progress is not None:
             self.progress.write(
                 "evaluating the best workflows and the baselines on validation and test"
             )
         await self.services.env.refresh()
-        candidates, baselines = self.contenders()
-        return await compare(
+        return await final_comparison(
             self.services.env,
-            candidates,
-            baselines,
-            benchmark=self.spec.environment.benchmark,
+            self.state.best,
+            self.seed_workflows,
+            training=self.benchmarks,
+            held_out=self.spec.environment.held_out_benchmarks,
             repeats=self.spec.environment.evaluation.repeats,
             seed=self.spec.trainer.seed,
         )
+
+    async def _finish(self, result: RunResult) -> None:
+        """The final comparison (and, with held-out benchmarks, the policy on held-out tasks),
+        written to ``final.json``, ``final.md`` and ``held_out.json``."""
+        held_out = self.spec.environment.held_out_benchmarks
+        by_benchmark = await self.final_evaluation()
+        tables = [
+            final_table(rows, benchmark=name, held_out=name in held_out)
+            for name, rows in by_benchmark.items()
+        ]
+        result.final_rows = [row for rows in by_benchmark.values() for row in rows]
+        if held_out:
+            if self.progress is not None:
+                self.progress.write("playing the policy on held-out tasks")
+            result.held_out = await held_out_evaluation(
+                self.spec, self.services.env, self.actor, values=self.values
+            )
+            summaries = summarize(result.held_out, held_out=held_out)
+            tables.append(
+                policy_table(
+                    summaries,
+                    title="The final policy on held-out tasks (task seeds training never drew; "
+                    "held-out benchmarks: transfer)",
+                )
+            )
+            self.run_dir.write_held_out(
+                [e.to_dict() for e in result.held_out], [s.to_dict() for s in summaries]
+            )
+        result.final_table = "\n\n".join(tables)
+        self.run_dir.write_final([r.to_dict() for r in result.final_rows], result.final_table)
+        for name in self.benchmarks:
+            rows = by_benchmark[name]
+            chosen = rows[0].hash if rows else ""
+            for rank, best in enumerate(self.state.best.get(name, []), 1):
+                if best.hash == chosen:
+                    folder = self.run_dir.path / self._best_folder(name)
+                    result.best_dirs[name] = folder / f"{rank}-{best.hash[:12]}"
+        if len(self.benchmarks) == 1:
+            result.best_dir = result.best_dirs.get(self.benchmarks[0])
 
 
 def _finite(value: Any) -> float:

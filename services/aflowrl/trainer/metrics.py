@@ -23,7 +23,21 @@ class TrainerMetrics(ComponentMetrics):
         self.mean_reward = self.gauge(
             "episode_reward", "Mean episode return of the last iteration."
         )
-        self.best_score = self.gauge("best_score", "Best validation score of any workflow found.")
+        self.best_score = self.gauge(
+            "best_score",
+            "Best validation score of any workflow found (several benchmarks: the mean of each "
+            "benchmark's best).",
+        )
+        self.benchmark_episode_reward = self.gauge(
+            "benchmark_episode_reward",
+            "Mean episode return of the last iteration's episodes on a benchmark.",
+            ["benchmark"],
+        )
+        self.benchmark_best_score = self.gauge(
+            "benchmark_best_score",
+            "Best validation score of any workflow found on a benchmark.",
+            ["benchmark"],
+        )
         self.iteration_best_score = self.gauge(
             "iteration_best_score", "Best validation score found in the last iteration."
         )

@@ -3,7 +3,9 @@
 Two panels over iterations: the mean episode return with a band of one standard deviation
 (``charts/episode_return``, ``charts/episode_return_std``), and the best validation score, of
 the iteration and of the run so far (``charts/iteration_best_score``, ``charts/best_score``),
-with the seed workflow's score for reference (``charts/seed_score``). Called by
+with the seed workflow's score for reference (``charts/seed_score``). A run on several
+benchmarks adds each benchmark's mean return (``charts/episode_return/<benchmark>``) as a thin
+line. Called by
 :meth:`aflowrl.trainer.records.RunDirectory.plot_curves`.
 """
 
@@ -41,6 +43,11 @@ def curves_png(records: Sequence[Mapping[str, Any]], *, dpi: int = 100) -> bytes
         low = [m - s for m, s in zip(mean, spread, strict=True)]
         high = [m + s for m, s in zip(mean, spread, strict=True)]
         reward_ax.fill_between(xs, low, high, color="#2563eb", alpha=0.15, label="± 1 std")
+    prefix = "charts/episode_return/"
+    benchmarks = sorted({k[len(prefix) :] for r in records for k in r if k.startswith(prefix)})
+    for i, name in enumerate(benchmarks, 1):  # colour C0 is near the mean's blue
+        bx, by = _series(records, prefix + name)
+        reward_ax.plot(bx, by, color=f"C{i}", linewidth=0.8, alpha=0.8, label=name)
     reward_ax.axhline(0.0, color="#9ca3af", linewidth=0.8)
     reward_ax.set_title("Episode return")
     reward_ax.set_xlabel("iteration")

@@ -8,7 +8,10 @@
     best/               the best workflows found, best first:
       index.json          hash, validation score, iteration and episode of each
       1-<hash>/           workflow.json, graph.py + prompt.py (AFlow), workflow.png (picture)
-    final.json, final.md  the best workflow against the seed and classic baselines (test split)
+    best/<benchmark>/   the same per training benchmark, when the run trains on several
+    final.json, final.md  the best workflow against the seed and classic baselines (test split),
+                        a table per training benchmark (and one for the held-out benchmarks);
+                        with held-out benchmarks, the policy on held-out tasks too
     checkpoints.json    the trainer's checkpoint index (aflowrl.trainer.state)
     logs/               service logs (local runs)
 
@@ -34,6 +37,12 @@ Keys of a record (NaN is written as null):
   the evaluation cache answered), ``env/cost_usd``, ``env/cost_known``, ``env/failovers``
   (calls moved to another replica), ``env/replicas_live``;
 - ``weights/seconds``, ``weights/replicas_failed``: the weight push;
+- with several training benchmarks, ``charts/episode_return/<benchmark>``,
+  ``charts/iteration_best_score/<b>``, ``charts/seed_score/<b>``,
+  ``charts/valid_action_ratio/<b>``, ``charts/duplicate_ratio/<b>``, ``charts/episodes/<b>``
+  (the benchmarks the iteration's groups drew) and ``charts/best_score/<b>`` (every training
+  benchmark with a best workflow); ``charts/best_score`` is then the mean of the benchmarks'
+  best scores;
 - ``time/<phase>`` for reset, generate, step, advantage, logprob, train, weight_sync,
   checkpoint; ``time/iteration``; ``time/service_calls`` (some call in flight);
   ``time/overhead_ratio`` (the trainer's own share of the iteration).
@@ -148,15 +157,18 @@ class RunDirectory:
 
     # ---- best workflows --------------------------------------------------------------------------
 
-    def write_best(self, best: Sequence[BestWorkflow], *, benchmark: str) -> Path:
-        """``best/``: index.json and, per workflow, its JSON, AFlow code and picture.
+    def write_best(
+        self, best: Sequence[BestWorkflow], *, benchmark: str, subdir: str = "best"
+    ) -> Path:
+        """``<subdir>/`` (``best/``, or ``best/<benchmark>/`` for one benchmark of several):
+        index.json and, per workflow, its JSON, AFlow code and picture.
 
         A workflow already written (under any rank) is moved to its new rank, not rendered again.
         """
         from aflowrl.workflow import Graph, export_aflow, save_png
 
-        root = self.path / "best"
-        root.mkdir(exist_ok=True)
+        root = self.path / subdir
+        root.mkdir(parents=True, exist_ok=True)
         written = {d.name.partition("-")[2]: d for d in root.iterdir() if d.is_dir()}
         index = []
         keep = set()
@@ -182,7 +194,7 @@ class RunDirectory:
                     "validation_score": entry.score,
                     "iteration": entry.iteration,
                     "episode": entry.episode,
-                    "dir": f"best/{name}",
+                    "dir": f"{subdir}/{name}",
                     "files": files,
                 }
             )
@@ -204,3 +216,13 @@ class RunDirectory:
     def write_final(self, rows: Sequence[Mapping[str, Any]], table: str) -> None:
         _atomic_write(self.path / "final.json", json.dumps(list(rows), indent=2) + "\n")
         _atomic_write(self.path / "final.md", table + "\n")
+
+    def write_held_out(
+        self, episodes: Sequence[Mapping[str, Any]], summaries: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """``held_out.json``: the policy's episodes on held-out tasks and their summary."""
+        doc = {
+            "summaries": [{k: _json_value(v) for k, v in s.items()} for s in summaries],
+            "episodes": [{k: _json_value(v) for k, v in e.items()} for e in episodes],
+        }
+        _atomic_write(self.path / "held_out.json", json.dumps(doc, indent=2) + "\n")

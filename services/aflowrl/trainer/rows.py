@@ -97,7 +97,7 @@ class Episode:
     seed: int
     episode_id: str
     benchmark: str = ""
-    """The task's benchmark."""
+    """The task's benchmark (the Reset's ``task``)."""
     state: bytes = b""
     observation_text: str = ""
     admissible: tuple[str, ...] = ()

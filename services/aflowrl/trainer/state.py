@@ -2,10 +2,12 @@
 
 A checkpoint is a learner checkpoint (weights, optimiser, learner RNG, step) whose opaque
 ``client_state`` holds this :class:`TrainerState` as JSON: iterations completed, the policy
-version, the best workflows found, the best and seed scores, the position in ``metrics.jsonl``
-and a fingerprint of the spec fields a resumed run must share. The trainer's randomness (task
-seeds, choice sampling) is derived from ``(trainer.seed, iteration)``, so the iteration *is* the
-trainer's RNG state: a resumed run draws exactly what an uninterrupted one would.
+version, the best workflows found on each training benchmark, the position in
+``metrics.jsonl`` and a fingerprint of the spec fields a resumed run must share. A state of
+format 1 (one benchmark, saved before runs could mix benchmarks) is read as format 2. The
+trainer's randomness (tasks, choice sampling) is derived from ``(trainer.seed, iteration)``, so
+the iteration *is* the trainer's RNG state: a resumed run draws exactly what an uninterrupted
+one would.
 
 Learner and trainer may not share a filesystem (an emptyDir on Kubernetes), so the trainer keeps
 its own index of the checkpoints it asked for (``checkpoints.json`` in its run directory,
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -28,8 +31,8 @@ from aflowrl.trainer.errors import ResumeError
 
 logger = logging.getLogger(__name__)
 
-STATE_FORMAT = 1
-"""Version of the JSON form; another version is refused."""
+STATE_FORMAT = 2
+"""Version of the JSON form; format 1 is migrated, others are refused."""
 
 INDEX_FILE = "checkpoints.json"
 
@@ -38,7 +41,8 @@ def spec_fingerprint(spec: RunSpec) -> dict[str, Any]:
     """The spec fields a resumed run must share with the run it resumes."""
     return {
         "policy.model": spec.policy.model,
-        "environment.benchmark": spec.environment.benchmark,
+        "environment.benchmarks": list(spec.environment.training_benchmarks),
+        "environment.heldOutBenchmarks": list(spec.environment.held_out_benchmarks),
         "environment.search.actionMode": spec.environment.search.action_mode,
         "learner.algorithm.type": spec.learner.algorithm.type,
         "trainer.seed": spec.trainer.seed,
@@ -71,8 +75,8 @@ class TrainerState:
     iteration: int = 0
     """Iterations completed (the next one to run)."""
     policy_version: int = 0
-    best: list[BestWorkflow] = field(default_factory=list)
-    """The best distinct workflows so far, best first."""
+    best: dict[str, list[BestWorkflow]] = field(default_factory=dict)
+    """The best distinct workflows so far on each training benchmark, best first."""
     episodes: int = 0
     metrics_lines: int = 0
     """Records in metrics.jsonl (one per completed iteration)."""
@@ -86,21 +90,25 @@ class TrainerState:
 
     @property
     def best_score(self) -> float | None:
-        return self.best[0].score if self.best else None
+        """The best workflow's score; with several benchmarks, the mean of each one's best."""
+        tops = [kept[0].score for kept in self.best.values() if kept]
+        return math.fsum(tops) / len(tops) if tops else None
 
-    def offer(self, candidate: BestWorkflow, keep: int) -> None:
-        """Count ``candidate``'s evaluation and keep the ``keep`` best distinct workflows."""
-        known = next((b for b in self.best if b.hash == candidate.hash), None)
+    def offer(self, benchmark: str, candidate: BestWorkflow, keep: int) -> None:
+        """Count ``candidate``'s evaluation on ``benchmark`` and keep that benchmark's ``keep``
+        best distinct workflows."""
+        best = self.best.setdefault(benchmark, [])
+        known = next((b for b in best if b.hash == candidate.hash), None)
         if known is None:
-            self.best.append(candidate)
+            best.append(candidate)
         else:
             total = known.score * known.evaluations + candidate.score
             known.evaluations += 1
             known.score = total / known.evaluations
             if known.workflow_json is None:
                 known.workflow_json = candidate.workflow_json
-        self.best.sort(key=lambda b: (-b.score, b.iteration))
-        del self.best[keep:]
+        best.sort(key=lambda b: (-b.score, b.iteration))
+        del best[keep:]
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -109,14 +117,19 @@ class TrainerState:
     def from_bytes(cls, data: bytes, *, source: str) -> TrainerState:
         try:
             doc = json.loads(data.decode())
+            if doc.get("format") == 1:
+                doc = _from_format_1(doc)
             if doc.get("format") != STATE_FORMAT:
                 raise ResumeError(
                     f"trainer state format {doc.get('format')!r} is not {STATE_FORMAT}",
                     field=source,
                 )
-            doc["best"] = [BestWorkflow(**b) for b in doc.get("best", [])]
+            doc["best"] = {
+                name: [BestWorkflow(**b) for b in kept]
+                for name, kept in doc.get("best", {}).items()
+            }
             return cls(**doc)
-        except (ValueError, TypeError, AttributeError) as exc:
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
             raise ResumeError(f"unreadable trainer state ({exc})", field=source) from None
 
     def check_resumable(self, spec: RunSpec) -> None:
@@ -133,6 +146,20 @@ class TrainerState:
                 + "\n".join(changed),
                 field="run directory",
             )
+
+
+def _from_format_1(doc: dict[str, Any]) -> dict[str, Any]:
+    """A format-1 state (one benchmark, ``environment.benchmark``) in format 2."""
+    fingerprint = dict(doc["fingerprint"])
+    benchmark = fingerprint.pop("environment.benchmark")
+    fingerprint["environment.benchmarks"] = [benchmark]
+    fingerprint["environment.heldOutBenchmarks"] = []
+    return {
+        **doc,
+        "fingerprint": fingerprint,
+        "best": {benchmark: doc.get("best", [])},
+        "format": 2,
+    }
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,12 @@ listed action can be stepped, each child evaluated once (and cached by its hash)
 trace is therefore a state with the reward of *every* candidate:
 
 1. a behaviour policy (``uniform`` over the admissible actions, or the ``policy`` itself) plays
-   ``warmStart.episodes`` episodes, each on its own task (task seeds apart from the RL
-   iterations'); at every state the rollout scores the observation (the policy's own decision,
-   which also gives the token ids the learner trains on), and every admissible action is stepped
-   from the state: r_k is the reward of candidate k (a duplicate's is the duplicate penalty);
-   the behaviour's action then moves the episode on;
+   ``warmStart.episodes`` episodes, each on its own task (benchmarks drawn by weight as the
+   iterations' are, task seeds from a namespace of their own); at every state the rollout
+   scores the observation (the policy's own decision, which also gives the token ids the
+   learner trains on), and every admissible action is stepped from the state: r_k is the
+   reward of candidate k (a duplicate's is the duplicate penalty); the behaviour's action then
+   moves the episode on;
 2. each labelled state becomes a supervised row: the target q_k = softmax_k(r_k / tau) over its
    candidates (tau = ``warmStart.temperature``, in reward units) and the value target
    sum_k q_k r_k, the reward the target policy expects from the state;
@@ -41,13 +42,11 @@ from aflowrl.search import encoding
 from aflowrl.trainer.acting import Actor, Observed
 from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, TrainRow
 from aflowrl.trainer.clock import Timeline
-from aflowrl.trainer.collect import Collector
+from aflowrl.trainer.collect import Collector, group_episodes
 from aflowrl.trainer.rows import Decision, Episode
+from aflowrl.trainer.tasks import warm_start_tasks
 
 logger = logging.getLogger(__name__)
-
-TASK_NAMESPACE = "warm-start"
-"""Task seeds of the labelled episodes derive from this, apart from the RL iterations'."""
 
 
 @dataclass(frozen=True)
@@ -124,8 +123,8 @@ class WarmStart:
 
     async def label(self, timeline: Timeline) -> list[LabelledState]:
         """Play and label ``warmStart.episodes`` behaviour episodes."""
-        count = self.settings.episodes
-        episodes = self.collector.task_episodes(TASK_NAMESPACE, count)
+        tasks = warm_start_tasks(self.spec, self.settings.episodes)
+        episodes = group_episodes(tasks, 1, "warm")
         with timeline.phase("reset"):
             await self.collector.reset_all(episodes, timeline)
         rng = np.random.default_rng([self.spec.trainer.seed, 7])

@@ -52,7 +52,7 @@ FULL: dict = {
         "resources": {"cpu": "16", "memory": "128Gi", "gpus": 4},
     },
     "environment": {
-        "benchmark": "gsm8k",
+        "benchmarks": ["gsm8k"],
         "data": {"dir": "/data", "persistentVolumeClaim": "datasets"},
         "executor": {
             "type": "openai",

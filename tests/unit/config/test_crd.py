@@ -79,7 +79,7 @@ def test_default_and_example_specs_validate_against_the_crd_schema():
         """
         learner: {algorithm: {type: ppo, lam: 0.9}, resources: {gpus: 8}, procsPerNode: 8}
         environment:
-          benchmark: gsm8k
+          benchmarks: [gsm8k]
           executor: {type: openai, baseUrl: "https://api.openai.com/v1",
                      apiKeySecret: {name: openai, key: api-key}}
           search: {selection: fused, valueSource: critic}

@@ -12,7 +12,7 @@ from aflowrl.config.run import API_GROUP, API_VERSION
 def test_default_spec_is_valid_and_round_trips():
     spec = RunSpec()
     doc = spec.to_document()
-    assert doc["environment"]["benchmark"] == "humaneval"
+    assert doc["environment"]["benchmarks"] == ["humaneval"]
     assert doc["learner"]["algorithm"]["type"] == "gigpo"
     assert "maxPromptTokens" in doc["policy"]  # camelCase keys, as in a TrainingRun
     assert RunSpec.from_document(doc) == spec
@@ -28,9 +28,9 @@ def test_training_run_document_is_accepted():
         "apiVersion": f"{API_GROUP}/{API_VERSION}",
         "kind": "TrainingRun",
         "metadata": {"name": "demo"},
-        "spec": {"environment": {"benchmark": "gsm8k", "data": {"dir": "/data"}}},
+        "spec": {"environment": {"benchmarks": ["gsm8k"], "data": {"dir": "/data"}}},
     }
-    assert RunSpec.from_document(doc).environment.benchmark == "gsm8k"
+    assert RunSpec.from_document(doc).environment.training_benchmarks == ("gsm8k",)
 
 
 def test_yaml_with_discriminated_unions():
@@ -55,7 +55,7 @@ INVALID = [
     ({"rollut": {}}, "spec.rollut"),
     ({"rollout": {"sampling": {"topP": 0}}}, "spec.rollout.sampling.topP"),
     ({"rollout": {"resources": {"memory": "lots"}}}, "spec.rollout.resources.memory"),
-    ({"environment": {"benchmark": "mmlu"}}, "spec.environment.benchmark"),
+    ({"environment": {"benchmarks": ["mmlu"]}}, "spec.environment.benchmarks[0]"),
     ({"learner": {"algorithm": {"type": "dqn"}}}, "spec.learner.algorithm"),
     ({"learner": {"algorithm": {"type": "gigpo", "gamma": 1.5}}}, "spec.learner.algorithm.gamma"),
     ({"environment": {"executor": {"type": "openai"}}}, "spec.environment.executor"),
@@ -81,6 +81,28 @@ INVALID = [
     ({"learner": {"loss": {"miniBatchSize": 4, "microBatchSize": 8}}}, "microBatchSize"),
     ({"learner": {"procsPerNode": 2, "resources": {"gpus": 4}}}, "procsPerNode"),
     ({"learner": {"optimizer": {"betas": [0.9, 1.0]}}}, "betas[1]"),
+    # the benchmarks a run trains on and holds out
+    ({"environment": {"benchmark": "gsm8k"}}, "write benchmarks: [gsm8k]"),
+    ({"environment": {"benchmarks": []}}, "spec.environment.benchmarks"),
+    ({"environment": {"benchmarks": ["gsm8k", "gsm8k"]}}, "benchmarks lists gsm8k more than once"),
+    ({"environment": {"benchmarks": ["mixed", "math"]}}, "'mixed' means all six"),
+    ({"environment": {"heldOutBenchmarks": ["mixed"]}}, "spec.environment.heldOutBenchmarks[0]"),
+    (
+        {"environment": {"benchmarks": ["gsm8k"], "heldOutBenchmarks": ["gsm8k"]}},
+        "heldOutBenchmarks: gsm8k is also in benchmarks",
+    ),
+    ({"environment": {"benchmarkWeights": {"gsm8k": 1}}}, "benchmarkWeights: gsm8k is no training"),
+    ({"environment": {"benchmarkWeights": {"humaneval": 0}}}, "benchmarkWeights.humaneval"),
+    (
+        {
+            "environment": {
+                "benchmarks": ["mixed"],
+                "heldOutBenchmarks": ["drop"],
+                "benchmarkWeights": {"drop": 2},
+            }
+        },
+        "benchmarkWeights: drop is no training benchmark",
+    ),
 ]
 
 
@@ -89,6 +111,27 @@ def test_invalid_spec_names_the_field(doc, field):
     with pytest.raises(ConfigError) as info:
         RunSpec.from_document(doc)
     assert field in str(info.value)
+
+
+def test_mixed_means_every_benchmark_but_the_held_out_ones():
+    env = RunSpec.from_document(
+        {
+            "environment": {
+                "benchmarks": ["mixed"],
+                "heldOutBenchmarks": ["drop"],
+                "benchmarkWeights": {"gsm8k": 3},
+            }
+        }
+    ).environment
+    assert env.training_benchmarks == ("gsm8k", "math", "humaneval", "mbpp", "hotpotqa")
+    assert env.served_benchmarks == (*env.training_benchmarks, "drop")
+    assert env.task_weights == (3.0, 1.0, 1.0, 1.0, 1.0)
+    assert env.needing_data_dir == ("gsm8k", "math", "mbpp", "hotpotqa", "drop")
+    listed = RunSpec.from_document(
+        {"environment": {"benchmarks": ["humaneval"], "heldOutBenchmarks": ["mbpp"]}}
+    )
+    assert listed.environment.training_benchmarks == ("humaneval",)
+    assert listed.needs_data_dir() and not RunSpec().needs_data_dir()
 
 
 def test_all_problems_are_reported_at_once():

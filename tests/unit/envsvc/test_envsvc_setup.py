@@ -31,31 +31,40 @@ def test_check_spec_names_the_data_directory_problem(monkeypatch, tmp_path):
     monkeypatch.delenv("AFLOWRL_DATA_DIR", raising=False)
     openai = {"type": "openai", "baseUrl": "http://127.0.0.1:9/v1"}
     with pytest.raises(InvalidInputError, match="gsm8k needs a data directory") as caught:
-        server.check_spec(_spec(benchmark="gsm8k", executor=openai))
+        server.check_spec(_spec(benchmarks=["gsm8k"], executor=openai))
     assert caught.value.field == "environment.data.dir"
     missing = tmp_path / "nowhere"
     with pytest.raises(InvalidInputError, match="does not exist") as caught:
-        server.check_spec(_spec(benchmark="gsm8k", data={"dir": str(missing)}, executor=openai))
+        server.check_spec(_spec(benchmarks=["gsm8k"], data={"dir": str(missing)}, executor=openai))
     assert caught.value.field == "environment.data.dir"
     monkeypatch.setenv("AFLOWRL_DATA_DIR", str(tmp_path))
-    server.check_spec(_spec(benchmark="gsm8k", executor=openai))  # the variable will do
-    server.check_spec(_spec(benchmark="humaneval", executor=openai))  # packaged data
+    server.check_spec(_spec(benchmarks=["gsm8k"], executor=openai))  # the variable will do
+    server.check_spec(_spec(benchmarks=["humaneval"], executor=openai))  # packaged data
+
+
+def test_check_spec_names_every_served_benchmark_without_data(monkeypatch):
+    monkeypatch.delenv("AFLOWRL_DATA_DIR", raising=False)
+    openai = {"type": "openai", "baseUrl": "http://127.0.0.1:9/v1"}
+    spec = _spec(benchmarks=["humaneval", "math"], heldOutBenchmarks=["drop"], executor=openai)
+    with pytest.raises(InvalidInputError, match="math, drop needs a data directory") as caught:
+        server.check_spec(spec)
+    assert caught.value.field == "environment.data.dir"
 
 
 def test_an_openai_executor_needs_an_endpoint(monkeypatch):
     monkeypatch.delenv("AFLOWRL_EXECUTOR_BASE_URL", raising=False)
     served = {"type": "openai", "serve": {"model": "/models/qwen"}}
     with pytest.raises(InvalidInputError, match="no endpoint") as caught:
-        server.check_spec(_spec(benchmark="humaneval", executor=served))
+        server.check_spec(_spec(benchmarks=["humaneval"], executor=served))
     assert caught.value.field == "environment.executor.baseUrl"
     monkeypatch.setenv("AFLOWRL_EXECUTOR_BASE_URL", "http://executor:8000/v1")
-    server.check_spec(_spec(benchmark="humaneval", executor=served))
+    server.check_spec(_spec(benchmarks=["humaneval"], executor=served))
     built = executors.build_executor(_spec(executor=served).environment, [], None)
     assert built.executor_id.startswith("openai:gpt-4o-mini@http://executor:8000/v1")
 
 
 def test_the_surrogate_is_used_when_installed():
-    spec = _spec(benchmark="humaneval")
+    spec = _spec(benchmarks=["humaneval"])
     assert spec.environment.executor.type == "surrogate"  # the default
     if importlib.util.find_spec(executors.SURROGATE_MODULE) is None:
         with pytest.raises(InvalidInputError, match="not in this installation") as caught:
@@ -163,8 +172,10 @@ def test_the_hit_ratio_covers_every_evaluator_sharing_the_counters():
 
 def test_fused_selection_without_a_value_source_is_refused_at_startup():
     with pytest.raises(ValidationError, match="valueSource"):  # the spec parser refuses it
-        _spec(benchmark="humaneval", search={"selection": "fused", "valueSource": "none"})
-    spec = _spec(benchmark="humaneval", search={"selection": "fused", "valueSource": "anchor-mc"})
+        _spec(benchmarks=["humaneval"], search={"selection": "fused", "valueSource": "none"})
+    spec = _spec(
+        benchmarks=["humaneval"], search={"selection": "fused", "valueSource": "anchor-mc"}
+    )
     search = spec.environment.search.model_copy(update={"value_source": "none"})
     built = spec.model_copy(
         update={"environment": spec.environment.model_copy(update={"search": search})}

@@ -27,17 +27,30 @@ def test_the_embedded_default_and_runspecs_defaults_pass():
 def test_a_benchmark_without_a_packaged_copy_needs_a_data_dir(monkeypatch):
     monkeypatch.delenv("AFLOWRL_DATA_DIR", raising=False)
     with pytest.raises(PreflightError) as info:
-        preflight.check_data(_spec(environment={"benchmark": "gsm8k"}))
+        preflight.check_data(_spec(environment={"benchmarks": ["gsm8k"]}))
     assert info.value.field == "spec.environment.data.dir"
     assert "gsm8k_validate.jsonl" in str(info.value) and "AFLOWRL_DATA_DIR" in str(info.value)
 
 
+def test_a_held_out_benchmark_needs_its_data_too(monkeypatch, tmp_path):
+    monkeypatch.delenv("AFLOWRL_DATA_DIR", raising=False)
+    doc = {"benchmarks": ["humaneval"], "heldOutBenchmarks": ["mbpp"]}
+    with pytest.raises(PreflightError) as info:
+        preflight.check_data(_spec(environment=doc))
+    assert info.value.field == "spec.environment.data.dir" and "mbpp_test.jsonl" in str(info.value)
+    for split in ("validate", "test"):  # the training benchmark's files, not the held-out one's
+        (tmp_path / f"gsm8k_{split}.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    doc = {"benchmarks": ["gsm8k"], "heldOutBenchmarks": ["mbpp"], "data": {"dir": str(tmp_path)}}
+    with pytest.raises(PreflightError, match=r"mbpp_validate\.jsonl does not exist"):
+        preflight.check_data(_spec(environment=doc))
+
+
 def test_a_missing_or_incomplete_data_dir_is_named(tmp_path):
-    spec = _spec(environment={"benchmark": "gsm8k", "data": {"dir": str(tmp_path / "nope")}})
+    spec = _spec(environment={"benchmarks": ["gsm8k"], "data": {"dir": str(tmp_path / "nope")}})
     with pytest.raises(PreflightError, match="is not a directory"):
         preflight.check_data(spec)
     (tmp_path / "gsm8k_validate.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
-    spec = _spec(environment={"benchmark": "gsm8k", "data": {"dir": str(tmp_path)}})
+    spec = _spec(environment={"benchmarks": ["gsm8k"], "data": {"dir": str(tmp_path)}})
     with pytest.raises(PreflightError, match=r"gsm8k_test\.jsonl does not exist"):
         preflight.check_data(spec)
 
@@ -45,7 +58,7 @@ def test_a_missing_or_incomplete_data_dir_is_named(tmp_path):
 def test_a_malformed_data_line_is_named(tmp_path):
     for split in ("validate", "test"):
         (tmp_path / f"gsm8k_{split}.jsonl").write_text("{not json\n")
-    spec = _spec(environment={"benchmark": "gsm8k", "data": {"dir": str(tmp_path)}})
+    spec = _spec(environment={"benchmarks": ["gsm8k"], "data": {"dir": str(tmp_path)}})
     with pytest.raises(PreflightError, match=r"gsm8k_validate.jsonl.*1"):
         preflight.check_data(spec)
 
@@ -121,7 +134,7 @@ def test_the_embedded_default_run_is_the_tiny_surrogate_humaneval_run():
     from aflowrl.local.launcher import default_run
 
     spec = default_run()
-    assert spec.policy.model == "tiny" and spec.environment.benchmark == "humaneval"
+    assert spec.policy.model == "tiny" and spec.environment.benchmarks == ["humaneval"]
     assert spec.environment.executor.type == "surrogate"
     assert spec.environment.replicas.min == 2 and spec.rollout.engine == "hf"
     assert spec.environment.search.max_admissible_actions <= 9  # one-digit replies

@@ -35,14 +35,14 @@ def test_a_spec_error_names_the_field(tmp_path, capsys):
 
 
 def test_an_unknown_benchmark_is_named(tmp_path, capsys):
-    code, err = _train(tmp_path, capsys, "environment: {benchmark: gsm9k}\n")
-    assert code == 2 and "spec.environment.benchmark" in err and "gsm9k" in err
+    code, err = _train(tmp_path, capsys, "environment: {benchmarks: [gsm9k]}\n")
+    assert code == 2 and "spec.environment.benchmarks[0]" in err and "gsm9k" in err
     assert _nothing_started(tmp_path)
 
 
 def test_a_missing_data_dir_is_named(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("AFLOWRL_DATA_DIR", raising=False)
-    code, err = _train(tmp_path, capsys, "environment: {benchmark: mbpp}\n")
+    code, err = _train(tmp_path, capsys, "environment: {benchmarks: [mbpp]}\n")
     assert code == 2 and "spec.environment.data.dir" in err
     assert _nothing_started(tmp_path)
 

@@ -40,10 +40,11 @@ def _jsonschema(node):
     return out
 
 
-def test_there_are_the_three_examples():
+def test_there_are_the_four_examples():
     assert [p.name for p in EXAMPLES] == [
         "multi-node.yaml",
         "qwen2.5-7b-gsm8k-8gpu.yaml",
+        "qwen2.5-7b-mixed-transfer-8gpu.yaml",
         "tiny-cpu.yaml",
     ]
 

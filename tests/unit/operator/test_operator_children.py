@@ -30,7 +30,7 @@ SPECS: dict[str, dict] = {
         },
         "learner": {"procsPerNode": 4, "resources": {"cpu": "32", "memory": "256Gi", "gpus": 4}},
         "environment": {
-            "benchmark": "gsm8k",
+            "benchmarks": ["gsm8k"],
             "data": {"dir": "/data", "persistentVolumeClaim": "datasets"},
             "executor": {
                 "type": "openai",

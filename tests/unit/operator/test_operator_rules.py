@@ -30,7 +30,7 @@ def test_a_valid_spec_passes_and_an_invalid_one_names_every_field():
 @pytest.mark.parametrize(
     ("doc", "field"),
     [
-        ({"environment": {"benchmark": "gsm8k"}}, "spec.environment.data.dir"),
+        ({"environment": {"benchmarks": ["gsm8k"]}}, "spec.environment.data.dir"),
         ({"weightTransport": {"type": "filesystem"}}, "spec.storage.size"),
         (
             {
@@ -52,7 +52,7 @@ def test_cluster_only_rules(doc, field):
 
 
 def test_humaneval_needs_no_data_directory():
-    assert validate("demo", {"environment": {"benchmark": "humaneval"}})[1] is None
+    assert validate("demo", {"environment": {"benchmarks": ["humaneval"]}})[1] is None
 
 
 def test_immutable_changes_name_each_changed_leaf():

@@ -82,6 +82,19 @@ def test_best_workflows_as_json_aflow_code_and_picture(tmp_path):
     assert index[0]["dir"] == f"best/1-{seed.content_hash[:12]}" and index[1]["files"] == []
 
 
+def test_each_benchmark_of_several_gets_its_own_best_folder(tmp_path):
+    run = RunDirectory(tmp_path)
+    math_seed, code_seed = library.load("seed", "math"), library.load("seed", "code")
+    for name, graph in (("gsm8k", math_seed), ("math", math_seed), ("mbpp", code_seed)):
+        kept = [BestWorkflow(graph.content_hash, 0.5, 0, "seed", graph.to_json())]
+        root = run.write_best(kept, benchmark=name, subdir=f"best/{name}")
+        index = json.loads((root / "index.json").read_text())
+        assert index[0]["dir"] == f"best/{name}/1-{graph.content_hash[:12]}"
+    assert sorted(p.name for p in (tmp_path / "best").iterdir()) == ["gsm8k", "math", "mbpp"]
+    graph_py = tmp_path / "best" / "mbpp" / f"1-{code_seed.content_hash[:12]}" / "graph.py"
+    assert "MBPP" in graph_py.read_text()  # exported for the benchmark it was found on
+
+
 def test_summary_line_shows_reward_best_validity_and_phase_seconds():
     line = summary_line(_record(3))
     assert line.startswith("return +0.030  best 0.830  valid 88%")
@@ -138,3 +151,5 @@ def test_final_table_aligns_scores_and_unknown_costs():
     assert "0.912 ± 0.010" in lines[4] and "0.0123" in lines[4] and "1,310" in lines[4]
     assert lines[5].endswith("unknown") and " - " in lines[5]
     assert len({len(line) for line in lines[2:4]}) == 1  # header and rule line up
+    held = final_table(rows, benchmark="mbpp", held_out=True).splitlines()
+    assert held[0].startswith("Held-out mbpp (never trained on)") and held[2:] == lines[2:]

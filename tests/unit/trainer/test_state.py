@@ -26,7 +26,7 @@ def _state(spec: RunSpec | None = None) -> TrainerState:
 def test_state_round_trips_through_client_state_bytes():
     state = _state()
     state.iteration, state.policy_version, state.metrics_lines = 7, 7, 7
-    state.offer(BestWorkflow("h1", 0.8, 3, "it3-g0-e1", '{"x": 1}'), keep=5)
+    state.offer("humaneval", BestWorkflow("h1", 0.8, 3, "it3-g0-e1", '{"x": 1}'), keep=5)
     state.last_record = {"iteration": 6, "charts/episode_return": 0.1}
     again = TrainerState.from_bytes(state.to_bytes(), source="ckpt")
     assert again == state
@@ -43,25 +43,59 @@ def test_unreadable_or_foreign_state_is_refused_naming_the_checkpoint():
 
 def test_best_keeps_distinct_workflows_by_mean_validation_score():
     state = _state()
-    state.offer(BestWorkflow("a", 0.9, 0, "e0"), keep=2)
-    state.offer(BestWorkflow("b", 0.7, 0, "e1"), keep=2)
-    state.offer(BestWorkflow("a", 0.5, 1, "e2", "{}"), keep=2)  # seen again: mean 0.7
-    assert [(b.hash, b.score, b.evaluations) for b in state.best] == [("a", 0.7, 2), ("b", 0.7, 1)]
-    assert state.best[0].workflow_json == "{}"  # the graph fills in once known
-    state.offer(BestWorkflow("c", 0.95, 2, "e3"), keep=2)
-    assert [b.hash for b in state.best] == ["c", "a"] and state.best_score == 0.95
+    state.offer("humaneval", BestWorkflow("a", 0.9, 0, "e0"), keep=2)
+    state.offer("humaneval", BestWorkflow("b", 0.7, 0, "e1"), keep=2)
+    state.offer("humaneval", BestWorkflow("a", 0.5, 1, "e2", "{}"), keep=2)  # again: mean 0.7
+    best = state.best["humaneval"]
+    assert [(b.hash, b.score, b.evaluations) for b in best] == [("a", 0.7, 2), ("b", 0.7, 1)]
+    assert best[0].workflow_json == "{}"  # the graph fills in once known
+    state.offer("humaneval", BestWorkflow("c", 0.95, 2, "e3"), keep=2)
+    assert [b.hash for b in state.best["humaneval"]] == ["c", "a"] and state.best_score == 0.95
+
+
+def test_best_lists_are_kept_per_benchmark_and_the_run_score_is_their_mean():
+    state = _state()
+    # The same workflow (the math seed serves gsm8k and math) is scored apart on each.
+    state.offer("gsm8k", BestWorkflow("seed", 0.9, 0, "seed"), keep=2)
+    state.offer("math", BestWorkflow("seed", 0.4, 0, "seed"), keep=2)
+    state.offer("math", BestWorkflow("m1", 0.6, 1, "e1"), keep=2)
+    assert [b.hash for b in state.best["gsm8k"]] == ["seed"]
+    assert [(b.hash, b.evaluations) for b in state.best["math"]] == [("m1", 1), ("seed", 1)]
+    assert state.best_score == pytest.approx((0.9 + 0.6) / 2)
+    again = TrainerState.from_bytes(state.to_bytes(), source="ckpt")
+    assert again == state
+
+
+def test_a_format_1_state_of_one_benchmark_resumes():
+    spec = RunSpec.from_document({"environment": {"benchmarks": ["mbpp"]}})
+    old = {
+        "seed": 0,
+        "fingerprint": {
+            **{k: v for k, v in spec_fingerprint(spec).items() if not k.startswith("env")},
+            "environment.benchmark": "mbpp",
+        },
+        "iteration": 4,
+        "best": [{"hash": "a", "score": 0.8, "iteration": 3, "episode": "e"}],
+        "format": 1,
+    }
+    state = TrainerState.from_bytes(json.dumps(old).encode(), source="ckpt-4")
+    assert state.format == 2 and state.iteration == 4
+    assert [b.hash for b in state.best["mbpp"]] == ["a"]
+    state.check_resumable(spec)  # the same run, in the new vocabulary
+    with pytest.raises(ResumeError, match=r"environment\.benchmarks"):
+        state.check_resumable(RunSpec.from_document({"environment": {"benchmarks": ["gsm8k"]}}))
 
 
 def test_resuming_with_another_spec_names_every_changed_field():
     state = _state()
     other = RunSpec.from_document(
-        {"trainer": {"seed": 3, "groupSize": 8}, "environment": {"benchmark": "mbpp"}}
+        {"trainer": {"seed": 3, "groupSize": 8}, "environment": {"benchmarks": ["mbpp"]}}
     )
     with pytest.raises(ResumeError) as info:
         state.check_resumable(other)
     text = str(info.value)
     assert "spec.trainer.seed: the run was 0, the spec says 3" in text
-    assert "spec.trainer.groupSize" in text and "spec.environment.benchmark" in text
+    assert "spec.trainer.groupSize" in text and "spec.environment.benchmarks" in text
     state.check_resumable(RunSpec.from_document({"trainer": {"iterations": 50}}))  # allowed
 
 

@@ -1,0 +1,259 @@
+"""A policy played on chosen tasks without training: held-out tasks, held-out benchmarks.
+
+:func:`evaluate_policy` runs ``episodes_per_task`` episodes of an actor (the trainer's
+:class:`~aflowrl.trainer.acting.ChoiceActor` / :class:`~aflowrl.trainer.acting.TextActor` on
+the rollout's current weights, or :class:`~aflowrl.trainer.acting.UniformActor`) on each given
+task (a benchmark and a task seed: :class:`~aflowrl.trainer.tasks.Task`), through the same
+collection path as training (:meth:`aflowrl.trainer.collect.Collector.play`: reset, act, step
+until done), and returns one :class:`EpisodeResult` per episode. Nothing is trained, no weights
+move, and nothing is written. Sampling is seeded by ``seed``, so the same call on the same
+weights gives the same episodes.
+
+Held-out tasks come from :func:`aflowrl.trainer.tasks.held_out_tasks` (task seeds training
+never draws); a benchmark of ``environment.heldOutBenchmarks`` is served by the environment but
+never trained on, so playing it measures transfer. :func:`summarize` and :func:`policy_table`
+aggregate the results per benchmark (mean ± standard error over episodes).
+
+Used by :mod:`aflowrl.trainer.loop` (the final evaluation of a run with held-out benchmarks)
+and ``bench/learning.py`` (each method's final policy on the same held-out tasks).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from aflowrl.config import RunSpec
+from aflowrl.errors import InvalidInputError
+from aflowrl.trainer.acting import Actor, ChoiceActor, TextActor, ValueReader
+from aflowrl.trainer.clients import EnvironmentClient, RolloutClient
+from aflowrl.trainer.clock import Timeline
+from aflowrl.trainer.collect import Collector, group_episodes, seed_workflows
+from aflowrl.trainer.final import aligned_table
+from aflowrl.trainer.rows import Episode, mean
+from aflowrl.trainer.tasks import Task, held_out_tasks
+from aflowrl.trainer.values import ValueTable
+
+MAX_EPISODES = 100_000
+"""Most episodes of one evaluation."""
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """One evaluation episode."""
+
+    benchmark: str
+    seed: int
+    """The task seed."""
+    episode_id: str
+    episode_return: float
+    """Undiscounted sum of the environment's rewards (no invalid-action penalty)."""
+    seed_score: float
+    """Validation score of the seed workflow on the episode's problems."""
+    best_score: float
+    """Best validation score in the episode's tree."""
+    best_gain: float
+    """Best score among the workflows the episode added minus the seed's (0: none added)."""
+    steps: int
+    duplicates: int
+    """Valid steps that reached a workflow the tree already held."""
+    invalid_steps: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def of(episode: Episode) -> EpisodeResult:
+        return EpisodeResult(
+            benchmark=episode.benchmark,
+            seed=episode.seed,
+            episode_id=episode.episode_id,
+            episode_return=episode.episode_return,
+            seed_score=episode.seed_score,
+            best_score=episode.best_score,
+            best_gain=episode.best_gain,
+            steps=len(episode.rows),
+            duplicates=sum(1 for r in episode.rows if r.valid and r.duplicate),
+            invalid_steps=sum(1 for r in episode.rows if not r.valid),
+        )
+
+
+def policy_actor(spec: RunSpec, rollout: RolloutClient) -> Actor:
+    """The policy served by ``rollout``, acting in the run's action mode and reading its value
+    when ``policy.value`` is on (what the trainer trains with, and what an evaluation of a
+    trained policy plays)."""
+    values = ValueReader.of(spec)
+    if spec.environment.search.action_mode == "choice":
+        return ChoiceActor(rollout, values)
+    return TextActor(rollout, spec, values)
+
+
+def value_table(spec: RunSpec) -> ValueTable | None:
+    """A fresh V(s) table for ``fused`` selection (None for the other rules)."""
+    search = spec.environment.search
+    if search.selection == "fused" and search.value_source != "none":
+        return ValueTable(search.value_source)
+    return None
+
+
+async def evaluate_policy(
+    spec: RunSpec,
+    env: EnvironmentClient,
+    actor: Actor,
+    tasks: Sequence[Task],
+    *,
+    episodes_per_task: int = 1,
+    seed: int = 0,
+    values: ValueTable | None = None,
+    timeline: Timeline | None = None,
+) -> list[EpisodeResult]:
+    """Play ``episodes_per_task`` episodes of ``actor`` on each task; nothing is trained.
+
+    ``spec`` gives the search settings (episode length, action mode) and the benchmarks the
+    environment serves; a task on another benchmark is refused before anything starts.
+    ``values`` is the V(s) table of ``fused`` selection (default: a fresh one, which the
+    policy's own values fill as it plays). Results are in task order,
+    the episodes of a task together.
+    """
+    if not tasks:
+        return []
+    if episodes_per_task < 1:
+        raise InvalidInputError(f"{episodes_per_task} is below 1", field="episodes_per_task")
+    if len(tasks) * episodes_per_task > MAX_EPISODES:
+        raise InvalidInputError(
+            f"{len(tasks)} tasks x {episodes_per_task} episodes is over {MAX_EPISODES}",
+            field="tasks",
+        )
+    served = spec.environment.served_benchmarks
+    for index, task in enumerate(tasks):
+        if task.benchmark not in served:
+            raise InvalidInputError(
+                f"{task.benchmark!r} is not served by this run (environment.benchmarks and "
+                f"heldOutBenchmarks: {', '.join(served)})",
+                field=f"tasks[{index}].benchmark",
+            )
+        if task.seed < 0:
+            raise InvalidInputError(f"{task.seed} is negative", field=f"tasks[{index}].seed")
+    # The collector seeds sampling and generation from trainer.seed and the iteration.
+    seeded = spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"seed": seed})})
+    benchmarks = list(dict.fromkeys(task.benchmark for task in tasks))
+    if values is None:
+        values = value_table(spec)
+    collector = Collector(seeded, env, actor, seed_workflows(benchmarks), values=values)
+    episodes = group_episodes(tasks, episodes_per_task, f"eval{seed}")
+    batch = await collector.play(episodes, 0, timeline or Timeline())
+    return [EpisodeResult.of(episode) for episode in batch.episodes]
+
+
+async def held_out_evaluation(
+    spec: RunSpec,
+    env: EnvironmentClient,
+    actor: Actor,
+    *,
+    values: ValueTable | None = None,
+) -> list[EpisodeResult]:
+    """The policy on held-out tasks of every benchmark the run serves (training and held-out):
+    ``trainer.tasksPerIteration`` tasks each, ``trainer.groupSize`` episodes per task, seeded by
+    ``trainer.seed`` (what a run with held-out benchmarks ends with)."""
+    trainer = spec.trainer
+    tasks = held_out_tasks(
+        spec.environment.served_benchmarks, trainer.tasks_per_iteration, seed=trainer.seed
+    )
+    return await evaluate_policy(
+        spec,
+        env,
+        actor,
+        tasks,
+        episodes_per_task=trainer.group_size,
+        seed=trainer.seed,
+        values=values,
+    )
+
+
+@dataclass(frozen=True)
+class BenchmarkSummary:
+    """Evaluation episodes of one benchmark, aggregated (means over episodes)."""
+
+    benchmark: str
+    held_out: bool
+    """Whether the benchmark is held out (never trained on): a transfer measurement."""
+    episodes: int
+    episode_return: float
+    episode_return_se: float
+    """Standard error of the mean return (NaN with one episode)."""
+    seed_score: float
+    best_score: float
+    duplicate_ratio: float
+    """Duplicate steps per step."""
+    invalid_ratio: float
+    """Invalid steps per step."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _standard_error(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return math.nan
+    m = mean(values)
+    variance = math.fsum((v - m) ** 2 for v in values) / (len(values) - 1)
+    return math.sqrt(variance / len(values))
+
+
+def summarize(
+    results: Sequence[EpisodeResult], *, held_out: Sequence[str] = ()
+) -> list[BenchmarkSummary]:
+    """Per benchmark, in the order the results first name them."""
+    by: dict[str, list[EpisodeResult]] = {}
+    for result in results:
+        by.setdefault(result.benchmark, []).append(result)
+    out = []
+    for name, group in by.items():
+        returns = [r.episode_return for r in group]
+        steps = sum(r.steps for r in group)
+        out.append(
+            BenchmarkSummary(
+                benchmark=name,
+                held_out=name in held_out,
+                episodes=len(group),
+                episode_return=mean(returns),
+                episode_return_se=_standard_error(returns),
+                seed_score=mean([r.seed_score for r in group]),
+                best_score=mean([r.best_score for r in group]),
+                duplicate_ratio=sum(r.duplicates for r in group) / steps if steps else math.nan,
+                invalid_ratio=sum(r.invalid_steps for r in group) / steps if steps else math.nan,
+            )
+        )
+    return out
+
+
+def policy_table(summaries: Sequence[BenchmarkSummary], *, title: str) -> str:
+    """The summaries as an aligned text table."""
+    header = (
+        "benchmark",
+        "episodes",
+        "return",
+        "seed score",
+        "best score",
+        "duplicates",
+        "invalid",
+    )
+
+    def number(value: float, spec: str) -> str:
+        return "-" if math.isnan(value) else format(value, spec)
+
+    body = [
+        (
+            f"{s.benchmark} (held out)" if s.held_out else s.benchmark,
+            str(s.episodes),
+            f"{s.episode_return:+.4f} ± {number(s.episode_return_se, '.4f')}",
+            f"{s.seed_score:.3f}",
+            f"{s.best_score:.3f}",
+            number(s.duplicate_ratio, ".0%"),
+            number(s.invalid_ratio, ".0%"),
+        )
+        for s in summaries
+    ]
+    return aligned_table(title, header, body)
