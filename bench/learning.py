@@ -20,7 +20,8 @@ fixes the training tasks, the warm start's traces and all sampling:
 ``--eval-tasks`` held-out tasks of each training benchmark (task seeds training never draws)
 and of the held-out benchmark (transfer), ``--eval-episodes`` episodes each. The trained
 policies search as the product does, with fused selection on their own values; the value-less
-baselines with UCB (the same c). The row ``gigpo (ucb)`` plays the GiGPO policy with UCB too,
+baselines with UCB (the same c: fused selection with an empty value table). The row ``gigpo
+(ucb)`` plays the GiGPO policy with UCB too,
 so the proposals' effect is seen apart from the selection rule's.
 
 **Measured**, per method (mean ± standard error over the seeds, each seed's value the mean over
@@ -80,6 +81,7 @@ from aflowrl.trainer.acting import (
 from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutClient
 from aflowrl.trainer.evaluate import EpisodeResult, evaluate_policy, policy_actor
 from aflowrl.trainer.tasks import Task, held_out_tasks
+from aflowrl.trainer.values import ValueTable
 from aflowrl.workflow import library
 
 TRAIN = ("gsm8k", "math", "humaneval", "hotpotqa", "drop")
@@ -142,12 +144,6 @@ def _spec(args: argparse.Namespace, **trainer: Any) -> RunSpec:
     return RunSpec.from_document(doc)
 
 
-def _with_search(spec: RunSpec, **search: Any) -> RunSpec:
-    doc = spec.to_document()
-    doc["environment"]["search"].update(search)
-    return RunSpec.from_document(doc)
-
-
 def _mean_se(values: Sequence[float]) -> tuple[float, float]:
     mean = statistics.fmean(values)
     se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
@@ -197,10 +193,17 @@ class Bench:
         return held_out_tasks(TRAIN + HELD_OUT, self.args.eval_tasks, seed=10_007)
 
     async def play(
-        self, spec: RunSpec, actor: Actor, tasks: list[Task], seed: int
+        self, spec: RunSpec, actor: Actor, tasks: list[Task], seed: int, *, ucb: bool = False
     ) -> list[EpisodeResult]:
+        """``ucb``: search with an empty value table (fused selection = UCB alone)."""
         return await evaluate_policy(
-            spec, self.env, actor, tasks, episodes_per_task=self.args.eval_episodes, seed=seed
+            spec,
+            self.env,
+            actor,
+            tasks,
+            episodes_per_task=self.args.eval_episodes,
+            seed=seed,
+            values=ValueTable.empty() if ucb else None,
         )
 
     async def run(self) -> None:
@@ -224,11 +227,11 @@ class Bench:
 
     async def _baselines(self) -> None:
         args, tasks = self.args, self.evaluation_tasks()
-        ucb = _with_search(self.base, selection="ucb", valueSource="none")
+        base = self.base
         started = time.perf_counter()
         random = self.scores.setdefault("random", Scores())
         for seed in args.seeds:
-            random.add(await self.play(ucb, UniformActor(), tasks, seed))
+            random.add(await self.play(base, UniformActor(), tasks, seed, ucb=True))
         random.seconds = time.perf_counter() - started
         _report("random", random)
         # The best constant, chosen on tasks drawn from the training benchmarks (not the
@@ -237,12 +240,14 @@ class Bench:
         selection = [Task(name, 1_000 + k) for name in TRAIN for k in range(args.selection_tasks)]
         tried = {}
         for k in range(LISTED):
-            played = await evaluate_policy(ucb, self.env, IndexActor(k), selection, seed=0)
+            played = await evaluate_policy(
+                base, self.env, IndexActor(k), selection, seed=0, values=ValueTable.empty()
+            )
             tried[k] = statistics.fmean(_gain(e) for e in played)
         best = max(tried, key=lambda k: tried[k])
         constant = self.scores.setdefault(f"constant (k={best + 1})", Scores())
         for seed in args.seeds:
-            constant.add(await self.play(ucb, IndexActor(best), tasks, seed))
+            constant.add(await self.play(base, IndexActor(best), tasks, seed, ucb=True))
         constant.seconds = time.perf_counter() - started
         self.constant = f"constant (k={best + 1})"
         print(
@@ -296,9 +301,8 @@ class Bench:
             scores.seconds += time.perf_counter() - started
             _report(f"{method} seed {seed}", scores, last=True)
             if method == "gigpo":
-                ucb = _with_search(spec, selection="ucb", valueSource="none")
                 plain = self.scores.setdefault("gigpo (ucb)", Scores())
-                plain.add(await self.play(ucb, actor, tasks, seed))
+                plain.add(await self.play(spec, actor, tasks, seed, ucb=True))
                 _report(f"gigpo (ucb) seed {seed}", plain, last=True)
 
     async def _state_dependence(self) -> None:

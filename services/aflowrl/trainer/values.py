@@ -48,6 +48,12 @@ class ValueTable:
         """Latest estimate per anchor (``policy`` and ``critic``)."""
         self._recent: OrderedDict[str, None] = OrderedDict()
 
+    @classmethod
+    def empty(cls) -> ValueTable:
+        """A table that stays empty: fused selection with it ranks by UCB alone (every V is the
+        default 0), what a policy without values searches with."""
+        return cls("anchor-mc")
+
     def _seen(self, anchor: str) -> None:
         self._recent[anchor] = None
         self._recent.move_to_end(anchor)
