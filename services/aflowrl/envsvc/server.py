@@ -76,8 +76,12 @@ def scoring_benchmark(name: str, metrics: EnvironmentMetrics) -> Benchmark:
     if shared.task_type != "code":
         return shared
 
-    async def run(code: str, *, timeout_s: float, memory_mb: int) -> sandbox.SandboxResult:
-        result = await sandbox.arun_python(code, timeout_s=timeout_s, memory_mb=memory_mb)
+    async def run(
+        code: str, *, stdin: str, timeout_s: float, memory_mb: int, private_main: bool
+    ) -> sandbox.SandboxResult:
+        result = await sandbox.arun_python(
+            code, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb, private_main=private_main
+        )
         metrics.sandbox_runs.labels(result.status).inc()
         return result
 

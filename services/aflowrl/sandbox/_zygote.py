@@ -170,7 +170,7 @@ class _SeccompFilter:
     survives the run: new user namespaces (so no private mounts or tmpfs outside the limits),
     ``clone3`` (ENOSYS, so the C library falls back to the ``clone`` checked here), ``setns``,
     becoming non-dumpable (which would hide a process's memory from the supervisor),
-    ``ptrace``, kernel keyrings, ``bpf``, ``perf_event_open``, ``userfaultfd``, io_uring,
+    ``ptrace``, ``process_vm_readv`` / ``writev``, ``kcmp``, ``pidfd_getfd``, kernel keyrings, ``bpf``, ``perf_event_open``, ``userfaultfd``, io_uring,
     ``syslog``, terminal injection, signals to every process (``kill(-1)``) or to the zygote and
     the pool, and sockets other than AF_UNIX ones (no network: where there is a network namespace
     this is belt and braces). With ``block_sockets`` (no namespaces, so the host's Unix sockets
@@ -197,6 +197,10 @@ class _SeccompFilter:
         "io_uring_enter",
         "io_uring_register",
         "syslog",
+        "process_vm_readv",
+        "process_vm_writev",
+        "kcmp",
+        "pidfd_getfd",
     )
 
     def __init__(self, block_sockets: bool, protected_pids: list[int]) -> None:
@@ -290,7 +294,9 @@ class _Zygote:
     ``base_dir/run``; wiped after each), ``wipe_dirs`` (also wiped), ``owned_dirs`` (shared
     directories cleared of this uid's entries), ``pid_namespace`` (the zygote is PID 1 of its
     own namespace), ``dedicated_uid`` (nobody else has this uid), ``drop_uid`` (become it first),
-    ``block_sockets`` (no ``socket()`` at all), ``preload`` (modules to import once)."""
+    ``block_sockets`` (no ``socket()`` at all), ``preload`` (modules to import once), ``keep``
+    (read-only binds inside the wiped directories: the interpreter of a checkout under /tmp),
+    ``readable`` (the interpreter's directories, which the code's user must be able to read)."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.base_dir: str = config["base_dir"]
@@ -301,6 +307,9 @@ class _Zygote:
         self.drop_uid: int | None = config.get("drop_uid")
         self.preload: list[str] = config.get("preload", [])
         self.block_sockets: bool = config.get("block_sockets", False)
+        self.keep: list[str] = config.get("keep", [])
+        self.readable: list[str] = config.get("readable", [])
+        self.kept_ids: dict[str, tuple[int, int]] = {}
         self.libc = _Libc()
         self.seccomp: _SeccompFilter | None = None
         self.runs = 0
@@ -329,13 +338,34 @@ class _Zygote:
             self.seccomp = _SeccompFilter(self.block_sockets, protected)
         except (OSError, AttributeError) as exc:  # no libseccomp here: run without the filter
             print(f"sandbox: no seccomp filter ({exc})", file=sys.stderr, flush=True)
+        self._check_readable()
         import site
 
         site.main()  # the interpreter's site-packages (a virtual environment's too)
         for name in self.preload:
             with contextlib.suppress(ImportError):
                 __import__(name)
+        for path in self.keep:
+            info = os.stat(path)
+            self.kept_ids[path] = (info.st_dev, info.st_ino)
         self._wipe()
+
+    def _check_readable(self) -> None:
+        """Refuse to serve when the code's user cannot read the interpreter (a root-owned venv
+        in a 0700 directory, seen by a dropped uid): every import would fail in the runs."""
+        for path in self.readable:
+            if not os.access(path, os.R_OK | os.X_OK):
+                try:
+                    mode = f"mode {os.stat(path).st_mode & 0o7777:04o}"
+                except OSError as exc:
+                    mode = exc.strerror or "not found"
+                print(
+                    f"sandbox: uid {os.getuid()} cannot read the interpreter's directory {path} "
+                    f"({mode}): make it readable by other users",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(3)
 
     def serve(self) -> None:
         import gc
@@ -499,12 +529,33 @@ class _Zygote:
     def _wipe(self, deadline: float = float("inf")) -> bool:
         clean = True
         for directory in [self.base_dir, *self.wipe_dirs]:
+            clean = self._wipe_dir(directory, deadline) and clean
+        for path, ids in self.kept_ids.items():
             try:
-                names = os.listdir(directory)
+                info = os.stat(path)
             except OSError:
+                return False
+            if (info.st_dev, info.st_ino) != ids:  # moved away: the worker is replaced
+                return False
+        return clean
+
+    def _wipe_dir(self, directory: str, deadline: float) -> bool:
+        """Delete what is in ``directory`` but the kept binds and the directories above them."""
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        clean = True
+        for name in names:
+            path = os.path.join(directory, name)
+            if path in self.keep:
                 continue
-            for name in names:
-                clean = _remove(os.path.join(directory, name), deadline) and clean
+            if any(kept.startswith(path + "/") for kept in self.keep):
+                clean = self._wipe_dir(path, deadline) and clean
+            else:
+                clean = _remove(path, deadline) and clean
         return clean
 
 
@@ -851,7 +902,10 @@ def _child(
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the zygote's pipes and everything else
         _reset_signals()
         zygote.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        zygote.libc.prctl(_PR_SET_DUMPABLE, 1)  # its own /proc entries, as in any process
+        if not req.get("private_main"):
+            zygote.libc.prctl(_PR_SET_DUMPABLE, 1)  # its own /proc entries, as in any process
+        # else it stays non-dumpable, like the zygote: a trusted main process whose children
+        # run untrusted code (their exec makes them dumpable again, and the filter keeps them so)
         _set_limits(req, nproc)
         os.chdir(run_dir)
         os.umask(0o022)

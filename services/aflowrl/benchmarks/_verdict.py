@@ -1,0 +1,703 @@
+"""The verdict program: two processes in one sandbox run, so that a code answer cannot forge its
+verdict. Built and read by :mod:`aflowrl.benchmarks._harness` (which says what it does on
+purpose differently from AFlow); this file travels as source and imports only the standard
+library.
+
+- The **driver** is the run's main process (``python main.py``, made non-dumpable by the sandbox
+  with ``private_main``). It reads the whole payload (answer, hidden tests, nonce) from stdin
+  before anything else exists, points its stdout and stderr at /dev/null after keeping a private
+  copy of stdout for the verdict, imports everything it will need, sanitises the answer, then
+  starts the answer process. It runs the dataset's test code itself, with AFlow's helpers
+  (``encode_cyclic``, ``poly``...) of its own, and with the entry point (and any other name the
+  tests take from the answer) bound to a proxy: each call sends its arguments to the answer
+  process and waits for a result. It prints one JSON line, ``{"nonce", "passed", "reason"}``, and
+  exits 0; anything else (killed, late, more output) is no verdict, i.e. a failure.
+- The **answer process** is a fresh interpreter (``python -I -S -B -c <this file> answer``) whose
+  stdin, stdout and stderr are /dev/null and whose only channel is a pair of pipes (fds 3 and 4).
+  It executes the sanitised answer in AFlow's namespace and serves the calls.
+
+Everything crossing from the answer to the driver is a JSON message of *plain values*: None,
+bool, int, float (nan and inf included), complex, str, bytes, list, tuple, dict, set, frozenset,
+of those exact types, nested at most :data:`MAX_DEPTH` deep, :data:`MAX_NODES` nodes and
+:data:`MAX_FRAME_BYTES` bytes. The answer process converts subclasses of these to their base
+type (a ``Counter`` is sent as a dict) and numpy scalars to Python ones; any other object crosses
+as an :class:`AnswerObject` that keeps only its type name and truth value. The driver parses
+strictly, so the test compares values that no answer code can reach: no ``__eq__`` of the
+answer's, no frames, builtins or modules of the driver's within its reach (different process;
+the driver is non-dumpable, so /proc/<pid>/mem, fd and environ and ptrace are closed to it; the
+seccomp filter denies ptrace and process_vm_* besides). An exception raised by the answer
+reaches the test as the builtin exception of that name (else :class:`AnswerError`); a
+``StopIteration``, a ``SystemExit`` or any ``BaseException`` that is no ``Exception``, a late
+reply, a dead answer process or a malformed message ends the run as a failure at once, without
+passing through the test code.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import fcntl
+import hashlib
+import json
+import math
+import os
+import re
+import select
+import signal
+import struct
+import sys
+import time
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+MAX_DEPTH = 100
+"""Deepest nesting of a value crossing between the processes."""
+MAX_NODES = 2_000_000
+"""Most values (containers and scalars) in one message."""
+MAX_FRAME_BYTES = 16 << 20
+"""Largest message the driver accepts from the answer process."""
+MAX_REASON_CHARS = 300
+"""Longest exception message quoted in a verdict's reason."""
+
+_LENGTH = struct.Struct(">I")
+_JSON_INT = 1 << 53
+"""Integers smaller than this in magnitude travel as JSON numbers; larger ones as hex text."""
+_ANSWER_FDS = (3, 4)
+"""The answer process's request (read) and reply (write) pipes."""
+_CONTROL_FLOW = ("StopIteration", "StopAsyncIteration")
+"""Exceptions that end an iteration silently: raised into ``map(candidate, ...)`` or a
+generator they would cut the test short, so they fail the run instead."""
+_UNSAFE_MODULES = ("antigravity", "this")
+"""Standard modules whose import does something (opens a browser, prints)."""
+
+
+class AnswerError(Exception):
+    """An exception of the answer's whose type is no builtin exception (named in the message)."""
+
+
+class AnswerObject:
+    """A result of the answer's that is no plain value (a regex match, a generator...): only its
+    type name and truth value cross over. It equals nothing but itself."""
+
+    __slots__ = ("truth", "type_name")
+
+    def __init__(self, type_name: str, truth: bool | None) -> None:
+        self.type_name = type_name
+        self.truth = truth
+
+    def __bool__(self) -> bool:
+        if self.truth is None:
+            raise TypeError(f"the answer's {self.type_name} object has no truth value")
+        return self.truth
+
+    def __repr__(self) -> str:
+        return f"<the answer's {self.type_name} object>"
+
+
+# -- plain values --------------------------------------------------------------------------------
+
+_TAGS = {list: "l", tuple: "t", set: "s", frozenset: "F"}
+_BUILDERS: dict[str, Callable[[list[Any]], Any]] = {
+    "l": list,
+    "t": tuple,
+    "s": set,
+    "F": frozenset,
+}
+
+
+def to_tree(value: Any, *, lenient: bool = False) -> Any:
+    """``value`` as a JSON-able tree (see the module docstring). Strict (the driver's
+    arguments): anything but an exact plain type raises TypeError. Lenient (the answer's
+    results): subclasses become their base type, numpy scalars Python ones, anything else an
+    :class:`AnswerObject`."""
+    budget = [MAX_NODES]
+
+    def walk(v: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise ValueError(f"a value nested deeper than {MAX_DEPTH}")
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise ValueError(f"a value of more than {MAX_NODES} parts")
+        kind = type(v)
+        if v is None or kind is bool or kind is str:
+            return v
+        if kind is int:
+            return v if -_JSON_INT < v < _JSON_INT else ["i", hex(v)]
+        if kind is float:
+            return ["f", v.hex()]
+        if kind is complex:
+            return ["c", v.real.hex(), v.imag.hex()]
+        if kind is bytes:
+            return ["b", v.hex()]
+        if kind is dict:
+            items: list[Any] = ["d"]
+            for key, item in v.items():
+                items += [walk(key, depth + 1), walk(item, depth + 1)]
+            return items
+        tag = _TAGS.get(kind)
+        if tag is not None:
+            return [tag, *(walk(item, depth + 1) for item in v)]
+        if lenient and kind is AnswerObject:
+            return ["o", v.type_name, v.truth]
+        if not lenient:
+            raise TypeError(f"only plain values cross to the answer, not {kind.__name__}")
+        return walk(_as_plain(v), depth + 1)
+
+    return walk(value, 0)
+
+
+def _as_plain(v: Any) -> Any:
+    """The answer process's honest reading of a non-plain result (see :func:`to_tree`)."""
+    if isinstance(v, bool | int):
+        return int.__int__(v)
+    if isinstance(v, float):
+        return float.__float__(v)
+    if isinstance(v, complex):
+        return complex(float.__float__(v.real), float.__float__(v.imag))
+    if isinstance(v, str):
+        return str.__str__(v)
+    if isinstance(v, bytes | bytearray):
+        return bytes(v)
+    if isinstance(v, dict):
+        return dict(dict.items(v))
+    for base in (list, tuple, set, frozenset):
+        if isinstance(v, base):
+            return base(base.__iter__(v))  # type: ignore[attr-defined]
+    kind = type(v)
+    if kind.__module__ == "numpy" and kind.__name__ != "ndarray" and hasattr(v, "item"):
+        item = v.item()
+        if type(item) in (bool, int, float, complex, str, bytes):
+            return item
+    try:
+        truth: bool | None = bool(v)
+    except Exception:  # noqa: BLE001  # an object whose truth cannot be told
+        truth = None
+    return AnswerObject(f"{kind.__module__}.{kind.__qualname__}"[:200], truth)
+
+
+def from_tree(tree: Any) -> Any:
+    """The plain value a tree stands for, built from scratch; raises ValueError (or TypeError
+    for an unhashable key) on anything that is not a well-formed tree."""
+    budget = [MAX_NODES]
+
+    def build(node: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise ValueError(f"a value nested deeper than {MAX_DEPTH}")
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise ValueError(f"a value of more than {MAX_NODES} parts")
+        kind = type(node)
+        if node is None or kind is bool or kind is str or kind is int:
+            return node
+        if kind is not list or not node or type(node[0]) is not str:
+            raise ValueError(f"malformed value {str(node)[:80]}")
+        tag, rest = node[0], node[1:]
+        if tag in _BUILDERS:
+            return _BUILDERS[tag]([build(item, depth + 1) for item in rest])
+        if tag == "d":
+            if len(rest) % 2:
+                raise ValueError("a dict with an odd number of parts")
+            built = {}
+            for i in range(0, len(rest), 2):
+                built[build(rest[i], depth + 1)] = build(rest[i + 1], depth + 1)
+            return built
+        if tag == "o" and len(rest) == 2 and type(rest[0]) is str:
+            if rest[1] is None or type(rest[1]) is bool:
+                return AnswerObject(rest[0][:200], rest[1])
+        if not all(type(item) is str for item in rest):
+            raise ValueError(f"malformed {tag!r} value")
+        if tag == "i" and len(rest) == 1:
+            return int(rest[0], 16)
+        if tag == "f" and len(rest) == 1:
+            return float.fromhex(rest[0])
+        if tag == "c" and len(rest) == 2:
+            return complex(float.fromhex(rest[0]), float.fromhex(rest[1]))
+        if tag == "b" and len(rest) == 1:
+            return bytes.fromhex(rest[0])
+        raise ValueError(f"malformed {tag!r} value")
+
+    return build(tree, 0)
+
+
+# -- messages: a 4-byte length, then a JSON array; never a JSON object, float or constant ---------
+
+
+def encode_message(*fields: Any) -> bytes:
+    """One message (the trees inside must come from :func:`to_tree`)."""
+    body = json.dumps(list(fields), separators=(",", ":")).encode()
+    return _LENGTH.pack(len(body)) + body
+
+
+def decode_message(body: bytes) -> list[Any]:
+    """Parse a message strictly: a JSON array of arrays, strings, integers, booleans and null."""
+    message = json.loads(
+        body.decode("utf-8"),
+        parse_float=_refuse,
+        parse_constant=_refuse,
+        object_pairs_hook=_refuse,
+    )
+    if type(message) is not list or not message or type(message[0]) is not str:
+        raise ValueError("a message is not an array that starts with its kind")
+    return message
+
+
+def _refuse(_value: Any) -> NoReturn:
+    raise ValueError("floats, constants and objects are not part of a message")
+
+
+class ChannelError(Exception):
+    """The answer process is gone, late, or broke the protocol; ``reason`` says which."""
+
+
+class Channel:
+    """The driver's end of the pipes to the answer process: frames with a deadline each."""
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.read_fd, self.write_fd = read_fd, write_fd
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+
+    def send(self, data: bytes, deadline: float) -> None:
+        view = memoryview(data)
+        while view:
+            self._wait(self.write_fd, select.POLLOUT, deadline)
+            try:
+                view = view[os.write(self.write_fd, view[: 1 << 16]) :]
+            except BlockingIOError:
+                continue
+            except OSError as exc:  # EPIPE: the answer process is gone
+                raise ChannelError(f"the answer process is gone ({exc.strerror})") from None
+
+    def receive(self, deadline: float) -> list[Any]:
+        length = _LENGTH.unpack(self._read(_LENGTH.size, deadline))[0]
+        if length > MAX_FRAME_BYTES:
+            raise ChannelError(f"the answer sent {length} bytes, over {MAX_FRAME_BYTES}")
+        try:
+            return decode_message(self._read(length, deadline))
+        except (ValueError, RecursionError, MemoryError) as exc:
+            raise ChannelError(f"the answer sent a malformed message ({exc})") from None
+
+    def _read(self, size: int, deadline: float) -> bytes:
+        chunks, left = [], size
+        while left:
+            self._wait(self.read_fd, select.POLLIN, deadline)
+            try:
+                chunk = os.read(self.read_fd, min(left, 1 << 20))
+            except BlockingIOError:
+                continue
+            if not chunk:
+                raise ChannelError("the answer process exited")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    @staticmethod
+    def _wait(fd: int, event: int, deadline: float) -> None:
+        poller = select.poll()
+        poller.register(fd, event)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ChannelError("late")
+            if poller.poll(left * 1000):
+                return
+
+
+# -- the driver ------------------------------------------------------------------------------------
+
+
+def aflow_namespace() -> dict[str, Any]:
+    """What AFlow's harness puts in the namespace of the answer and the tests."""
+    return {
+        "math": math,
+        "hashlib": hashlib,
+        "re": re,
+        "List": typing.List,  # noqa: UP006  # AFlow's names, as the answers use them
+        "Dict": typing.Dict,  # noqa: UP006
+        "Tuple": typing.Tuple,  # noqa: UP006
+        "Optional": typing.Optional,
+        "Any": typing.Any,
+    }
+
+
+def free_names(test: str, bound: set[str]) -> list[str]:
+    """Names the test code reads but binds nowhere (nor ``bound`` nor builtins): the ones it
+    takes from the answer's namespace in AFlow."""
+    tree = ast.parse(test)
+    stored: set[str] = set()
+    loaded: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else stored).add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            stored.add(node.name)
+        elif isinstance(node, ast.alias):
+            stored.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.arg):
+            stored.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            stored.add(node.name)
+    return sorted(loaded - stored - bound - set(dir(builtins)))
+
+
+def imported_modules(test: str) -> list[str]:
+    """Modules the test code imports (the driver imports them before the answer exists)."""
+    names = []
+    for node in ast.walk(ast.parse(test)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+    return names
+
+
+class _Driver:
+    def __init__(self, payload: dict[str, Any], report_fd: int) -> None:
+        self.payload = payload
+        self.report_fd = report_fd
+        self.deadline = time.monotonic() + float(payload["startup_timeout_s"])
+        self.sources: dict[str, str] = {"<test>": payload["test"]}
+        self.channel: Channel | None = None
+        self.answer_pid: int | None = None
+        self.checking = False
+
+    def finish(self, passed: bool, reason: str) -> NoReturn:
+        line = json.dumps({"nonce": self.payload["nonce"], "passed": passed, "reason": reason})
+        data = memoryview((line + "\n").encode())
+        while data:
+            data = data[os.write(self.report_fd, data) :]
+        if self.answer_pid is not None:
+            try:
+                os.kill(self.answer_pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os._exit(0)
+
+    def start_answer(self, source: str, run_dir: str, sys_path: list[str]) -> None:
+        """Fork and exec the answer process; only trusted code runs before the exec."""
+        to_answer = os.pipe()
+        from_answer = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            try:
+                high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_answer[0], from_answer[1])]
+                null = os.open(os.devnull, os.O_RDWR)
+                for target in (0, 1, 2):
+                    os.dup2(null, target)
+                for target, fd in zip(_ANSWER_FDS, high, strict=True):
+                    os.dup2(fd, target)
+                os.closerange(max(_ANSWER_FDS) + 1, os.sysconf("SC_OPEN_MAX"))
+                os.chdir(run_dir)
+                if os.geteuid() == 0:
+                    _drop_capabilities()
+                argv = [sys.executable, "-I", "-S", "-B", "-c", source, "answer"]
+                os.execv(sys.executable, argv)
+            finally:
+                os._exit(127)
+        os.close(to_answer[0])
+        os.close(from_answer[1])
+        self.answer_pid = pid
+        self.channel = Channel(from_answer[0], to_answer[1])
+        self.send("init", sys_path)
+
+    def send(self, *fields: Any) -> None:
+        assert self.channel is not None
+        try:
+            self.channel.send(encode_message(*fields), self.deadline)
+        except ChannelError as exc:
+            self.no_answer(str(exc))
+
+    def receive(self) -> list[Any]:
+        assert self.channel is not None
+        try:
+            return self.channel.receive(self.deadline)
+        except ChannelError as exc:
+            self.no_answer(str(exc))
+
+    def no_answer(self, why: str) -> NoReturn:
+        if why == "late":
+            if self.checking:
+                limit = float(self.payload["check_timeout_s"])
+                self.finish(False, f"Execution timed out after {limit:g} s.")
+            limit = float(self.payload["startup_timeout_s"])
+            self.finish(False, f"The answer did not load within {limit:g} s.")
+        self.finish(False, f"No verdict from the answer: {why}.")
+
+    def proxy(self, name: str) -> Callable[..., Any]:
+        """A stand-in for the answer's ``name``: each call is a round trip of plain values."""
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                sent = [to_tree(a) for a in args], [[k, to_tree(v)] for k, v in kwargs.items()]
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"the harness cannot pass this argument to {name}: {exc}") from None
+            self.send("call", name, *sent)
+            reply = self.receive()
+            if reply[0] == "return" and len(reply) == 2:
+                try:
+                    return from_tree(reply[1])
+                except (ValueError, TypeError, RecursionError, MemoryError) as exc:
+                    self.finish(False, f"The answer returned a malformed value ({exc}).")
+            if reply[0] == "raised" and len(reply) == 5:
+                raise self.answer_exception(*reply[1:])
+            if reply[0] == "failed" and len(reply) == 2:
+                self.finish(False, str(reply[1])[:MAX_REASON_CHARS])
+            self.finish(False, f"The answer broke the protocol ({str(reply)[:80]}).")
+
+        call.__name__ = call.__qualname__ = name
+        return call
+
+    def answer_exception(self, name: Any, message: Any, where: Any, is_exception: Any) -> Exception:
+        name, message, where = str(name)[:100], str(message)[:MAX_REASON_CHARS], str(where)[:200]
+        kind = getattr(builtins, name, None)
+        if is_exception is not True or name in _CONTROL_FLOW:
+            self.finish(False, f"The answer raised {name}{where} (this ends the run).")
+        exc: Exception
+        if isinstance(kind, type) and issubclass(kind, Exception):
+            try:
+                exc = kind(message)
+            except Exception:  # noqa: BLE001  # a constructor that wants more arguments
+                exc = AnswerError(f"{name}: {message}")
+        else:
+            exc = AnswerError(f"{name}: {message}" if message else name)
+        exc.aflowrl_where = where  # type: ignore[attr-defined]
+        return exc
+
+    def bind_answer_names(self, namespace: dict[str, Any], names: Any) -> None:
+        """Bind what the tests take from the answer: modules (the driver imports standard ones
+        itself), callables (proxies) and plain values."""
+        if not isinstance(names, list):
+            self.finish(False, "The answer broke the protocol (names).")
+        for entry in names:
+            if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)):
+                continue
+            name, kind, data = entry
+            if kind == "callable":
+                namespace[name] = self.proxy(name)
+            elif kind == "module" and isinstance(data, str):
+                top = data.partition(".")[0]
+                if top in sys.stdlib_module_names and top not in _UNSAFE_MODULES:
+                    try:
+                        namespace[name] = __import__(data, fromlist=["_"])
+                    except ImportError:
+                        pass
+            elif kind == "value":
+                try:
+                    namespace[name] = from_tree(data)
+                except (ValueError, TypeError, RecursionError, MemoryError):
+                    pass
+
+    def describe(self, exc: BaseException) -> str:
+        where = ""
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code.co_filename in self.sources:
+                lines = self.sources[code.co_filename].splitlines()
+                number = tb.tb_lineno
+                text = lines[number - 1].strip() if 0 < number <= len(lines) else ""
+                where = f" at {code.co_filename} line {number}: {text}"
+            tb = tb.tb_next
+        where = getattr(exc, "aflowrl_where", "") + where
+        message = str(exc)
+        if len(message) > MAX_REASON_CHARS:
+            message = message[:MAX_REASON_CHARS] + "..."
+        name = type(exc).__name__
+        return f"{name}: {message}{where}" if message else f"{name}{where}"
+
+    def run(self, source: str, run_dir: str, sys_path: list[str]) -> NoReturn:
+        p = self.payload
+        entry_point: str = p["entry_point"]
+        self.start_answer(source, run_dir, sys_path)  # it starts while the answer is sanitised
+        tools: dict[str, Any] = {}
+        exec(p["sanitizer"], tools)
+        try:
+            solution = tools["sanitize"](p["solution"], entry_point)
+        except Exception as exc:  # noqa: BLE001
+            self.finish(False, "the answer could not be sanitised: " + self.describe(exc))
+        helpers: dict[str, Any] = {}
+        exec(compile(p["helper"], "<helper>", "exec"), helpers)
+        own = {k: v for k, v in helpers.items() if not k.startswith("__")}
+        wanted = free_names(p["test"], set(aflow_namespace()) | set(own) | {entry_point})
+        self.send("answer", p["helper"] + solution, entry_point, wanted)
+        ready = self.receive()
+        if ready[0] == "failed" and len(ready) == 2:
+            self.finish(False, str(ready[1])[:MAX_REASON_CHARS])
+        if ready[0] != "ready" or len(ready) != 2:
+            self.finish(False, "The answer broke the protocol (ready).")
+        namespace = aflow_namespace()
+        self.bind_answer_names(namespace, ready[1])
+        namespace.update(own)  # the tests' helpers are the driver's, whatever the answer defines
+        namespace[entry_point] = self.proxy(entry_point)
+        try:
+            exec(compile(p["test"], "<test>", "exec"), namespace)
+            check = namespace["check"]
+            self.checking = True
+            self.deadline = time.monotonic() + float(p["check_timeout_s"])
+            result = check(namespace[entry_point]) if p["pass_candidate"] else check()
+        except BaseException as exc:  # noqa: BLE001  # the test failed: that is the verdict
+            self.finish(False, self.describe(exc))
+        if result is not None:
+            self.finish(False, f"check() returned {str(result)[:80]} instead of None")
+        self.finish(True, "The solution passed all test cases.")
+
+
+def _drop_capabilities() -> None:
+    """Leave root's capabilities behind (a root caller without a sandbox uid): without
+    CAP_SYS_PTRACE the answer cannot open the driver's /proc/<pid>/mem."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+    for cap in range(last + 1):
+        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
+    # SECBIT_NOROOT, NO_SETUID_FIXUP, KEEP_CAPS_LOCKED and their locks: exec gives nothing back.
+    if libc.prctl(28, 0x2F, 0, 0, 0) != 0:  # PR_SET_SECUREBITS
+        raise OSError(ctypes.get_errno(), "PR_SET_SECUREBITS")
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()
+    if libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _driver_main() -> NoReturn:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # no KeyboardInterrupt from the answer's kill()
+    # The verdict's channel: a copy of stdout, not inheritable; what the tests print goes to
+    # /dev/null. (stderr stays: only the driver writes there, and it tells why a run broke.)
+    report_fd = os.dup(1)
+    null = os.open(os.devnull, os.O_RDWR)
+    payload = json.loads(_read_all(0))
+    for fd in (0, 1):
+        os.dup2(null, fd)
+    main_path = str(getattr(sys.modules["__main__"], "__file__", ""))
+    with open(main_path, encoding="utf-8") as own:
+        source = own.read()
+    run_dir = os.getcwd()
+    answer_path = list(sys.path)
+    # From here on the driver imports only installed code, never the run directory's.
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != run_dir]
+    os.chdir("/")
+    for module in imported_modules(payload["test"]):
+        try:
+            __import__(module)
+        except ImportError:
+            pass
+    _Driver(payload, report_fd).run(source, run_dir, answer_path)
+
+
+# -- the answer process ----------------------------------------------------------------------------
+
+
+def _read_exact(fd: int, size: int) -> bytes:
+    chunks = []
+    while size:
+        chunk = os.read(fd, min(size, 1 << 20))
+        if not chunk:
+            os._exit(0)  # the driver is done
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _answer_main() -> NoReturn:
+    read_fd, write_fd = _ANSWER_FDS
+
+    def receive() -> list[Any]:
+        length = _LENGTH.unpack(_read_exact(read_fd, _LENGTH.size))[0]
+        return list(json.loads(_read_exact(read_fd, length)))
+
+    def reply(*fields: Any) -> None:
+        data = memoryview(encode_message(*fields))
+        while data:
+            data = data[os.write(write_fd, data) :]
+
+    _, path = receive()
+    sys.path[:] = path
+    import _sitebuiltins  # what site adds: exit() and quit() raise SystemExit
+
+    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")  # type: ignore[attr-defined]
+    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")  # type: ignore[attr-defined]
+    _, solution, entry_point, wanted = receive()
+    namespace = aflow_namespace()
+    try:
+        exec(compile(solution, "<solution>", "exec"), namespace)
+    except BaseException as exc:  # noqa: BLE001  # the answer's own failure
+        reply("failed", _describe_answer_error(exc, solution, at_load=True))
+        os._exit(0)
+    if entry_point not in namespace:
+        reply("failed", f"Function {entry_point} is not defined in the solution.")
+        os._exit(0)
+    reply("ready", [_name_entry(name, namespace[name]) for name in wanted if name in namespace])
+    while True:
+        _, name, args, kwargs = receive()
+        try:
+            target = namespace[name]
+            value = target(*map(from_tree, args), **{k: from_tree(v) for k, v in kwargs})
+        except BaseException as exc:  # noqa: BLE001  # reported; the driver decides
+            where = _describe_answer_error(exc, solution, at_load=False)
+            reply("raised", type(exc).__name__, _message(exc), where, isinstance(exc, Exception))
+            continue
+        try:
+            tree = to_tree(value, lenient=True)
+        except Exception as exc:  # noqa: BLE001
+            reply("failed", f"The answer's result cannot be passed back: {_message(exc)}")
+            continue
+        reply("return", tree)
+
+
+def _name_entry(name: str, value: Any) -> list[Any]:
+    if isinstance(value, types.ModuleType):
+        return [name, "module", value.__name__]
+    if callable(value):
+        return [name, "callable", None]
+    try:
+        return [name, "value", to_tree(value, lenient=True)]
+    except Exception:  # noqa: BLE001
+        return [name, "none", None]
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)[:MAX_REASON_CHARS]
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def _describe_answer_error(exc: BaseException, solution: str, *, at_load: bool) -> str:
+    """Where in the answer ``exc`` was raised (``at <solution> line N: text``); at load, the
+    whole reason."""
+    where = ""
+    tb = exc.__traceback__
+    lines = solution.splitlines()
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<solution>":
+            number = tb.tb_lineno
+            text = lines[number - 1].strip() if 0 < number <= len(lines) else ""
+            where = f" at <solution> line {number}: {text}"
+        tb = tb.tb_next
+    if not at_load:
+        return where
+    message = _message(exc)
+    name = type(exc).__name__
+    return f"{name}: {message}{where}" if message else f"{name}{where}"
+
+
+def main() -> None:
+    """``python main.py`` (the driver) or ``python -c <this file> answer`` (the answer)."""
+    if sys.argv[1:] == ["answer"]:
+        _answer_main()
+    _driver_main()
+
+
+if __name__ == "__main__":
+    main()
