@@ -1,4 +1,4 @@
-"""Code verdicts out of the answer's reach: AFlow's HumanEval / MBPP harness, split in two processes.
+"""Code verdicts out of the answer's reach: AFlow's HumanEval / MBPP harness in two processes.
 
 AFlow (``metagpt/ext/aflow/benchmark/humaneval.py``, ``mbpp.py``) sanitises the answer
 (``_sanitize``), prepends the helper a few HumanEval tests call (``encode_cyclic``,

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -98,7 +99,7 @@ class AnswerObject:
 
 # -- plain values --------------------------------------------------------------------------------
 
-_TAGS = {list: "l", tuple: "t", set: "s", frozenset: "F"}
+_TAGS: dict[type, str] = {list: "l", tuple: "t", set: "s", frozenset: "F"}
 _BUILDERS: dict[str, Callable[[list[Any]], Any]] = {
     "l": list,
     "t": tuple,
@@ -112,14 +113,9 @@ def to_tree(value: Any, *, lenient: bool = False) -> Any:
     arguments): anything but an exact plain type raises TypeError. Lenient (the answer's
     results): subclasses become their base type, numpy scalars Python ones, anything else an
     :class:`AnswerObject`."""
-    budget = [MAX_NODES]
+    budget = [MAX_NODES - 1]
 
     def walk(v: Any, depth: int) -> Any:
-        if depth > MAX_DEPTH:
-            raise ValueError(f"a value nested deeper than {MAX_DEPTH}")
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise ValueError(f"a value of more than {MAX_NODES} parts")
         kind = type(v)
         if v is None or kind is bool or kind is str:
             return v
@@ -131,19 +127,33 @@ def to_tree(value: Any, *, lenient: bool = False) -> Any:
             return ["c", v.real.hex(), v.imag.hex()]
         if kind is bytes:
             return ["b", v.hex()]
-        if kind is dict:
-            items: list[Any] = ["d"]
-            for key, item in v.items():
-                items += [walk(key, depth + 1), walk(item, depth + 1)]
-            return items
-        tag = _TAGS.get(kind)
-        if tag is not None:
-            return [tag, *(walk(item, depth + 1) for item in v)]
-        if lenient and kind is AnswerObject:
-            return ["o", v.type_name, v.truth]
-        if not lenient:
-            raise TypeError(f"only plain values cross to the answer, not {kind.__name__}")
-        return walk(_as_plain(v), depth + 1)
+        tag = "d" if kind is dict else _TAGS.get(kind)
+        if tag is None:
+            if lenient and kind is AnswerObject:
+                return ["o", v.type_name, v.truth]
+            if not lenient:
+                raise TypeError(f"only plain values cross to the answer, not {kind.__name__}")
+            return walk(_as_plain(v), depth + 1)
+        if depth >= MAX_DEPTH:
+            raise ValueError(f"a value nested deeper than {MAX_DEPTH}")
+        items = [x for pair in v.items() for x in pair] if tag == "d" else v
+        budget[0] -= len(items)
+        if budget[0] < 0:
+            raise ValueError(f"a value of more than {MAX_NODES} parts")
+        tree = [tag]
+        append = tree.append
+        for item in items:  # scalars inline: a long list costs no call per item
+            k = type(item)
+            if (
+                k is str
+                or k is bool
+                or item is None
+                or (k is int and -_JSON_INT < item < _JSON_INT)
+            ):
+                append(item)
+            else:
+                append(walk(item, depth + 1))
+        return tree
 
     return walk(value, 0)
 
@@ -164,7 +174,7 @@ def _as_plain(v: Any) -> Any:
         return dict(dict.items(v))
     for base in (list, tuple, set, frozenset):
         if isinstance(v, base):
-            return base(base.__iter__(v))  # type: ignore[attr-defined]
+            return base(base.__iter__(v))  # type: ignore[arg-type]  # the base's own items
     kind = type(v)
     if kind.__module__ == "numpy" and kind.__name__ != "ndarray" and hasattr(v, "item"):
         item = v.item()
@@ -180,32 +190,38 @@ def _as_plain(v: Any) -> Any:
 def from_tree(tree: Any) -> Any:
     """The plain value a tree stands for, built from scratch; raises ValueError (or TypeError
     for an unhashable key) on anything that is not a well-formed tree."""
-    budget = [MAX_NODES]
+    budget = [MAX_NODES - 1]
 
     def build(node: Any, depth: int) -> Any:
-        if depth > MAX_DEPTH:
-            raise ValueError(f"a value nested deeper than {MAX_DEPTH}")
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise ValueError(f"a value of more than {MAX_NODES} parts")
         kind = type(node)
         if node is None or kind is bool or kind is str or kind is int:
             return node
         if kind is not list or not node or type(node[0]) is not str:
             raise ValueError(f"malformed value {str(node)[:80]}")
-        tag, rest = node[0], node[1:]
-        if tag in _BUILDERS:
-            return _BUILDERS[tag]([build(item, depth + 1) for item in rest])
-        if tag == "d":
-            if len(rest) % 2:
+        tag = node[0]
+        if tag in _BUILDERS or tag == "d":
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"a value nested deeper than {MAX_DEPTH}")
+            budget[0] -= len(node) - 1
+            if budget[0] < 0:
+                raise ValueError(f"a value of more than {MAX_NODES} parts")
+            items: list[Any] = []
+            append = items.append
+            for item in node[1:]:
+                k = type(item)
+                append(
+                    item
+                    if k is str or k is int or k is bool or item is None
+                    else build(item, depth + 1)
+                )
+            if tag != "d":
+                return _BUILDERS[tag](items)
+            if len(items) % 2:
                 raise ValueError("a dict with an odd number of parts")
-            built = {}
-            for i in range(0, len(rest), 2):
-                built[build(rest[i], depth + 1)] = build(rest[i + 1], depth + 1)
-            return built
-        if tag == "o" and len(rest) == 2 and type(rest[0]) is str:
-            if rest[1] is None or type(rest[1]) is bool:
-                return AnswerObject(rest[0][:200], rest[1])
+            return dict(zip(items[::2], items[1::2], strict=True))
+        rest = node[1:]
+        if tag == "o" and len(rest) == 2 and type(rest[0]) is str and _is_truth(rest[1]):
+            return AnswerObject(rest[0][:200], rest[1])
         if not all(type(item) is str for item in rest):
             raise ValueError(f"malformed {tag!r} value")
         if tag == "i" and len(rest) == 1:
@@ -219,6 +235,11 @@ def from_tree(tree: Any) -> Any:
         raise ValueError(f"malformed {tag!r} value")
 
     return build(tree, 0)
+
+
+def _is_truth(value: Any) -> bool:
+    """A truth value: True, False, or None for an object whose truth cannot be told."""
+    return value is None or type(value) is bool
 
 
 # -- messages: a 4-byte length, then a JSON array; never a JSON object, float or constant ---------
@@ -369,10 +390,8 @@ class _Driver:
         while data:
             data = data[os.write(self.report_fd, data) :]
         if self.answer_pid is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(self.answer_pid, signal.SIGKILL)
-            except OSError:
-                pass
         os._exit(0)
 
     def start_answer(self, source: str, run_dir: str, sys_path: list[str]) -> None:
@@ -479,15 +498,11 @@ class _Driver:
             elif kind == "module" and isinstance(data, str):
                 top = data.partition(".")[0]
                 if top in sys.stdlib_module_names and top not in _UNSAFE_MODULES:
-                    try:
+                    with contextlib.suppress(ImportError):
                         namespace[name] = __import__(data, fromlist=["_"])
-                    except ImportError:
-                        pass
             elif kind == "value":
-                try:
+                with contextlib.suppress(ValueError, TypeError, RecursionError, MemoryError):
                     namespace[name] = from_tree(data)
-                except (ValueError, TypeError, RecursionError, MemoryError):
-                    pass
 
     def describe(self, exc: BaseException) -> str:
         where = ""
@@ -588,10 +603,8 @@ def _driver_main() -> NoReturn:
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != run_dir]
     os.chdir("/")
     for module in imported_modules(payload["test"]):
-        try:
+        with contextlib.suppress(ImportError):  # the test fails on it later, as in AFlow
             __import__(module)
-        except ImportError:
-            pass
     _Driver(payload, report_fd).run(source, run_dir, answer_path)
 
 
@@ -625,8 +638,8 @@ def _answer_main() -> NoReturn:
     sys.path[:] = path
     import _sitebuiltins  # what site adds: exit() and quit() raise SystemExit
 
-    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")  # type: ignore[attr-defined]
-    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")  # type: ignore[attr-defined]
+    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
     _, solution, entry_point, wanted = receive()
     namespace = aflow_namespace()
     try:

@@ -6,7 +6,8 @@ one, a directory that does not exist, an executor with no endpoint or not instal
 server starts with health NOT_SERVING and warms up (:func:`open_environment`): it loads the
 benchmark's splits, builds the executor (waiting for an OpenAI-compatible endpoint to answer),
 opens the evaluation cache (SQLite when ``environment.evaluation.cachePath``) and starts the
-sandbox pool; only then does health turn SERVING. A failure of any of these ends the process
+sandbox pool (a sandbox that cannot start ends the process with one line saying why); only then
+does health turn SERVING. A failure of any of these ends the process
 with a message naming the problem. SIGTERM: NOT_SERVING, in-flight calls get
 ``grpc.shutdownGraceS`` to finish, then the executor and the cache are closed.
 """
@@ -31,6 +32,7 @@ from aflowrl.config.environment import NEEDS_DATA_DIR, EnvironmentSpec
 from aflowrl.envsvc import executors
 from aflowrl.envsvc.blob import MAX_BLOB_BYTES, StateCodec
 from aflowrl.envsvc.environment import Environment
+from aflowrl.envsvc.errors import SandboxStartError
 from aflowrl.envsvc.metrics import EnvironmentMetrics
 from aflowrl.envsvc.service import SERVICE_NAME, EnvironmentServicer
 from aflowrl.errors import InvalidInputError
@@ -65,6 +67,15 @@ def check_spec(spec: RunSpec) -> None:
             f"{directory} does not exist or is no directory", field="environment.data.dir"
         )
     executors.check_executor(env)
+
+
+async def start_sandbox() -> sandbox.SandboxPool:
+    """The process's sandbox pool, started; a sandbox that cannot start stops the replica with
+    the reason (SandboxStartError), not with a traceback."""
+    try:
+        return await asyncio.to_thread(sandbox.default_pool)
+    except sandbox.SandboxUnavailableError as exc:
+        raise SandboxStartError(f"the code sandbox cannot start: {exc}") from None
 
 
 def scoring_benchmark(name: str, metrics: EnvironmentMetrics) -> Benchmark:
@@ -118,7 +129,7 @@ async def open_environment(
     try:
         if env.executor.type == "openai":
             await executors.probe_openai(env.executor)
-        pool = await asyncio.to_thread(sandbox.default_pool)
+        pool = await start_sandbox()
         with EvaluationCache(env.evaluation.cache_path) as cache:
             codec = StateCodec(
                 envs.AFLOWRL_AUTH_TOKEN,

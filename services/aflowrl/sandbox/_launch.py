@@ -27,8 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import functools
 import fcntl
+import functools
 import json
 import logging
 import os

@@ -170,8 +170,10 @@ class _SeccompFilter:
     survives the run: new user namespaces (so no private mounts or tmpfs outside the limits),
     ``clone3`` (ENOSYS, so the C library falls back to the ``clone`` checked here), ``setns``,
     becoming non-dumpable (which would hide a process's memory from the supervisor),
-    ``ptrace``, ``process_vm_readv`` / ``writev``, ``kcmp``, ``pidfd_getfd``, kernel keyrings, ``bpf``, ``perf_event_open``, ``userfaultfd``, io_uring,
-    ``syslog``, terminal injection, signals to every process (``kill(-1)``) or to the zygote and
+    ``ptrace``, ``process_vm_readv`` / ``writev``, ``kcmp``, ``pidfd_getfd`` (reading or writing
+    another process, e.g. a non-dumpable verdict driver when the code runs as root), kernel
+    keyrings, ``bpf``, ``perf_event_open``, ``userfaultfd``, io_uring, ``syslog``, terminal
+    injection, signals to every process (``kill(-1)``) or to the zygote and
     the pool, and sockets other than AF_UNIX ones (no network: where there is a network namespace
     this is belt and braces). With ``block_sockets`` (no namespaces, so the host's Unix sockets
     are in reach), ``socket()`` is refused altogether; ``socketpair()`` always works. The same
@@ -345,10 +347,14 @@ class _Zygote:
         for name in self.preload:
             with contextlib.suppress(ImportError):
                 __import__(name)
+        self.remember_kept()
+        self._wipe()
+
+    def remember_kept(self) -> None:
+        """Note which files the kept binds are, to tell after each run that they are still there."""
         for path in self.keep:
             info = os.stat(path)
             self.kept_ids[path] = (info.st_dev, info.st_ino)
-        self._wipe()
 
     def _check_readable(self) -> None:
         """Refuse to serve when the code's user cannot read the interpreter (a root-owned venv
