@@ -10,12 +10,21 @@ returns None.
 
 Here the same happens in one sandbox run of :mod:`._verdict`, but the answer and the tests live
 in different processes: a trusted driver (the run's main process, non-dumpable) runs the tests,
-and the answer runs in a fresh interpreter that sees only the arguments of each call, over a
-pipe, and sends back plain values (see :mod:`._verdict`). The payload (answer, tests, a nonce)
-travels on the run's stdin, which the driver reads before the answer process exists; the verdict
-is the driver's one line on stdout, which no other process holds; a run that ends any other way
-fails. So nothing the answer does to its own interpreter (frames, builtins, modules, ``__eq__``,
-exit codes, fds, threads, children) can make a wrong answer pass.
+and the answer runs in the run's companion process (``aflowrl.sandbox``'s ``private_main``),
+which sees only the arguments of each call, over a pipe, and sends back plain values (see
+:mod:`._verdict`). The payload (answer, tests, a nonce) travels on the run's stdin, which only the
+driver holds; the verdict is the driver's one line on stdout, which no other process holds; a
+run that ends any other way fails. So nothing the answer does to its own interpreter (frames,
+builtins, modules, ``__eq__``, exit codes, fds, threads, children) can make a wrong answer pass.
+
+Why this design: a second sandbox per verdict would double the sandbox cost and still need a
+trusted channel between them; two processes of one run share its limits and cleanup, and the
+only things the answer could reach the driver through (its memory, fds, ptrace, signals) are
+closed by non-dumpability and the seccomp filter or end in no verdict (a killed or stopped
+driver). The answer process is forked from a per-worker template that never held a run's data
+rather than started as a new interpreter (which cost a third of a verdict's time in AFlow's
+namespace imports alone), and the verdict program is compiled once by the host
+(:func:`verdict_main`).
 
 Differences from AFlow, all on purpose (forge-proofness wins over faithfulness):
 

@@ -175,8 +175,10 @@ class SandboxPool:
 
         ``private_main``: the run's main process stays non-dumpable, so the other processes of
         the run (same uid) cannot ptrace it nor read its memory, file descriptors or environment
-        through /proc; they can still signal it. For a trusted program that runs untrusted code
-        in a child of its own (the code benchmarks' verdict driver, ``benchmarks._verdict``).
+        through /proc (they can still signal it), and it gets a companion process connected to
+        its fds 3 (read) and 4 (write), which runs the program it first writes there (see
+        ``_zygote``). For a trusted program that runs untrusted code out of its own reach (the
+        code benchmarks' verdict driver, ``benchmarks._verdict``).
         """
         if threading.current_thread() is self._thread:
             raise RuntimeError("SandboxPool.run called from the pool's own thread")
