@@ -77,6 +77,7 @@ _CONTROL_FLOW = ("StopIteration", "StopAsyncIteration")
 """Exceptions that end an iteration silently: raised into ``map(candidate, ...)`` or a
 generator they would cut the test short, so they fail the run instead."""
 _UNSAFE_MODULES = ("antigravity", "this")
+"""Standard modules whose import does something (opens a browser, prints)."""
 SANITIZER: types.CodeType | None = globals().get("SANITIZER")
 """The code of ``aflowrl.benchmarks._sanitize``, which ``main.py`` defines before it runs this
 program in the same namespace (``_harness.verdict_main``); None when imported."""
@@ -93,7 +94,6 @@ def _read(n):
 exec(marshal.loads(_read(struct.unpack(">I", _read(4))[0])))
 """
 """The answer process's first program: it reads the verdict program's code from the driver."""
-"""Standard modules whose import does something (opens a browser, prints)."""
 
 
 class AnswerError(Exception):
@@ -397,6 +397,8 @@ def imported_modules(test: str) -> list[str]:
 
 
 class _Driver:
+    """The run's main process: starts the answer process, runs the tests, prints the verdict."""
+
     def __init__(self, payload: dict[str, Any], report_fd: int) -> None:
         self.payload = payload
         self.report_fd = report_fd
