@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -650,3 +652,27 @@ def test_bad_setups_fail_before_serving_naming_the_problem(oracle, data_dir, tmp
     finally:
         executors.PROBE_WAIT_S = executors_wait
     assert "executor endpoint http://127.0.0.1:9/v1 did not answer" in err
+
+
+def test_a_sandbox_that_cannot_start_stops_the_replica_with_one_line(oracle, data_dir, tmp_path):
+    """``aflowrl serve env`` whose sandbox cannot start (here: bubblewrap required and none on
+    PATH) exits 2 with one line naming the reason, and no traceback."""
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(_spec_doc(oracle, data_dir)))
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    done = subprocess.run(
+        [*(sys.executable, "-m", "aflowrl", "serve", "env", "--spec", str(path)), "--port", "0"],
+        env={**os.environ, "AFLOWRL_SANDBOX": "bwrap", "PATH": str(empty)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert errors == [
+        "aflowrl serve env: error: the code sandbox cannot start: AFLOWRL_SANDBOX=bwrap but no "
+        "bwrap on PATH (Debian package: bubblewrap)"
+    ], done.stderr

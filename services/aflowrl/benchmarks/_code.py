@@ -1,7 +1,8 @@
 """What HumanEval and MBPP share: pass@1 scoring in the sandbox, public example tests.
 
 A code answer scores 1.0 when AFlow's harness (``_harness``) passes it against the problem's
-hidden tests in the sandbox (``aflowrl.sandbox.arun_python``), else 0.0 with the reason (the
+hidden tests in the sandbox (``aflowrl.sandbox.arun_python``, the answer and the tests in
+separate processes so that the answer cannot forge the verdict), else 0.0 with the reason (the
 failing assertion, the timeout...). Public example tests (``<name>_public_test.jsonl``) are
 attached to problems for a workflow's own Test operator; the hidden tests never are.
 """
@@ -23,16 +24,25 @@ logger = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 15.0
 """AFlow's limit on one ``check`` call (seconds)."""
 
-_STARTUP_MARGIN_S = 5.0
-"""Wall-clock allowance on top of the check limit for interpreter start, sanitising and
-executing the answer's module-level code."""
+STARTUP_TIMEOUT_S = 5.0
+"""Time to start the answer's interpreter, sanitise the answer and execute its module-level code
+(seconds); the sandbox's wall clock is this plus the check limit plus :data:`_GRACE_S`."""
+
+_GRACE_S = 2.0
+"""Wall-clock allowance for the verdict driver itself (start, test code, verdict)."""
 
 
 class SandboxRunner(Protocol):
     """Runs Python code in isolation: ``aflowrl.sandbox.arun_python`` or a stand-in."""
 
     def __call__(
-        self, code: str, *, timeout_s: float, memory_mb: int
+        self,
+        code: str,
+        *,
+        stdin: str,
+        timeout_s: float,
+        memory_mb: int,
+        private_main: bool,
     ) -> Awaitable[_harness.SandboxResultLike]: ...
 
 
@@ -68,10 +78,17 @@ class CodeBenchmark(Benchmark):
             entry_point=entry_point,
             pass_candidate=self.pass_candidate,
             check_timeout_s=self.check_timeout_s,
+            startup_timeout_s=STARTUP_TIMEOUT_S,
         )
-        timeout_s = self.check_timeout_s + _STARTUP_MARGIN_S
+        timeout_s = self.check_timeout_s + STARTUP_TIMEOUT_S + _GRACE_S
         runner = self._runner if self._runner is not None else sandbox.arun_python
-        result = await runner(program.code, timeout_s=timeout_s, memory_mb=self.memory_mb)
+        result = await runner(
+            program.code,
+            stdin=program.stdin,
+            timeout_s=timeout_s,
+            memory_mb=self.memory_mb,
+            private_main=True,
+        )
         verdict = _harness.read_verdict(result, program.nonce, timeout_s=timeout_s)
         if not verdict.passed:
             logger.debug("%s %s failed: %s", self.name, problem.problem_id, verdict.reason)

@@ -1,29 +1,99 @@
-"""The program that runs a code answer against its hidden tests in the sandbox, as AFlow does.
+"""Code verdicts out of the answer's reach: AFlow's HumanEval / MBPP harness in two processes.
 
 AFlow (``metagpt/ext/aflow/benchmark/humaneval.py``, ``mbpp.py``) sanitises the answer
 (``_sanitize``), prepends the helper a few HumanEval tests call (``encode_cyclic``,
 ``encode_shift``, ``poly``), executes it in a namespace preloaded with ``math``, ``hashlib``,
-``re`` and the ``typing`` names ``List, Dict, Tuple, Optional, Any``, requires the entry point
-to be defined, executes the test code, and calls ``check(<entry point function>)`` (HumanEval)
-or ``check()`` (MBPP) with a 15-second limit; the answer passes when ``check`` returns None.
+``re`` and the ``typing`` names ``List, Dict, Tuple, Optional, Any``, requires the entry point to
+be defined, executes the test code in the same namespace and calls ``check(<entry point>)``
+(HumanEval) or ``check()`` (MBPP) with a 15-second limit; the answer passes when ``check``
+returns None.
 
-Here all of that happens inside one sandboxed program, so the sanitiser's work on a hostile
-answer is bounded too. The program prints its verdict as one JSON line tagged with a nonce the
-answer does not know, on a copy of stdout taken before the answer runs; what the answer prints
-is discarded. Differences from AFlow, on purpose: ``sys.exit()`` inside ``check`` fails (AFlow's
-thread swallows it and passes), and the whole run, not only ``check``, is bounded by the
-sandbox's wall clock.
+Here the same happens in one sandbox run of :mod:`._verdict`, but the answer and the tests live
+in different processes: a trusted driver (the run's main process, non-dumpable) runs the tests,
+and the answer runs in the run's companion process (``aflowrl.sandbox``'s ``private_main``),
+which sees only the arguments of each call, over a pipe, and sends back plain values (see
+:mod:`._verdict`). The payload (answer, tests, a nonce) travels on the run's stdin, which only the
+driver holds; the verdict is the driver's one line on stdout, which no other process holds; a
+run that ends any other way fails. So nothing the answer does to its own interpreter (frames,
+builtins, modules, ``__eq__``, exit codes, fds, threads, children) can make a wrong answer pass.
+
+Why this design: a second sandbox per verdict would double the sandbox cost and still need a
+trusted channel between them; two processes of one run share its limits and cleanup, and the
+only things the answer could reach the driver through (its memory, fds, ptrace, signals) are
+closed by non-dumpability and the seccomp filter or end in no verdict (a killed or stopped
+driver). The answer process is forked from a per-worker template that never held a run's data
+rather than started as a new interpreter (which cost a third of a verdict's time in AFlow's
+namespace imports alone), and the verdict program is compiled once by the host
+(:func:`verdict_main`).
+
+Differences from AFlow, all on purpose (forge-proofness wins over faithfulness):
+
+- The tests see the answer's results as plain values (exact ``int``, ``float``, ``str``, ``list``,
+  ``dict``... , with subclasses read as their base type: a ``Counter`` is a dict, a namedtuple a
+  tuple), numpy scalars as Python ones, and any other object as an opaque value that keeps only
+  its truth value and equals nothing else (MBPP 737, 787 and 794 test a regex match only for
+  truth). A generator, an ndarray, a ``Decimal`` or an object with its own ``__eq__`` compares
+  unequal to everything, where in AFlow its own methods decide.
+- Arguments are copies: an answer that mutates its argument in place is not seen doing so by
+  the test. (No canonical solution of HumanEval or MBPP, nor any of their tests, relies on it:
+  every one scores the same with deep-copied arguments.) A test that passes the answer anything
+  but a plain value fails with a TypeError (none does).
+- The helpers the tests call (``poly``, ``encode_cyclic``, ``encode_shift``) are the harness's
+  own: an answer that redefines ``poly`` changes its own copy only (in AFlow it would change the
+  test's check of HumanEval/32). The answer still gets them prepended, as in AFlow.
+- Other names the tests take from the answer's namespace (MBPP 596 uses the answer's ``import
+  sys``; HumanEval/33 calls ``sort_third`` by name) are bound to proxies (functions), to the same
+  standard module imported by the driver (modules; not third-party ones), or to plain values.
+- An exception from the answer reaches the test as the builtin exception of that name with its
+  message (else ``AnswerError``); ``StopIteration``, ``SystemExit`` and other ``BaseException``
+  that are not ``Exception`` fail the run at once, and so does ``sys.exit()`` in ``check`` (AFlow's
+  thread swallows it and passes).
+- The 15-second limit covers the time ``check`` waits for the answer; loading the answer gets
+  ``startup_timeout_s``; the sandbox's wall clock bounds the whole run.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import marshal
 import secrets
 from dataclasses import dataclass
+from importlib.util import MAGIC_NUMBER
 from pathlib import Path
 from typing import Protocol
 
-_SANITIZER_SOURCE = Path(__file__).with_name("_sanitize.py").read_text(encoding="utf-8")
+_HERE = Path(__file__).parent
+_SANITIZER_SOURCE = (_HERE / "_sanitize.py").read_text(encoding="utf-8")
+_VERDICT_SOURCE = (_HERE / "_verdict.py").read_text(encoding="utf-8")
+
+_LOADER = """\
+from importlib._bootstrap_external import MAGIC_NUMBER
+if MAGIC_NUMBER == {magic!r}:
+    import marshal
+    SANITIZER, _program = marshal.loads({code!r})
+else:  # another Python runs the sandbox: its own bytecode
+    SANITIZER = compile({sanitizer!r}, "<sanitizer>", "exec")
+    _program = compile({source!r}, "<verdict>", "exec")
+exec(_program)
+"""
+
+
+@functools.cache
+def verdict_main() -> str:
+    """``main.py`` of every verdict run: :mod:`._verdict` and the sanitiser (``SANITIZER``, which
+    the driver executes) compiled once here and marshalled (compiling them in each run cost more
+    than the rest of a verdict), with their sources for a sandbox interpreter of another
+    bytecode version."""
+    sanitizer = compile(_SANITIZER_SOURCE, "<sanitizer>", "exec")
+    program = compile(_VERDICT_SOURCE, "<verdict>", "exec")
+    return _LOADER.format(
+        magic=MAGIC_NUMBER,
+        code=marshal.dumps((sanitizer, program)),
+        sanitizer=_SANITIZER_SOURCE,
+        source=_VERDICT_SOURCE,
+    )
+
 
 HELPERS: dict[str, str] = {
     # HumanEval/38: the tests encode with encode_cyclic, which decode_cyclic must invert.
@@ -44,90 +114,8 @@ HELPERS: dict[str, str] = {
         "    return sum(coeff * (x ** i) for i, coeff in enumerate(xs))\n\n"
     ),
 }
-"""Helpers AFlow puts before the (sanitised) answer, by entry point; the answer's own
-definitions of the same names win."""
-
-_DRIVER = r'''
-import json as _json
-import os as _os
-import signal as _signal
-import sys as _sys
-import traceback as _traceback
-
-
-class _CheckTimeout(BaseException):
-    """Raised in check() at the time limit; not an Exception, so `except Exception` misses it."""
-
-
-def _aflowrl_main(payload):
-    report = _os.fdopen(_os.dup(1), "w")
-    devnull = _os.open(_os.devnull, _os.O_WRONLY)
-    _os.dup2(devnull, 1)
-    _os.dup2(devnull, 2)
-    sources = {}
-
-    def verdict(passed, reason):
-        report.write(_json.dumps({"nonce": payload["nonce"], "passed": passed, "reason": reason}))
-        report.write("\n")
-        report.flush()
-        _os._exit(0)
-
-    def describe(exc):
-        frames = _traceback.extract_tb(exc.__traceback__)
-        where = ""
-        for frame in reversed(frames):
-            if frame.filename in sources:
-                lines = sources[frame.filename].splitlines()
-                text = lines[frame.lineno - 1].strip() if 0 < frame.lineno <= len(lines) else ""
-                where = f" at {frame.filename} line {frame.lineno}: {text}"
-                break
-        message = str(exc)
-        if len(message) > 300:
-            message = message[:300] + "..."
-        name = type(exc).__name__
-        return f"{name}: {message}{where}" if message else f"{name}{where}"
-
-    tools = {}
-    exec(payload["sanitizer"], tools)
-    try:
-        solution = tools["sanitize"](payload["solution"], payload["entry_point"])
-    except Exception as exc:
-        verdict(False, "the answer could not be sanitised: " + describe(exc))
-    solution = payload["helper"] + solution
-    sources["<solution>"] = solution
-    sources["<test>"] = payload["test"]
-    import hashlib, math, re
-    from typing import Any, Dict, List, Optional, Tuple
-    namespace = {"math": math, "hashlib": hashlib, "re": re, "List": List, "Dict": Dict,
-                 "Tuple": Tuple, "Optional": Optional, "Any": Any}
-    entry_point = payload["entry_point"]
-
-    def on_alarm(signum, frame):
-        raise _CheckTimeout()
-
-    try:
-        exec(compile(solution, "<solution>", "exec"), namespace)
-        if entry_point not in namespace:
-            verdict(False, f"Function {entry_point} is not defined in the solution.")
-        exec(compile(payload["test"], "<test>", "exec"), namespace)
-        check = namespace["check"]
-        _signal.signal(_signal.SIGALRM, on_alarm)
-        _signal.setitimer(_signal.ITIMER_REAL, payload["check_timeout_s"])
-        try:
-            if payload["pass_candidate"]:
-                result = check(namespace[entry_point])
-            else:
-                result = check()
-        finally:
-            _signal.setitimer(_signal.ITIMER_REAL, 0)
-    except _CheckTimeout:
-        verdict(False, f"Execution timed out after {payload['check_timeout_s']:g} s.")
-    except BaseException as exc:
-        verdict(False, describe(exc))
-    if result is not None:
-        verdict(False, f"check() returned {result!r} instead of None")
-    verdict(True, "The solution passed all test cases.")
-'''
+"""Helpers AFlow puts before the (sanitised) answer, by entry point (the answer's own definitions
+of the same names win there); the driver defines its own copy for the tests."""
 
 
 class SandboxResultLike(Protocol):
@@ -135,6 +123,9 @@ class SandboxResultLike(Protocol):
 
     @property
     def status(self) -> str: ...
+
+    @property
+    def returncode(self) -> int | None: ...
 
     @property
     def stdout(self) -> str: ...
@@ -145,9 +136,10 @@ class SandboxResultLike(Protocol):
 
 @dataclass(frozen=True)
 class Program:
-    """A test program and the nonce its verdict carries."""
+    """A verdict program: its code (``main.py``), its stdin (the payload), its verdict's nonce."""
 
     code: str
+    stdin: str
     nonce: str
 
 
@@ -166,33 +158,46 @@ def build_program(
     entry_point: str,
     pass_candidate: bool,
     check_timeout_s: float,
+    startup_timeout_s: float,
 ) -> Program:
-    """The sandbox program scoring ``solution`` against ``test`` (see the module docstring)."""
+    """The sandbox program scoring ``solution`` against ``test`` (see the module docstring).
+
+    It must run with ``private_main=True`` (the driver non-dumpable) and ``stdin=program.stdin``.
+    """
     nonce = secrets.token_hex(16)
     payload = {
         "nonce": nonce,
-        "sanitizer": _SANITIZER_SOURCE,
         "solution": solution,
         "test": test,
         "entry_point": entry_point,
         "helper": HELPERS.get(entry_point, ""),
         "pass_candidate": pass_candidate,
         "check_timeout_s": float(check_timeout_s),
+        "startup_timeout_s": float(startup_timeout_s),
     }
-    return Program(f"{_DRIVER}\n_aflowrl_main({payload!r})\n", nonce)
+    return Program(verdict_main(), json.dumps(payload), nonce)
 
 
 def read_verdict(result: SandboxResultLike, nonce: str, *, timeout_s: float) -> Verdict:
-    """The verdict the program printed, or why there is none."""
-    for line in reversed(result.stdout.splitlines()):
-        if nonce not in line:
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict) and value.get("nonce") == nonce:
-            return Verdict(bool(value.get("passed")), str(value.get("reason", "")))
+    """The driver's verdict: exit status 0 and exactly one JSON line on stdout, with the nonce.
+    Anything else is a failure, with what the run said about why."""
+    if result.status == "ok" and result.returncode == 0:
+        lines = result.stdout.splitlines()
+        value = None
+        if len(lines) == 1:
+            try:
+                value = json.loads(lines[0])
+            except json.JSONDecodeError:
+                value = None
+        if (
+            isinstance(value, dict)
+            and value.keys() == {"nonce", "passed", "reason"}
+            and value["nonce"] == nonce
+            and isinstance(value["passed"], bool)
+            and isinstance(value["reason"], str)
+        ):
+            return Verdict(value["passed"], value["reason"])
+        return Verdict(False, "No verdict: the verdict program printed something else.")
     why = getattr(result, "reason", None)  # aflowrl.sandbox.SandboxResult says why it ended
     if result.status == "timeout":
         return Verdict(

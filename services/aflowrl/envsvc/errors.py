@@ -30,5 +30,10 @@ class ExecutorUnreachableError(FailedPreconditionError):
     """The executor endpoint did not answer during warm-up (the replica never turns SERVING)."""
 
 
+class SandboxStartError(FailedPreconditionError):
+    """The code sandbox cannot start here (bubblewrap broken, no usable isolation): the replica
+    refuses to start, naming the reason, rather than score code it cannot run safely."""
+
+
 class WarmingUpError(UnavailableError):
     """A call arrived before warm-up finished (health is still NOT_SERVING): retry."""

@@ -7,7 +7,8 @@ server starts with health NOT_SERVING and warms up (:func:`open_environment`): i
 splits of every served benchmark (``environment.benchmarks`` and ``heldOutBenchmarks``),
 builds one executor for all of them (waiting for an OpenAI-compatible endpoint to answer),
 opens the evaluation cache (SQLite when ``environment.evaluation.cachePath``) and starts the
-sandbox pool; only then does health turn SERVING. A failure of any of these ends the process
+sandbox pool (a sandbox that cannot start ends the process with one line saying why); only then
+does health turn SERVING. A failure of any of these ends the process
 with a message naming the problem. SIGTERM: NOT_SERVING, in-flight calls get
 ``grpc.shutdownGraceS`` to finish, then the executor and the cache are closed.
 """
@@ -32,6 +33,7 @@ from aflowrl.config.environment import EnvironmentSpec
 from aflowrl.envsvc import executors
 from aflowrl.envsvc.blob import MAX_BLOB_BYTES, StateCodec
 from aflowrl.envsvc.environment import Environment, ServedBenchmark
+from aflowrl.envsvc.errors import SandboxStartError
 from aflowrl.envsvc.metrics import EnvironmentMetrics
 from aflowrl.envsvc.service import SERVICE_NAME, EnvironmentServicer
 from aflowrl.errors import InvalidInputError
@@ -70,6 +72,15 @@ def check_spec(spec: RunSpec) -> None:
     executors.check_executor(env)
 
 
+async def start_sandbox() -> sandbox.SandboxPool:
+    """The process's sandbox pool, started; a sandbox that cannot start stops the replica with
+    the reason (SandboxStartError), not with a traceback."""
+    try:
+        return await asyncio.to_thread(sandbox.default_pool)
+    except sandbox.SandboxUnavailableError as exc:
+        raise SandboxStartError(f"the code sandbox cannot start: {exc}") from None
+
+
 def scoring_benchmark(name: str, metrics: EnvironmentMetrics) -> Benchmark:
     """The benchmark; a code benchmark's hidden-test runs are counted in ``sandbox_runs_total``.
 
@@ -79,8 +90,12 @@ def scoring_benchmark(name: str, metrics: EnvironmentMetrics) -> Benchmark:
     if shared.task_type != "code":
         return shared
 
-    async def run(code: str, *, timeout_s: float, memory_mb: int) -> sandbox.SandboxResult:
-        result = await sandbox.arun_python(code, timeout_s=timeout_s, memory_mb=memory_mb)
+    async def run(
+        code: str, *, stdin: str, timeout_s: float, memory_mb: int, private_main: bool
+    ) -> sandbox.SandboxResult:
+        result = await sandbox.arun_python(
+            code, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb, private_main=private_main
+        )
         metrics.sandbox_runs.labels(result.status).inc()
         return result
 
@@ -117,7 +132,7 @@ async def open_environment(
     try:
         if env.executor.type == "openai":
             await executors.probe_openai(env.executor)
-        pool = await asyncio.to_thread(sandbox.default_pool)
+        pool = await start_sandbox()
         with EvaluationCache(env.evaluation.cache_path) as cache:
             codec = StateCodec(
                 envs.AFLOWRL_AUTH_TOKEN,

@@ -13,8 +13,12 @@ Each run is a fresh child of a zygote that lives inside the sandbox, with its ow
 limits (wall clock, CPU time, address space, file size, processes, open files), empty working
 directory, scrubbed environment and capped output; whatever it leaves behind is killed and
 deleted. The isolation mode comes from $AFLOWRL_SANDBOX: ``auto`` (default; bubblewrap where it
-runs, else rlimits), ``bwrap`` or ``rlimits``. ``SandboxResult.protections`` and a log line at
-pool start name the protections in force:
+can make namespaces, else rlimits; bubblewrap that runs but in which the worker fails is an
+error, not a fallback), ``bwrap`` or ``rlimits``. ``private_main=True`` keeps a run's main
+process non-dumpable and gives it a *companion*: a second, clean process of the run that runs
+the program the main process sends it over a pipe, and cannot reach the main process's memory
+(the code benchmarks' verdicts: the tests in the main process, the answer in the companion).
+``SandboxResult.protections`` and a log line at pool start name the protections in force:
 
 - ``rlimits``, ``wall_clock_kill``, ``scrubbed_env``, ``temp_dir``, ``output_cap``,
   ``memory_watchdog`` (summed memory and process count of a run), ``no_new_privs``: always;

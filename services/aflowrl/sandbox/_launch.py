@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import ctypes
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -126,6 +127,9 @@ _PRELOAD = (
     "operator",
     "json",
     "traceback",
+    "ast",
+    "hashlib",
+    "fcntl",
 )
 """Modules the zygote imports once so runs that use them start faster."""
 
@@ -174,7 +178,16 @@ class Plan:
         config: dict[str, Any] = {"base_dir": base, "preload": list(_PRELOAD)}
         interpreter = [self.python, "-I", "-S", "-B", "-c", _zygote_source()]
         if self.bwrap is not None:
-            config.update(wipe_dirs=["/dev/shm"], pid_namespace=True)
+            filesystem = self.filesystem
+            wiped = (base, "/dev/shm")
+            config.update(
+                wipe_dirs=["/dev/shm"],
+                pid_namespace=True,
+                # Interpreter binds inside the private /tmp (a checkout or venv under /tmp)
+                # are part of the sandbox, not leftovers of a run.
+                keep=[p for p in filesystem.binds if any(_inside(p, d) for d in wiped)],
+                readable=filesystem.interpreter,
+            )
             if self.kind == "bwrap-root":
                 config.update(dedicated_uid=True, drop_uid=uid)
             argv = [self.bwrap, *self._bwrap_args(env), "--", *interpreter, json.dumps(config)]
@@ -187,7 +200,36 @@ class Plan:
             kwargs.update(user=uid, group=uid, extra_groups=[])
         return [*interpreter, json.dumps(config)], kwargs
 
-    def _bwrap_args(self, env: dict[str, str]) -> list[str]:
+    @functools.cached_property
+    def filesystem(self) -> Filesystem:
+        """What bubblewrap shows of the host (computed once per plan)."""
+        return host_filesystem(self.python)
+
+    async def namespaces_work(self) -> tuple[bool, str]:
+        """Whether bubblewrap can make this plan's namespaces here at all (running ``true`` with
+        only the system visible), and what it said: tells a kernel or container that refuses
+        namespaces from a sandbox of ours that is broken."""
+        assert self.bwrap is not None
+        true = shutil.which("true", path="/usr/bin:/bin")
+        if true is None:
+            return False, "no `true` command in /usr/bin or /bin to test bubblewrap with"
+        system = host_filesystem(None)
+        argv = [self.bwrap, *self._namespace_args(), *self._mount_args(system), "--", true]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                env={},
+            )
+            _, err = await asyncio.wait_for(proc.communicate(), 60)
+        except (OSError, subprocess.SubprocessError, TimeoutError) as exc:
+            return False, str(exc) or type(exc).__name__
+        detail = err.decode(errors="replace").strip()
+        return proc.returncode == 0, detail or f"exit status {proc.returncode}"
+
+    def _namespace_args(self) -> list[str]:
         args = ["--die-with-parent", "--new-session", "--as-pid-1", "--clearenv"]
         if self.kind == "bwrap-root":
             args += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
@@ -196,15 +238,22 @@ class Plan:
         else:
             args += ["--unshare-all", "--unshare-user", "--disable-userns"]
             args += ["--uid", str(_SANDBOX_UID), "--gid", str(_SANDBOX_UID), "--cap-drop", "ALL"]
-        for name, value in env.items():
-            args += ["--setenv", name, value]
-        args += ["--hostname", "sandbox"]
-        args += _filesystem_args(self.python)
-        args += ["--proc", "/proc", "--dev", "/dev"]
+        return [*args, "--hostname", "sandbox"]
+
+    def _mount_args(self, filesystem: Filesystem) -> list[str]:
+        """The sandbox's own mounts first, then the host's binds: a bind under /tmp or /dev/shm
+        (a checkout in a ``mktemp -d`` directory) lands on the private tmpfs, not under it."""
+        args = ["--proc", "/proc", "--dev", "/dev"]
         args += ["--perms", "1777", "--size", str(self.tmpfs_bytes), "--tmpfs", "/tmp"]
         args += ["--perms", "1777", "--size", str(self.tmpfs_bytes // 4), "--tmpfs", "/dev/shm"]
-        args += ["--remount-ro", "/", "--chdir", "/tmp"]
-        return args
+        args += filesystem.args()
+        return [*args, "--remount-ro", "/"]
+
+    def _bwrap_args(self, env: dict[str, str]) -> list[str]:
+        args = self._namespace_args()
+        for name, value in env.items():
+            args += ["--setenv", name, value]
+        return [*args, *self._mount_args(self.filesystem), "--chdir", "/tmp"]
 
     def make_base_dir(self, uid: int | None) -> str | None:
         """The private directory a fallback worker's runs live in (None under bubblewrap)."""
@@ -329,8 +378,37 @@ def harden_caller(plan: Plan) -> None:
     )
 
 
-def _filesystem_args(python: str) -> list[str]:
-    """Read-only binds of the system and the interpreter; nothing else of the host is visible."""
+_SANDBOX_MOUNTS = ("/proc", "/dev", "/tmp", "/dev/shm")
+"""Directories bubblewrap mounts afresh in every sandbox."""
+
+
+@dataclass(frozen=True)
+class Filesystem:
+    """What a bubblewrap sandbox shows of the host: read-only binds at the same paths, links,
+    and the interpreter's directories among the binds (which the code's user must be able to
+    read: the zygote checks that before it serves)."""
+
+    binds: list[str]
+    links: list[tuple[str, str]]
+    interpreter: list[str]
+
+    def args(self) -> list[str]:
+        """bubblewrap arguments: parent directories, binds, links."""
+        made = set(self.binds) | set(_SANDBOX_MOUNTS)
+        ancestors = {parent for path in self.binds for parent in _ancestors(path)} - made
+        args: list[str] = []
+        for directory in sorted(ancestors, key=lambda p: (p.count("/"), p)):
+            args += ["--perms", "0755", "--dir", directory]
+        for path in self.binds:
+            args += ["--ro-bind", path, path]
+        for target, link in self.links:
+            args += ["--symlink", target, link]
+        return args
+
+
+def host_filesystem(python: str | None) -> Filesystem:
+    """The system directories, a few files of /etc and (with ``python``) the interpreter's
+    directories: nothing else of the host is visible."""
     binds: list[str] = []
     links: list[tuple[str, str]] = []
     for path in _SYSTEM_DIRS:
@@ -339,37 +417,36 @@ def _filesystem_args(python: str) -> list[str]:
         elif os.path.isdir(path):
             binds.append(path)
     binds += [path for path in _ETC_FILES if os.path.exists(path)]
-    binds += _interpreter_dirs(python)
-    binds = _outermost(binds)
-    ancestors = {parent for path in binds for parent in _ancestors(path)} - set(binds)
-    args: list[str] = []
-    for directory in sorted(ancestors, key=lambda p: (p.count("/"), p)):
-        args += ["--perms", "0755", "--dir", directory]
-    for path in binds:
-        args += ["--ro-bind", path, path]
-    for target, link in links:
-        args += ["--symlink", target, link]
-    return args
+    interpreter = _interpreter_dirs(python) if python is not None else []
+    return Filesystem(_outermost(binds + interpreter), links, interpreter)
+
+
+def _inside(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
 def _interpreter_dirs(python: str) -> list[str]:
     """The prefixes the interpreter reads (a virtual environment and the base install)."""
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
+    # The same path, not the same binary: virtual environments share their base's binary.
+    if os.path.abspath(python) == os.path.abspath(sys.executable):
         prefixes = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix]
     else:
-        probe = subprocess.run(
-            [
-                python,
-                "-I",
-                "-c",
-                "import sys,json;print(json.dumps([sys.prefix,sys.exec_prefix,"
-                "sys.base_prefix,sys.base_exec_prefix]))",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        try:
+            probe = subprocess.run(
+                [
+                    python,
+                    "-I",
+                    "-c",
+                    "import sys,json;print(json.dumps([sys.prefix,sys.exec_prefix,"
+                    "sys.base_prefix,sys.base_exec_prefix]))",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise SandboxUnavailableError(f"interpreter {python} does not run: {exc}") from None
         if probe.returncode != 0:
             raise SandboxUnavailableError(f"interpreter {python} does not run: {probe.stderr}")
         prefixes = json.loads(probe.stdout)
@@ -388,7 +465,7 @@ def _outermost(paths: list[str]) -> list[str]:
     unique = sorted(set(paths), key=len)
     kept: list[str] = []
     for path in unique:
-        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
+        if not any(_inside(path, k) for k in kept):
             kept.append(path)
     return kept
 

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 from typing import Any, get_args
 
 from aflowrl.sandbox import _zygote
@@ -70,8 +71,8 @@ class Worker:
             self._lease = UidLease.acquire()
             uid = self._lease.uid
         self._base_dir = self.plan.make_base_dir(uid)
-        argv, kwargs = self.plan.command(uid, self._base_dir)
         try:
+            argv, kwargs = await asyncio.to_thread(self.plan.command, uid, self._base_dir)
             self._proc = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.PIPE,
@@ -84,7 +85,10 @@ class Worker:
             self._stderr_task = asyncio.get_running_loop().create_task(self._log_stderr())
             ready, _ = await asyncio.wait_for(self._read_frame(max_payload=0), timeout_s)
             self.seccomp = bool(ready.get("seccomp"))
-        except (OSError, WorkerLost, TimeoutError) as exc:
+        except SandboxUnavailableError:
+            await self.stop()
+            raise
+        except (OSError, subprocess.SubprocessError, WorkerLost, TimeoutError) as exc:
             await self.stop()
             detail = " | ".join(self._stderr_tail) or str(exc) or type(exc).__name__
             raise SandboxUnavailableError(
@@ -92,7 +96,7 @@ class Worker:
             ) from exc
 
     async def run(
-        self, code: bytes, stdin: bytes, limits: SandboxLimits
+        self, code: bytes, stdin: bytes, limits: SandboxLimits, private_main: bool = False
     ) -> tuple[dict[str, Any], bytes, bytes]:
         """Send one run and return the zygote's result header, stdout and stderr."""
         proc = self._proc
@@ -107,6 +111,7 @@ class Worker:
             "processes": limits.max_processes,
             "open_files": limits.max_open_files,
             "output_bytes": limits.max_output_bytes,
+            "private_main": private_main,
         }
         try:
             proc.stdin.write(_zygote.encode_frame(request, code, stdin))

@@ -21,15 +21,28 @@ every process of its dedicated user, or everything below it as child subreaper),
 scratch directories and System V IPC objects, and reports. It is non-dumpable, so the code it
 forks cannot ptrace it or read its memory or file descriptors; as PID 1 of a PID namespace it
 also cannot be signalled by them.
+
+A run with ``private_main`` also gets a *companion*: a second process of the run, with the same
+limits and filter, connected to the main process by two pipes (each reads fd 3 and writes fd 4;
+see :data:`COMPANION_FDS`). It runs the Python program the main process first writes to it (a
+4-byte length, then the source), as ``__main__`` with ``sys.argv == [COMPANION_ARGV0]``, its
+stdin, stdout and stderr on /dev/null. Companions are forked by a *template*: a process the zygote
+forks at start, after its imports and before it reads any request, so a companion holds no data
+of any run (as clean as a new interpreter, started in a millisecond instead of tens). The
+template is non-dumpable and shielded from the runs' signals by the filter; if it dies anyway,
+the worker is replaced. The main process of such a run stays non-dumpable: its companion (the
+code benchmarks' answer, see ``aflowrl.benchmarks._verdict``) cannot read or write its memory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import select
 import signal
+import socket
 import struct
 import sys
 import time
@@ -43,6 +56,16 @@ RUN_DIR = "run"
 """Name of each run's working directory in the worker's base directory (HOME and TMPDIR of the
 code, set in the zygote's environment when it starts)."""
 
+COMPANION_FDS = (3, 4)
+"""File descriptors of a ``private_main`` run's main process and of its companion: each reads
+what the other writes from the first and writes to the second."""
+
+COMPANION_ARGV0 = "<companion>"
+"""``sys.argv[0]`` (and the file name of the code) of a companion."""
+
+MAX_COMPANION_PROGRAM_BYTES = 16 << 20
+"""Largest program a main process may send its companion."""
+
 _CLEANUP_S = 1.0
 """Most time spent deleting a run's files; past it the worker is replaced instead."""
 
@@ -51,6 +74,11 @@ _TICK_S = 0.05
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
+_PR_CAPBSET_DROP = 24
+_PR_SET_SECUREBITS = 28
+_SECBITS_LOCKED_NOROOT = 0x2F
+"""SECBIT_NOROOT, SECBIT_NO_SETUID_FIXUP, SECBIT_KEEP_CAPS_LOCKED and their locks: a later
+exec gives no capability back."""
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
@@ -138,6 +166,22 @@ class _Libc:
             err = ctypes.get_errno()
             raise OSError(err, f"prctl({option}) failed: {os.strerror(err)}")
 
+    def drop_capabilities(self) -> None:
+        """Give up every capability for good (root whose code must not reach other processes
+        of root, e.g. through /proc/<pid>/mem): bounding set, securebits, then capset."""
+        import ctypes
+
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+        for cap in range(last + 1):
+            self._lib.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+        self.prctl(_PR_SET_SECUREBITS, _SECBITS_LOCKED_NOROOT)
+        header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, ourselves
+        data = (ctypes.c_uint32 * 6)()
+        if self._lib.capset(header, data) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"capset failed: {os.strerror(err)}")
+
     def remove_sysv_ipc(self, uid: int) -> None:
         """Remove every System V shared memory segment, semaphore set and queue of ``uid``."""
         lib = self._lib
@@ -170,8 +214,10 @@ class _SeccompFilter:
     survives the run: new user namespaces (so no private mounts or tmpfs outside the limits),
     ``clone3`` (ENOSYS, so the C library falls back to the ``clone`` checked here), ``setns``,
     becoming non-dumpable (which would hide a process's memory from the supervisor),
-    ``ptrace``, kernel keyrings, ``bpf``, ``perf_event_open``, ``userfaultfd``, io_uring,
-    ``syslog``, terminal injection, signals to every process (``kill(-1)``) or to the zygote and
+    ``ptrace``, ``process_vm_readv`` / ``writev``, ``kcmp``, ``pidfd_getfd`` (reading or writing
+    another process, e.g. a non-dumpable verdict driver when the code runs as root), kernel
+    keyrings, ``bpf``, ``perf_event_open``, ``userfaultfd``, io_uring, ``syslog``, terminal
+    injection, signals to every process (``kill(-1)``) or to the zygote and
     the pool, and sockets other than AF_UNIX ones (no network: where there is a network namespace
     this is belt and braces). With ``block_sockets`` (no namespaces, so the host's Unix sockets
     are in reach), ``socket()`` is refused altogether; ``socketpair()`` always works. The same
@@ -197,6 +243,10 @@ class _SeccompFilter:
         "io_uring_enter",
         "io_uring_register",
         "syslog",
+        "process_vm_readv",
+        "process_vm_writev",
+        "kcmp",
+        "pidfd_getfd",
     )
 
     def __init__(self, block_sockets: bool, protected_pids: list[int]) -> None:
@@ -285,12 +335,68 @@ class _SeccompFilter:
         libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, self._ctypes.byref(self._fprog))
 
 
+def _load_filter(block_sockets: bool, protected: list[int]) -> _SeccompFilter | None:
+    """The runs' seccomp filter, or None (with a note on stderr) where libseccomp is missing."""
+    try:
+        return _SeccompFilter(block_sockets, protected)
+    except (OSError, AttributeError) as exc:
+        print(f"sandbox: no seccomp filter ({exc})", file=sys.stderr, flush=True)
+        return None
+
+
+class _Template:
+    """Forks companions (see the module docstring); forked by the zygote before any request.
+
+    Requests come from the zygote over a SOCK_SEQPACKET socket: the run's request with
+    ``nproc`` and ``run_dir`` added, and the companion's two pipe ends."""
+
+    def __init__(self, zygote: _Zygote, sock: socket.socket, protected: list[int]) -> None:
+        self.zygote = zygote
+        self.sock = sock
+        self.protected = protected
+
+    def serve(self) -> NoReturn:
+        try:
+            self.zygote.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # cleared by the fork
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps its companions
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(null, 1)  # (the pool's pipes are the zygote's alone; stderr stays for notes)
+            keep = self.sock.fileno()
+            os.closerange(3, keep)
+            os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+            seccomp = _load_filter(self.zygote.block_sockets, self.protected)
+            import gc
+
+            gc.collect()
+            gc.freeze()
+            while True:
+                message, fds, _flags, _address = socket.recv_fds(self.sock, 1 << 16, 2)
+                if not message:
+                    os._exit(0)  # the zygote is gone
+                if len(fds) != 2:
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                if os.fork() == 0:
+                    self.sock.close()
+                    _companion(self.zygote, seccomp, json.loads(message), (fds[0], fds[1]))
+                for fd in fds:
+                    os.close(fd)
+        except BaseException as exc:  # noqa: BLE001  # the zygote sees it gone: worker replaced
+            with contextlib.suppress(BaseException):
+                os.write(2, f"sandbox: the companion template failed: {exc!r}\n".encode())
+            os._exit(1)
+
+
 class _Zygote:
     """The fork server. ``config`` (JSON from the launcher): ``base_dir`` (runs live in
     ``base_dir/run``; wiped after each), ``wipe_dirs`` (also wiped), ``owned_dirs`` (shared
     directories cleared of this uid's entries), ``pid_namespace`` (the zygote is PID 1 of its
     own namespace), ``dedicated_uid`` (nobody else has this uid), ``drop_uid`` (become it first),
-    ``block_sockets`` (no ``socket()`` at all), ``preload`` (modules to import once)."""
+    ``block_sockets`` (no ``socket()`` at all), ``preload`` (modules to import once), ``keep``
+    (read-only binds inside the wiped directories: the interpreter of a checkout under /tmp),
+    ``readable`` (the interpreter's directories, which the code's user must be able to read)."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.base_dir: str = config["base_dir"]
@@ -301,6 +407,11 @@ class _Zygote:
         self.drop_uid: int | None = config.get("drop_uid")
         self.preload: list[str] = config.get("preload", [])
         self.block_sockets: bool = config.get("block_sockets", False)
+        self.keep: list[str] = config.get("keep", [])
+        self.readable: list[str] = config.get("readable", [])
+        self.kept_ids: dict[str, tuple[int, int]] = {}
+        self.template_pid: int | None = None
+        self.template_sock: socket.socket | None = None
         self.libc = _Libc()
         self.seccomp: _SeccompFilter | None = None
         self.runs = 0
@@ -324,18 +435,77 @@ class _Zygote:
         # As PID 1 only signals with a handler get through from inside the namespace: no handler
         # at all means the code cannot stop or kill its supervisor.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            protected = [pid for pid in (os.getpid(), os.getppid()) if pid > 1]
-            self.seccomp = _SeccompFilter(self.block_sockets, protected)
-        except (OSError, AttributeError) as exc:  # no libseccomp here: run without the filter
-            print(f"sandbox: no seccomp filter ({exc})", file=sys.stderr, flush=True)
+        self._check_readable()
         import site
 
         site.main()  # the interpreter's site-packages (a virtual environment's too)
         for name in self.preload:
             with contextlib.suppress(ImportError):
                 __import__(name)
+        protected = [pid for pid in (os.getpid(), os.getppid()) if pid > 1]
+        self._fork_template(protected)  # before any request: it never holds a run's data
+        self.seccomp = _load_filter(self.block_sockets, protected)
+        self.remember_kept()
         self._wipe()
+
+    def _fork_template(self, protected: list[int]) -> None:
+        """Fork the process that forks companions; ``protected`` gains its pid."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            _Template(self, theirs, [*protected, os.getpid()]).serve()
+        theirs.close()
+        self.template_pid, self.template_sock = pid, ours
+        protected.append(pid)
+
+    def _reap(self) -> None:
+        """Collect dead children (noting the template's death)."""
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.template_pid:
+                self.template_pid = None
+
+    def template_alive(self) -> bool:
+        """Whether the template still runs (its death makes the worker dirty)."""
+        if self.template_pid is None:
+            return False
+        try:
+            pid, _ = os.waitpid(self.template_pid, os.WNOHANG)
+        except ChildProcessError:  # already reaped
+            self.template_pid = None
+            return False
+        if pid:
+            self.template_pid = None
+        return pid == 0
+
+    def remember_kept(self) -> None:
+        """Note which files the kept binds are, to tell after each run that they are still there."""
+        for path in self.keep:
+            info = os.stat(path)
+            self.kept_ids[path] = (info.st_dev, info.st_ino)
+
+    def _check_readable(self) -> None:
+        """Refuse to serve when the code's user cannot read the interpreter (a root-owned venv
+        in a 0700 directory, seen by a dropped uid): every import would fail in the runs."""
+        for path in self.readable:
+            if not os.access(path, os.R_OK | os.X_OK):
+                try:
+                    mode = f"mode {os.stat(path).st_mode & 0o7777:04o}"
+                except OSError as exc:
+                    mode = exc.strerror or "not found"
+                print(
+                    f"sandbox: uid {os.getuid()} cannot read the interpreter's directory {path} "
+                    f"({mode}): make it readable by other users",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(3)
 
     def serve(self) -> None:
         import gc
@@ -375,7 +545,7 @@ class _Zygote:
         main_path = os.path.join(run_dir, "main.py")
         with open(main_path, "wb") as f:
             f.write(code)
-        nproc = int(req["processes"]) + 1  # the zygote is a process of the same user
+        nproc = int(req["processes"]) + 2  # the zygote and the template are of the same user
         if not (self.pid_namespace or self.dedicated_uid or os.getuid() == 0):
             nproc += _tasks_of_uid(os.getuid())  # the caller's own threads count too
         stdin_r, stdin_w = os.pipe()
@@ -383,6 +553,7 @@ class _Zygote:
         err_r, err_w = os.pipe()
         sys.stderr.flush()
         started = time.monotonic()
+        companion = self._start_companion(req, nproc, run_dir) if req.get("private_main") else ()
         pid = os.fork()
         if pid == 0:
             _child(
@@ -392,8 +563,9 @@ class _Zygote:
                 run_dir=run_dir,
                 main_path=main_path,
                 stdio=(stdin_r, out_w, err_w),
+                companion=companion,
             )
-        for fd in (stdin_r, out_w, err_w):
+        for fd in (stdin_r, out_w, err_w, *companion):
             os.close(fd)
         outcome = _Supervisor(
             self, pid, req, stdin_w=stdin_w, stdin=stdin, out_r=out_r, err_r=err_r, started=started
@@ -402,13 +574,30 @@ class _Zygote:
         outcome["runs"] = self.runs
         return outcome, outcome.pop("stdout"), outcome.pop("stderr")
 
+    def _start_companion(self, req: dict[str, Any], nproc: int, run_dir: str) -> tuple[int, int]:
+        """Have the template fork this run's companion; returns the main process's ends of the
+        pipes (read, write). A template that is gone leaves the main process reading EOF."""
+        to_companion = os.pipe()
+        from_companion = os.pipe()
+        theirs = [to_companion[0], from_companion[1]]
+        params = json.dumps({**req, "nproc": nproc, "run_dir": run_dir}).encode()
+        try:
+            if self.template_sock is not None:
+                socket.send_fds(self.template_sock, [params], theirs)
+        except OSError:
+            pass
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        return from_companion[0], to_companion[1]
+
     # -- process and file cleanup ----------------------------------------------------------------
 
     def run_pids(self) -> list[int]:
         """Every live process of the current run."""
+        spared = (os.getpid(), self.template_pid)
         if self.pid_namespace:
-            me = os.getpid()
-            return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me]
+            return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in spared]
         found: list[int] = []
         stack = [os.getpid()]
         while stack:
@@ -423,7 +612,7 @@ class _Zygote:
                         children = [int(c) for c in f.read().split()]
                 except OSError:
                     continue
-                found.extend(children)
+                found.extend(c for c in children if c not in spared)  # (its companions count)
                 stack.extend(children)
         return found
 
@@ -454,15 +643,12 @@ class _Zygote:
     def kill_all(self) -> bool:
         """SIGKILL every process of the run until none is left; True when none is."""
         for _ in range(2000):
-            if self.pid_namespace or self.dedicated_uid:
-                # Everything this user may signal but the zygote: all of the run, and nothing else.
-                with contextlib.suppress(OSError):
-                    os.kill(-1, signal.SIGKILL)
+            # Not kill(-1): the template is of the same user and outlives the runs.
             pids = self.run_pids()
             for pid in pids:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-            _reap()
+            self._reap()
             if not pids:
                 return True
             time.sleep(0.0005)
@@ -476,7 +662,7 @@ class _Zygote:
             return False
 
     def _cleanup_or_raise(self) -> bool:
-        clean = self.kill_all()
+        clean = self.kill_all() and self.template_alive()
         deadline = time.monotonic() + _CLEANUP_S
         clean = self._wipe(deadline) and clean
         uid = os.getuid()
@@ -499,12 +685,33 @@ class _Zygote:
     def _wipe(self, deadline: float = float("inf")) -> bool:
         clean = True
         for directory in [self.base_dir, *self.wipe_dirs]:
+            clean = self._wipe_dir(directory, deadline) and clean
+        for path, ids in self.kept_ids.items():
             try:
-                names = os.listdir(directory)
+                info = os.stat(path)
             except OSError:
+                return False
+            if (info.st_dev, info.st_ino) != ids:  # moved away: the worker is replaced
+                return False
+        return clean
+
+    def _wipe_dir(self, directory: str, deadline: float) -> bool:
+        """Delete what is in ``directory`` but the kept binds and the directories above them."""
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        clean = True
+        for name in names:
+            path = os.path.join(directory, name)
+            if path in self.keep:
                 continue
-            for name in names:
-                clean = _remove(os.path.join(directory, name), deadline) and clean
+            if any(kept.startswith(path + "/") for kept in self.keep):
+                clean = self._wipe_dir(path, deadline) and clean
+            else:
+                clean = _remove(path, deadline) and clean
         return clean
 
 
@@ -552,16 +759,6 @@ def _remove(path: str, deadline: float = float("inf")) -> bool:
     except OSError:
         return False
     return not os.path.lexists(path)
-
-
-def _reap() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def process_status(pid: str | int) -> tuple[int, str, int] | None:
@@ -843,15 +1040,21 @@ def _child(
     run_dir: str,
     main_path: str,
     stdio: tuple[int, int, int],
+    companion: tuple[int, ...] = (),
 ) -> NoReturn:
     try:
         os.setsid()
         for target, fd in enumerate(stdio):
             os.dup2(fd, target)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the zygote's pipes and everything else
+        _move_fds(companion, COMPANION_FDS[: len(companion)])
+        # The zygote's pipes and everything else.
+        os.closerange(3 + len(companion), os.sysconf("SC_OPEN_MAX"))
         _reset_signals()
         zygote.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        zygote.libc.prctl(_PR_SET_DUMPABLE, 1)  # its own /proc entries, as in any process
+        if not req.get("private_main"):
+            zygote.libc.prctl(_PR_SET_DUMPABLE, 1)  # its own /proc entries, as in any process
+        # else it stays non-dumpable, like the zygote: a trusted main process whose children
+        # run untrusted code (their exec makes them dumpable again, and the filter keeps them so)
         _set_limits(req, nproc)
         os.chdir(run_dir)
         os.umask(0o022)
@@ -863,6 +1066,50 @@ def _child(
             os.write(2, f"sandbox set-up failed: {exc!r}\n".encode())
         os._exit(125)
     os._exit(_run_main(main_path))
+
+
+def _move_fds(fds: tuple[int, ...], targets: tuple[int, ...]) -> None:
+    """Put ``fds`` at ``targets`` (inheritable), whatever numbers they had."""
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10 + max(targets, default=0)) for fd in fds]
+    for fd, target in zip(high, targets, strict=True):
+        os.dup2(fd, target)
+        os.close(fd)
+
+
+def _companion(
+    zygote: _Zygote, seccomp: _SeccompFilter | None, req: dict[str, Any], fds: tuple[int, int]
+) -> NoReturn:
+    """A forked companion becomes its run's second process, then runs what it is sent."""
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for target in (0, 1, 2):
+            os.dup2(null, target)
+        _move_fds(fds, COMPANION_FDS)
+        os.closerange(max(COMPANION_FDS) + 1, os.sysconf("SC_OPEN_MAX"))
+        _reset_signals()
+        zygote.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        zygote.libc.prctl(_PR_SET_DUMPABLE, 1)  # visible to the supervisor's memory watch
+        if os.geteuid() == 0:  # root without a uid of its own: no capability (CAP_SYS_PTRACE)
+            zygote.libc.drop_capabilities()
+        _set_limits(req, int(req["nproc"]))
+        run_dir = str(req["run_dir"])
+        os.chdir(run_dir)
+        os.umask(0o022)
+        _reset_interpreter(os.path.join(run_dir, COMPANION_ARGV0), run_dir)
+        sys.argv[:] = [COMPANION_ARGV0]
+        if seccomp is not None:
+            seccomp.load(zygote.libc)
+    except BaseException:  # noqa: BLE001  # never run the code without its limits
+        os._exit(125)
+    prefix = _read_exact(COMPANION_FDS[0], _LENGTH.size)
+    length = _LENGTH.unpack(prefix)[0] if prefix else 0
+    source = (
+        _read_exact(COMPANION_FDS[0], length) if 0 < length <= MAX_COMPANION_PROGRAM_BYTES else None
+    )
+    if source is None:
+        os._exit(0)  # the main process sent no program
+    os._exit(_run_code(source, COMPANION_ARGV0))
 
 
 def _reset_signals() -> None:
@@ -917,12 +1164,21 @@ def _reset_interpreter(main_path: str, run_dir: str) -> None:
 
 def _run_main(main_path: str) -> int:
     """Execute ``main.py`` as the interpreter would; returns the exit status."""
-    code = 0
-    main = sys.modules["__main__"]
     try:
         with open(main_path, "rb") as f:
             source = f.read()
-        compiled = compile(source, main_path, "exec")
+    except BaseException as exc:  # noqa: BLE001  # the code's own doing (it is its directory)
+        _report(exc.with_traceback(None))
+        return _finish(1)
+    return _run_code(source, main_path)
+
+
+def _run_code(source: bytes, filename: str) -> int:
+    """Execute ``source`` in ``__main__`` as the interpreter would; returns the exit status."""
+    code = 0
+    main = sys.modules["__main__"]
+    try:
+        compiled = compile(source, filename, "exec")
     except BaseException as exc:  # noqa: BLE001  # a syntax error: the code's own failure
         _report(exc.with_traceback(None))
         return _finish(1)

@@ -1,6 +1,7 @@
 """Sandbox pools for the integration tests, one per isolation mode this machine runs.
 
-``pool`` is parametrised over ``bwrap`` (skipped where bubblewrap cannot run) and ``rlimits``
+``pool`` is parametrised over ``bwrap`` (skipped only where bubblewrap is not installed: one
+that is installed but cannot start fails the tests, with the reason) and ``rlimits``
 (the fallback; as root it gets a world-readable interpreter where there is one, so that the code
 can run under a reserved uid). ``strays`` finds what a run may have left on the host: processes
 whose command line carries a marker, and processes of sandbox uids no live worker holds.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -59,12 +61,12 @@ def pool(request: pytest.FixtureRequest) -> Iterator[SandboxPool]:
         python = world_python() or sys.executable
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(SECRET_NAME, SECRET)  # in the caller's environment while workers start
+        if mode == "bwrap" and shutil.which("bwrap") is None:
+            pytest.skip("bubblewrap is not installed (Debian package: bubblewrap)")
         try:
             started = SandboxPool(2, mode=mode, python=python).start()
-        except SandboxUnavailableError as exc:
-            if mode == "bwrap":
-                pytest.skip(f"bubblewrap cannot run here: {exc}")
-            raise
+        except SandboxUnavailableError as exc:  # installed but not working: that is a failure
+            pytest.fail(f"the {mode} sandbox cannot start: {exc}", pytrace=False)
         with started:
             yield started
 

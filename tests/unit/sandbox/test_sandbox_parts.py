@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import venv
 
 import pytest
 
@@ -110,6 +112,46 @@ def test_bwrap_command_binds_only_system_and_interpreter():
         assert flag in argv
     assert argv[argv.index("--setenv") + 1 : argv.index("--setenv") + 3] == ["A", "1"]
     assert argv[argv.index("HOME") - 1 : argv.index("HOME") + 2] == ["--setenv", "HOME", "/tmp/run"]
+
+
+def test_binds_under_the_private_tmp_are_mounted_on_it_and_kept_by_the_wipe():
+    plan = _launch.Plan("bwrap-root", "/tmp/t x/.venv/bin/python", 1 << 20, bwrap="/usr/bin/bwrap")
+    binds = ["/usr", "/tmp/t x/.venv", "/opt/py", "/dev/shm/py"]
+    plan.__dict__["filesystem"] = _launch.Filesystem(binds, [], ["/tmp/t x/.venv", "/opt/py"])
+    argv, _ = plan.command(7, None)
+    tmpfs = argv.index("/tmp", argv.index("--tmpfs"))
+    assert argv.index("/tmp/t x/.venv") > tmpfs  # bound onto the private /tmp, not hidden by it
+    assert argv.index("/dev/shm/py") > argv.index("/dev/shm")
+    made = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--dir"]
+    assert made == ["/opt", "/tmp/t x"]  # bubblewrap's own mounts are not made again
+    config = json.loads(argv[-1])
+    assert config["keep"] == ["/tmp/t x/.venv", "/dev/shm/py"]
+    assert config["readable"] == ["/tmp/t x/.venv", "/opt/py"]
+
+
+def test_the_wipe_keeps_the_binds_and_notices_them_moved(tmp_path):
+    base = tmp_path / "tmp"
+    kept = base / "t x" / ".venv"
+    (kept / "lib").mkdir(parents=True)
+    (base / "run").mkdir()
+    (base / "junk").write_text("x")
+    (base / "t x" / "planted").write_text("x")  # next to the bind, in its parent
+    zygote = _zygote._Zygote({"base_dir": str(base), "keep": [str(kept)]})
+    zygote.remember_kept()
+    assert zygote._wipe()
+    assert sorted(p.name for p in base.iterdir()) == ["t x"]
+    assert [p.name for p in (base / "t x").iterdir()] == [".venv"]
+    assert (kept / "lib").is_dir()
+    os.rename(kept, base / "t x" / "moved")
+    assert not zygote._wipe()  # the worker is replaced
+
+
+def test_another_virtual_environment_is_bound_by_its_own_prefix(tmp_path):
+    home = tmp_path / "other venv"
+    venv.create(home, with_pip=False, symlinks=True)  # the same base binary as this one
+    dirs = _launch._interpreter_dirs(str(home / "bin" / "python"))
+    assert str(home) in dirs
+    assert sys.prefix == sys.base_prefix or sys.prefix not in dirs
 
 
 def test_nested_paths_collapse_to_their_outermost_bind():
