@@ -14,6 +14,8 @@ lines. A document is refused, with a :class:`DocumentError` naming its source an
   billions of values (the "billion laughs"), and nothing here needs them;
 - has more than :data:`MAX_YAML_NODES` YAML values, or is not JSON / YAML at all.
 
+Paths given in requests are checked by :func:`request_path` before any system call sees them.
+
 YAML is read in two passes: a streaming pass over the parser's events (no recursion, stops at the
 first alias, at the depth or node limit) and then the usual safe construction of what passed.
 libyaml's C parser is used when PyYAML has it. The module depends on nothing of aflow-rl but
@@ -298,3 +300,33 @@ def read_text(path: str | Path, *, source: str, max_bytes: int) -> str:
         raise DocumentError(
             f"{where} is not UTF-8 text (byte {exc.start})", source=source
         ) from None
+
+
+# ----------------------------------------------------------------------------------------- paths
+
+MAX_PATH_BYTES: Final = 4096
+"""Longest path accepted (Linux's PATH_MAX)."""
+MAX_NAME_BYTES: Final = 255
+"""Longest path component accepted (NAME_MAX)."""
+
+
+def request_path(text: str, *, source: str) -> Path:
+    """A file-system path given in a request, checked before any system call sees it.
+
+    Refused (naming ``source``): empty, holding a NUL character, longer than PATH_MAX or with a
+    component longer than NAME_MAX; the operating system would fail on them with an ``OSError``
+    or ``ValueError`` deep inside whatever uses the path.
+    """
+    if not text:
+        raise DocumentError("empty path", source=source)
+    if "\0" in text:
+        raise DocumentError("the path holds a NUL character", source=source)
+    encoded = text.encode("utf-8", "surrogateescape")
+    if len(encoded) > MAX_PATH_BYTES:
+        raise DocumentError(f"{len(encoded)} bytes; at most {MAX_PATH_BYTES}", source=source)
+    longest = max(len(part) for part in encoded.split(b"/"))
+    if longest > MAX_NAME_BYTES:
+        raise DocumentError(
+            f"a component of {longest} bytes; at most {MAX_NAME_BYTES}", source=source
+        )
+    return Path(text)
