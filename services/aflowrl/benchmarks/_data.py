@@ -7,19 +7,21 @@ when one is at fault. Used by every benchmark's ``load``.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Final
 
-from aflowrl import envs
+from aflowrl import documents, envs
 from aflowrl.benchmarks.base import Benchmark, Problem, Split
 from aflowrl.benchmarks.errors import DataNotFoundError, DatasetLineError
 
 logger = logging.getLogger(__name__)
 
 Record = dict[str, Any]
+
+MAX_LINE_BYTES: Final = 8 << 20
+"""Longest line of a split file (AFlow's longest, a HotpotQA record, is about 14 kB)."""
 
 
 def resolve_data_dir(data_dir: str | Path | None) -> Path | None:
@@ -44,9 +46,12 @@ def split_file(data_dir: Path, benchmark: str, split: str) -> Path:
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, Record]]:
-    """(line number, object) for each non-blank line; malformed lines raise with file and line."""
+    """(line number, object) for each non-blank line; malformed lines raise with file and line.
+
+    Lines are read no longer than :data:`MAX_LINE_BYTES` and parsed with the bounded loader
+    (:func:`aflowrl.documents.load_json`: depth, repeated keys)."""
     with path.open("rb") as lines:
-        for number, raw in enumerate(lines, start=1):
+        for number, raw in enumerate(_bounded_lines(lines, path), start=1):
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -54,16 +59,27 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, Record]]:
             if not text.strip():
                 continue
             try:
-                value = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise DatasetLineError(
-                    path, number, f"not valid JSON: {exc.msg} at column {exc.colno}"
-                ) from exc
+                value = documents.load_json(text, source=f"{path}:{number}")
+            except documents.DocumentError as exc:
+                raise DatasetLineError(path, number, f"not valid JSON: {exc.reason}") from None
             if not isinstance(value, dict):
                 raise DatasetLineError(
                     path, number, f"expected a JSON object, got {type(value).__name__}"
                 )
             yield number, value
+
+
+def _bounded_lines(stream: BinaryIO, path: Path) -> Iterator[bytes]:
+    """The lines of ``stream``, refusing one longer than :data:`MAX_LINE_BYTES`."""
+    number = 0
+    while True:
+        raw = stream.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        number += 1
+        if len(raw) > MAX_LINE_BYTES:
+            raise DatasetLineError(path, number, f"longer than {MAX_LINE_BYTES} bytes")
+        yield raw
 
 
 def text_field(path: Path, line: int, record: Record, name: str, *, numbers: bool = False) -> str:

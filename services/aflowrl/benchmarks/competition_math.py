@@ -83,7 +83,7 @@ class MATH(TextBenchmark):
                 benchmark=self.name,
                 problem_id=f"math-{split}-{index}",
                 question=_data.text_field(path, line, record, "problem"),
-                gold=_data.text_field(path, line, record, "solution"),
+                gold=_data.text_field(path, line, record, "solution", numbers=True),
                 record=record,
             )
 

@@ -28,7 +28,7 @@ class DROP(TextBenchmark):
             benchmark=self.name,
             problem_id=_data.text_field(path, line, record, "id", numbers=True),
             question=_data.text_field(path, line, record, "context"),
-            gold=_data.text_field(path, line, record, "ref_text"),
+            gold=_data.text_field(path, line, record, "ref_text", numbers=True),
             record=record,
         )
 

@@ -21,9 +21,12 @@ TOLERANCE = 1e-6
 """Largest |prediction - reference| that still counts as equal."""
 
 
-def extract_number(text: str) -> float | None:
-    """The last number in ``text`` with commas removed, or None when there is none."""
-    matches = _NUMBER.findall(text)
+def extract_number(text: object) -> float | None:
+    """The last number in ``str(text)`` with commas removed, or None when there is none.
+
+    ``str()`` as in AFlow, so a numeric gold value (``"answer": 18`` in a split file, or a number
+    passed to :meth:`GSM8K.score_answer`) scores as AFlow scores it."""
+    matches = _NUMBER.findall(str(text))
     if not matches:
         return None
     try:

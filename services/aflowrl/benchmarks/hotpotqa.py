@@ -47,7 +47,7 @@ class HotpotQA(TextBenchmark):
             benchmark=self.name,
             problem_id=_data.text_field(path, line, record, "_id", numbers=True),
             question=format_question(question, context),
-            gold=_data.text_field(path, line, record, "answer"),
+            gold=_data.text_field(path, line, record, "answer", numbers=True),
             record=record,
         )
 

@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from aflowrl import documents
 from aflowrl.config import RunSpec
-from aflowrl.errors import InvalidInputError
 
 
-def load_spec(path: str | None) -> RunSpec:
-    """The RunSpec in ``path`` ("-" for stdin; None for the embedded default)."""
+def load_spec(path: str | None, *, flag: str = "-f/--file") -> RunSpec:
+    """The RunSpec in ``path`` ("-" for stdin; None for the embedded default); ``flag`` names
+    the option that gave the path, in errors.
+
+    The file is read no further than a run spec can be (:data:`aflowrl.documents.MAX_YAML_CHARS`
+    bytes), and parsed with the bounded loader."""
     if path is None:
         return RunSpec()
-    if path == "-":
-        return RunSpec.from_yaml(sys.stdin.read(), source="<stdin>")
-    file = Path(path)
-    if not file.is_file():
-        raise InvalidInputError(f"no such file: {path}", field="-f/--file")
-    return RunSpec.from_yaml(file.read_text(), source=str(file))
+    text = documents.read_text(path, source=flag, max_bytes=documents.MAX_YAML_CHARS)
+    return RunSpec.from_yaml(text, source="<stdin>" if path == "-" else path)
 
 
 class _Dumper(yaml.SafeDumper):

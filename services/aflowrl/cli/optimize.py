@@ -100,7 +100,7 @@ def _settings(args: argparse.Namespace) -> tuple[str, SearchSpec, EvaluationSpec
     from aflowrl.config.environment import EvaluationSpec
     from aflowrl.errors import InvalidInputError
 
-    spec = load_spec(args.spec) if args.spec else RunSpec()
+    spec = load_spec(args.spec, flag="-f/--spec") if args.spec else RunSpec()
     search: dict[str, Any] = spec.environment.search.model_dump(by_alias=False)
     if not args.spec:
         # Without a spec: the search guided by the policy's values for a policy proposer,

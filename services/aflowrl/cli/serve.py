@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from aflowrl.common.logging import setup_logging
     from aflowrl.errors import FailedPreconditionError
 
-    spec = load_spec(args.spec or envs.AFLOWRL_SPEC_FILE)
+    spec = load_spec(args.spec or envs.AFLOWRL_SPEC_FILE, flag="--spec")
     fmt = "json" if "json" in (envs.AFLOWRL_LOG_FORMAT, spec.monitoring.log_format) else "text"
     setup_logging(spec.monitoring.log_level, fmt, component=args.service)
     section, key = _DEFAULT_PORTS[args.service]

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
         spec = default_run()
     else:
-        spec = load_spec(path)
+        spec = load_spec(path, flag="-f/--file/--spec")
     work = _against_services(spec, args) if given else _local(spec, args)
     try:
         return asyncio.run(_until_sigterm(work))

@@ -2,12 +2,13 @@
 
 Each interceptor wraps the method handler's behaviour in an async context manager
 (:class:`AroundInterceptor`), so one helper covers the four RPC shapes (unary/stream in and out).
-Order in the server (outermost first): request id, metrics, auth, error mapping. The error mapping
-is the only place that turns exceptions into gRPC status codes:
+Order in the server (outermost first): request id, metrics, auth, error mapping, request
+decoding. The error mapping is the only place that turns exceptions into gRPC status codes:
 
 | exception | status |
 |---|---|
 | InvalidInputError (ConfigError too) | INVALID_ARGUMENT, message names the field |
+| request bytes that are not the method's message | INVALID_ARGUMENT, naming the method |
 | NotFoundError | NOT_FOUND |
 | FailedPreconditionError | FAILED_PRECONDITION |
 | OverloadedError | RESOURCE_EXHAUSTED |
@@ -240,6 +241,100 @@ class ErrorMappingInterceptor(AroundInterceptor):
             )
 
 
+_STREAMING_REQUESTS = ("stream_unary", "stream_stream")
+
+
+class _Undecodable:
+    """What the request deserializer gives for bytes that do not parse as the request message."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _decode_error(method: str, request: _Undecodable) -> errors.InvalidInputError:
+    return errors.InvalidInputError(
+        f"the request does not parse as the method's message ({request.reason})", field=method
+    )
+
+
+async def _decoded_stream(requests: AsyncIterator[Any], method: str) -> AsyncIterator[Any]:
+    async for request in requests:
+        if isinstance(request, _Undecodable):
+            raise _decode_error(method, request)
+        yield request
+
+
+class RequestDecodingInterceptor(aio.ServerInterceptor):
+    """Bytes that are not the method's request message become INVALID_ARGUMENT naming it.
+
+    gRPC's own handling is UNKNOWN with a traceback in the log. The deserializer is wrapped to
+    return a marker instead of raising; the behaviour (inside the error mapping) turns the marker
+    into an :class:`~aflowrl.errors.InvalidInputError`, for single requests and streams alike.
+    """
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        method = handler_call_details.method
+        deserialize = handler.request_deserializer
+
+        def tolerant(data: bytes) -> Any:
+            try:
+                return deserialize(data)
+            except Exception as exc:  # noqa: BLE001 - any failure to decode is the request's
+                return _Undecodable(str(exc) or type(exc).__name__)
+
+        for attribute, factory, _ in _HANDLER_KINDS:
+            behavior = getattr(handler, attribute)
+            if behavior is not None:
+                checked = _checked(
+                    behavior, method, streaming_request=attribute in _STREAMING_REQUESTS
+                )
+                wrapped: Handler = factory(
+                    checked,
+                    request_deserializer=tolerant,
+                    response_serializer=handler.response_serializer,
+                )
+                return wrapped
+        return handler
+
+
+def _checked(
+    behavior: Callable[..., Any], method: str, *, streaming_request: bool
+) -> Callable[..., Any]:
+    """``behavior`` refusing undecodable requests (the same kind of function: the outer
+    interceptors tell async generators from coroutines)."""
+
+    def decoded(request: Any) -> Any:
+        if streaming_request:
+            return _decoded_stream(request, method)
+        if isinstance(request, _Undecodable):
+            raise _decode_error(method, request)
+        return request
+
+    if inspect.isasyncgenfunction(behavior):
+
+        @functools.wraps(behavior)
+        async def stream_wrapper(request: Any, context: Context) -> AsyncIterator[Any]:
+            async for item in behavior(decoded(request), context):
+                yield item
+
+        return stream_wrapper
+
+    @functools.wraps(behavior)
+    async def unary_wrapper(request: Any, context: Context) -> Any:
+        return await behavior(decoded(request), context)
+
+    return unary_wrapper
+
+
 def server_interceptors(
     metrics: ComponentMetrics, auth_token: str | None
 ) -> list[aio.ServerInterceptor]:
@@ -248,4 +343,5 @@ def server_interceptors(
     if auth_token:
         chain.append(AuthInterceptor(auth_token))
     chain.append(ErrorMappingInterceptor())
+    chain.append(RequestDecodingInterceptor())
     return chain

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from aflowrl import documents
 from aflowrl.config._base import SpecModel
 from aflowrl.config.environment import EnvironmentSpec
 from aflowrl.config.errors import ConfigError
@@ -158,9 +158,13 @@ class RunSpec(SpecModel):
 
     @classmethod
     def from_yaml(cls, text: str, *, source: str = "") -> RunSpec:
-        """Parse YAML (a bare spec or a TrainingRun) and validate it."""
+        """Parse YAML (a bare spec or a TrainingRun) and validate it.
+
+        The document is read with :func:`aflowrl.documents.load_yaml`: bounded in size and depth,
+        no aliases, no repeated keys (kubectl refuses those too, so the CLI and the cluster read
+        a run file alike)."""
         try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError([f"{source or 'spec'}: not valid YAML: {exc}"]) from None
+            doc = documents.load_yaml(text, source=source or "spec")
+        except documents.DocumentError as exc:
+            raise ConfigError([str(exc)]) from None
         return cls.from_document(doc, source=source)

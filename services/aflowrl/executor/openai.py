@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
-from aflowrl import envs
+from aflowrl import documents, envs
 from aflowrl.config import OpenAIExecutorSpec
 from aflowrl.errors import InvalidInputError
 from aflowrl.executor.base import ChatResult, Message, Usage
@@ -349,10 +349,10 @@ class OpenAIExecutor:
         if not 200 <= status < 300:
             raise ExecutorResponseError(f"unexpected HTTP {status} from {self._endpoint}")
         try:
-            answer = json.loads(text)
-        except json.JSONDecodeError:
+            answer = documents.load_json(text, source=self._endpoint)
+        except documents.DocumentError as exc:
             raise ExecutorResponseError(
-                f"not JSON from {self._endpoint}: {_excerpt(text)}"
+                f"not accepted JSON from {self._endpoint} ({exc.reason}): {_excerpt(text)}"
             ) from None
         if not isinstance(answer, dict):
             raise ExecutorResponseError(f"not a JSON object from {self._endpoint}")
@@ -422,9 +422,9 @@ class OpenAIExecutor:
 def _excerpt(text: str) -> str:
     """The error message of an OpenAI-style error body, else the body's start."""
     try:
-        body = json.loads(text)
-    except json.JSONDecodeError:
-        body = None
+        body = documents.load_json(text, source="error body")
+    except documents.DocumentError:
+        body = None  # not an OpenAI-style error: the body's start is shown instead
     if isinstance(body, dict):
         error = body.get("error")
         message = error.get("message") if isinstance(error, dict) else error

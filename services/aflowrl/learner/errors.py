@@ -19,3 +19,8 @@ class CheckpointNotFoundError(NotFoundError):
 
 class LearnerBrokenError(FailedPreconditionError):
     """A collective step failed on some rank; the ranks may disagree, so the learner stops."""
+
+
+class UnusablePathError(InvalidInputError):
+    """A checkpoint or export path the learner cannot write (a file in the way, no permission,
+    a read-only or pseudo file system); ``field`` names the request field."""

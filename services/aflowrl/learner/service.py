@@ -22,11 +22,16 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from aflowrl import __version__, envs
+from aflowrl import __version__, documents, envs
 from aflowrl._proto.v1 import common_pb2, learner_pb2, learner_pb2_grpc
 from aflowrl.errors import AflowRLError
 from aflowrl.learner.batching import ChoiceItem, Item, SequenceItem, TrainRow
-from aflowrl.learner.errors import BadBatchError, LearnerBrokenError, NoReferenceError
+from aflowrl.learner.errors import (
+    BadBatchError,
+    LearnerBrokenError,
+    NoReferenceError,
+    UnusablePathError,
+)
 from aflowrl.learner.metrics import LearnerMetrics
 from aflowrl.learner.worker import (
     Command,
@@ -97,6 +102,19 @@ def _floats(
     if not all(math.isfinite(v) for v in out):
         raise BadBatchError("values must be finite", field=field)
     return out
+
+
+async def _writable_dir(text: str, field: str) -> str:
+    """The directory a request names, created here: a path the ranks cannot write is refused
+    before the collective command starts (a failure inside it would stop the learner)."""
+    path = documents.request_path(text, source=field)
+    try:
+        await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UnusablePathError(
+            f"cannot create directory {text[:200]}: {exc.strerror or exc}", field=field
+        ) from None
+    return text
 
 
 class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
@@ -324,9 +342,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     async def SaveCheckpoint(
         self, request: learner_pb2.SaveCheckpointRequest, context: Any
     ) -> learner_pb2.CheckpointResponse:
-        if not request.path:
-            raise BadBatchError("empty path", field="path")
-        seconds: float = await self._run(SaveCommand(request.path, bytes(request.client_state)))
+        path = await _writable_dir(request.path, "path")
+        seconds: float = await self._run(SaveCommand(path, bytes(request.client_state)))
         self.metrics.checkpoint_duration.labels("save").observe(seconds)
         state = self.learner.state
         logger.info(
@@ -339,11 +356,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     async def LoadCheckpoint(
         self, request: learner_pb2.LoadCheckpointRequest, context: Any
     ) -> learner_pb2.CheckpointResponse:
-        if not request.path:
-            raise BadBatchError("empty path", field="path")
-        client_state, seconds = await self._run(
-            LoadCommand(request.path, int(request.min_policy_version))
-        )
+        path = str(documents.request_path(request.path, source="path"))
+        client_state, seconds = await self._run(LoadCommand(path, int(request.min_policy_version)))
         self.metrics.checkpoint_duration.labels("load").observe(seconds)
         state = self.learner.state
         self.metrics.policy_version.set(state.policy_version)
@@ -386,8 +400,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     async def ExportWeights(
         self, request: learner_pb2.ExportWeightsRequest, context: Any
     ) -> learner_pb2.ExportWeightsResponse:
+        target = await _writable_dir(request.path, "path") if request.path else None
         started = time.perf_counter()
-        path, nbytes, version = await self._run(ExportCommand(request.path or None, None))
+        path, nbytes, version = await self._run(ExportCommand(target, None))
         self.metrics.weight_push_duration.labels("filesystem").observe(
             time.perf_counter() - started
         )

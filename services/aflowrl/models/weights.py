@@ -23,10 +23,11 @@ import shutil
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from aflowrl import documents
 from aflowrl.models.errors import (
     CorruptWeightsError,
     ModelNotFoundError,
@@ -43,6 +44,8 @@ MARKER = "aflowrl-weights.json"
 
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 _SHARD_BYTES = 2 * 1024**3
+_MAX_MARKER_BYTES = 16 << 20
+"""Largest marker read (one line per tensor: a 70B model's holds about a thousand)."""
 _COPIED_FILES = (
     "config.json",
     "generation_config.json",
@@ -329,8 +332,31 @@ def read_marker(path: str | Path) -> dict[str, Any]:
             "interrupted export)",
             field="path",
         )
-    data: dict[str, Any] = json.loads(marker.read_text())
-    return data
+    source = str(marker)
+    text = documents.read_text(marker, source=source, max_bytes=_MAX_MARKER_BYTES)
+    data = documents.load_json(text, source=source)
+    tensors = data.get("tensors") if isinstance(data, dict) else None
+    files = data.get("files") if isinstance(data, dict) else None
+    well_formed = (
+        isinstance(data, dict)
+        and isinstance(data.get("version"), int)
+        and isinstance(files, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+        and isinstance(tensors, dict)
+        and all(
+            isinstance(spec, list)
+            and len(spec) == 2
+            and isinstance(spec[0], str)
+            and isinstance(spec[1], list)
+            and all(isinstance(n, int) and n >= 0 for n in spec[1])
+            for spec in tensors.values()
+        )
+    )
+    if not well_formed:
+        raise CorruptWeightsError(
+            f"{marker} is not a weights marker ({{version, files, tensors}})", field="path"
+        )
+    return cast(dict[str, Any], data)
 
 
 def read_weights_dir(

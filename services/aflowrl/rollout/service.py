@@ -20,6 +20,7 @@ recorded in :class:`~aflowrl.rollout.metrics.RolloutMetrics`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from aflowrl import __version__, envs
+from aflowrl import __version__, documents, envs
 from aflowrl._proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from aflowrl.config.rollout import SamplingSpec
 from aflowrl.models import tokens, weights, wire
@@ -66,9 +67,10 @@ def sampling_options(
             max_tokens=defaults.max_tokens,
             stop=tuple(defaults.stop),
         )
+    # Written as "not inside" so that NaN, which compares false with everything, is refused.
     checks = (
-        (params.temperature < 0 or params.temperature > 100, "temperature", "must be in [0, 100]"),
-        (params.top_p < 0 or params.top_p > 1, "top_p", "must be in (0, 1] (0 = 1)"),
+        (not 0 <= params.temperature <= 100, "temperature", "must be in [0, 100]"),
+        (not 0 <= params.top_p <= 1, "top_p", "must be in (0, 1] (0 = 1)"),
         (params.max_tokens < 0, "max_tokens", "must be >= 1 (0 = the run's default)"),
         (params.n < 0 or params.n > _MAX_N, "n", f"must be in [1, {_MAX_N}] (0 = 1)"),
         (len(params.stop) > _MAX_STOP, "stop", f"at most {_MAX_STOP} stop strings"),
@@ -118,6 +120,21 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     # ---- prompts ---------------------------------------------------------------------------------
 
+    @functools.cached_property
+    def _longest_token(self) -> int:
+        """Characters of the tokenizer's longest token: no text of n characters takes fewer than
+        n / this many tokens."""
+        return max((len(token) for token in self.engine.tokenizer.get_vocab()), default=1)
+
+    def check_text_length(self, chars: int, field: str) -> None:
+        """Refuse, before tokenizing it, a text that cannot fit the model's positions."""
+        if chars > self.engine.max_model_len * self._longest_token:
+            raise BadSamplingRequestError(
+                f"{chars} characters: more tokens than the model's {self.engine.max_model_len} "
+                "positions",
+                field=field,
+            )
+
     def encode_prompt(self, prompt: common_pb2.Prompt, field: str) -> list[int]:
         """Token ids of a prompt: chat messages through the chat template, text, or ids."""
         tokenizer = self.engine.tokenizer
@@ -130,11 +147,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                     f"token ids must be in [0, {vocab})", field=f"{field}.token_ids"
                 )
         elif kind == "text":
+            self.check_text_length(len(prompt.text), f"{field}.text")
             ids = tokenizer(prompt.text, add_special_tokens=True).input_ids
         elif kind == "chat":
             messages = [(m.role, m.content) for m in prompt.chat.messages]
             if not messages:
                 raise BadSamplingRequestError("no messages", field=f"{field}.chat.messages")
+            self.check_text_length(
+                sum(len(role) + len(content) for role, content in messages), f"{field}.chat"
+            )
             ids = tokens.chat_prompt_ids(tokenizer, messages)
         else:
             raise BadSamplingRequestError("set one of text, chat or token_ids", field=field)
@@ -215,6 +236,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             prompt = self.encode_prompt(item.prompt, f"items[{i}].prompt")
             if not item.candidates:
                 raise BadSamplingRequestError("no candidates", field=f"items[{i}].candidates")
+            for j, candidate in enumerate(item.candidates):
+                self.check_text_length(len(candidate), f"items[{i}].candidates[{j}]")
             candidates = [tokens.continuation_ids(tokenizer, c) for c in item.candidates]
             for j, ids in enumerate(candidates):
                 if not ids:
@@ -348,8 +371,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     async def load_directory(self, path: str, version: int) -> rollout_pb2.UpdateWeightsResponse:
         """Verify and load a safetensors weights directory of ``version`` (filesystem transport)."""
-        if not path:
-            raise BadSamplingRequestError("empty path", field="path")
+        documents.request_path(path, source="path")
         weights.check_stale(version, self.version)
         started = time.perf_counter()
         tensors, nbytes = await asyncio.to_thread(

@@ -24,12 +24,12 @@ unparseable replies.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from aflowrl import documents
 from aflowrl.search.actions import parse_action
 from aflowrl.search.edits import Candidate, apply_action
 from aflowrl.search.errors import InvalidActionError
@@ -176,9 +176,9 @@ def _freeform(body: str, parent: Graph, listed: Sequence[Candidate]) -> Projecti
     if not text.startswith("{"):
         return _from_text(text, parent, listed)
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return _invalid(f"the workflow is not valid JSON: {exc.msg} at line {exc.lineno}")
+        doc = documents.load_json(text, source="action", max_chars=MAX_RESPONSE_CHARS)
+    except documents.DocumentError as exc:
+        return _invalid(f"the workflow is not accepted JSON: {exc.reason}")
     if isinstance(doc, dict):
         doc.setdefault("name", parent.name)
         doc.setdefault("task_type", parent.task_type)

@@ -32,6 +32,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from aflowrl import documents
 from aflowrl.benchmarks.base import Problem, TaskType
 from aflowrl.config import SearchSpec
 from aflowrl.search.actions import parse_action
@@ -41,6 +42,8 @@ from aflowrl.workflow import Graph, WorkflowValidationError
 
 STATE_VERSION: Final = 1
 """Version of the JSON form; a state of another version is refused."""
+MAX_STATE_CHARS: Final = 64 << 20
+"""Largest state JSON read (the environment's blobs decompress to at most this)."""
 
 PRODUCED_CHARS: Final = 400
 """Longest answer kept per wrong problem."""
@@ -179,9 +182,9 @@ class EpisodeState(_Model):
     def from_json(text: str | bytes) -> EpisodeState:
         """Parse and check a state; raises :class:`EpisodeStateError` naming the field."""
         try:
-            doc = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-            raise EpisodeStateError(f"not JSON: {exc}", field="state") from None
+            doc = documents.load_json(text, source="state", max_chars=MAX_STATE_CHARS)
+        except documents.DocumentError as exc:
+            raise EpisodeStateError(exc.reason, field="state") from None
         if not isinstance(doc, dict):
             raise EpisodeStateError("must be a JSON object", field="state")
         if doc.get("version") != STATE_VERSION:

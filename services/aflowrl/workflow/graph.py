@@ -41,6 +41,7 @@ from typing import Any, Final, cast, get_args
 
 from pydantic import ValidationError
 
+from aflowrl import documents
 from aflowrl.benchmarks.base import TaskType
 from aflowrl.workflow.errors import WorkflowValidationError
 from aflowrl.workflow.ops import (
@@ -58,6 +59,8 @@ FORMAT_VERSION: Final = 1
 """Version of the JSON form written by :meth:`Graph.to_dict`."""
 
 MAX_NODES: Final = 32
+MAX_JSON_CHARS: Final = 1 << 20
+"""Largest workflow JSON read (a graph at every other limit takes about 300 000 characters)."""
 MAX_PROMPTS: Final = 32
 MAX_PROMPT_CHARS: Final = 8000
 MAX_LLM_CALLS: Final = 256
@@ -362,13 +365,12 @@ class Graph:
         )
 
     @staticmethod
-    def from_json(text: str, *, source: str = "workflow") -> Graph:
+    def from_json(text: str | bytes, *, source: str = "workflow") -> Graph:
+        """Parse and validate a workflow from outside (bounded: :mod:`aflowrl.documents`)."""
         try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise WorkflowValidationError(
-                [(source, f"not JSON: line {exc.lineno} column {exc.colno}: {exc.msg}")]
-            ) from None
+            doc = documents.load_json(text, source=source, max_chars=MAX_JSON_CHARS)
+        except documents.DocumentError as exc:
+            raise WorkflowValidationError([(source, exc.reason)]) from None
         return Graph.from_dict(doc, source=source)
 
     # ------------------------------------------------------------------ edits

@@ -50,6 +50,22 @@ def test_score_answer(prediction, gold, score):
     assert get_benchmark("gsm8k").score_answer(prediction, gold) == score
 
 
+@pytest.mark.parametrize(
+    ("prediction", "gold", "score"),
+    [
+        ("the answer is 18", 18, 1.0),
+        ("18.0", 18.0, 1.0),
+        ("17", 18, 0.0),
+        (18, "18", 1.0),
+        (None, "18", 0.0),  # str(None) holds no number
+        ("18", None, 0.0),
+    ],
+)
+def test_numeric_values_score_as_aflow_scores_them(prediction, gold, score):
+    """AFlow's extract_number applies str(): a number (a split file's `"answer": 18`) scores."""
+    assert get_benchmark("gsm8k").score_answer(prediction, gold) == score
+
+
 def test_score_detail_says_why():
     detail = get_benchmark("gsm8k").score_detail("about 12", "13")
     assert detail.value == 0.0 and detail.extracted == "12.0" and "13" in detail.detail

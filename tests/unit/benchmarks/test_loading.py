@@ -135,6 +135,10 @@ GOOD = json.dumps({"question": "1+1?", "answer": "2", "id": "a"}).encode()
         (b'{"question": "x", "answer": ["2"], "id": "b"}', "expected text or a number", "answer"),
         (b'{"question": "x", "answer": "2", "id": "a"}', "duplicate problem id 'a'", None),
         (b'{"question": "\xff", "answer": "2"}', "not UTF-8", None),
+        (b'{"question": "x", "answer": null, "id": "b"}', "expected text or a number", "answer"),
+        (b'{"question": "x", "answer": true, "id": "b"}', "expected text or a number", "answer"),
+        (b'{"question": "x", "question": "y", "answer": "2"}', "duplicate key 'question'", None),
+        (b'{"question": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nested deeper than 64", None),
     ],
 )
 def test_malformed_line_names_file_line_and_field(tmp_path, bad, message, field):
@@ -151,6 +155,71 @@ def test_numbers_are_accepted_as_answers_and_ids(tmp_path):
     _write(tmp_path / "gsm8k_validate.jsonl", [b'{"question": "q", "answer": 7, "id": 12}'])
     (problem,) = get_benchmark("gsm8k").load("validate", tmp_path)
     assert (problem.problem_id, problem.gold) == ("12", "7")
+
+
+# Every benchmark's split file, one bad field at a time: ints, nulls and lists where text is
+# expected. A number in a gold field is its text (str(), as AFlow's GSM8K reads its answers);
+# anything else names the file, the line and the field.
+_RECORDS = {
+    "gsm8k": ({"question": "q", "answer": "7", "id": "a"}, ["question"], ["answer", "id"]),
+    "math": ({"problem": "p", "solution": "s"}, ["problem"], ["solution"]),
+    "drop": ({"id": "a", "context": "c", "ref_text": "r"}, ["context"], ["ref_text", "id"]),
+    "hotpotqa": (
+        {"_id": "a", "question": "q", "answer": "x", "context": [["t", ["s."]]]},
+        ["question"],
+        ["answer", "_id"],
+    ),
+    "mbpp": (
+        {"task_id": 1, "prompt": "p", "entry_point": "f", "test": "t", "test_list": ["a"]},
+        ["prompt", "entry_point", "test"],
+        ["task_id"],
+    ),
+    "humaneval": (
+        {"task_id": "HumanEval/0", "prompt": "p", "entry_point": "f", "test": "t"},
+        ["task_id", "prompt", "entry_point", "test"],
+        [],
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "field", "value"),
+    [
+        (name, field, value)
+        for name, (_, text_only, numeric) in _RECORDS.items()
+        for field in text_only + numeric
+        for value in (None, [1], {"a": 1}, False, *((42,) if field in text_only else ()))
+    ],
+)
+def test_a_field_of_the_wrong_type_names_file_line_and_field(tmp_path, name, field, value):
+    record = {**_RECORDS[name][0], field: value}
+    path = tmp_path / f"{name}_validate.jsonl"
+    _write(path, [json.dumps(record).encode()])
+    with pytest.raises(DatasetLineError) as caught:
+        get_benchmark(name).load("validate", tmp_path)
+    assert (caught.value.path, caught.value.line, caught.value.field) == (path, 1, field)
+
+
+@pytest.mark.parametrize(
+    ("name", "field"),
+    [(name, field) for name, (_, _, numeric) in _RECORDS.items() for field in numeric],
+)
+def test_a_number_in_a_gold_or_id_field_is_its_text(tmp_path, name, field):
+    record = {**_RECORDS[name][0], field: 1998}
+    _write(tmp_path / f"{name}_validate.jsonl", [json.dumps(record).encode()])
+    (problem,) = get_benchmark(name).load("validate", tmp_path)
+    assert "1998" in (problem.gold if field not in ("id", "_id", "task_id") else problem.problem_id)
+
+
+def test_a_line_past_the_limit_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
+    from aflowrl.benchmarks import _data
+
+    monkeypatch.setattr(_data, "MAX_LINE_BYTES", 100)
+    path = tmp_path / "gsm8k_validate.jsonl"
+    _write(path, [GOOD, json.dumps({"question": "x" * 200, "answer": "1"}).encode()])
+    with pytest.raises(DatasetLineError, match="longer than 100 bytes") as caught:
+        get_benchmark("gsm8k").load("validate", tmp_path)
+    assert caught.value.line == 2
 
 
 def test_code_entry_point_must_be_a_name(tmp_path):

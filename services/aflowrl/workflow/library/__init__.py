@@ -18,9 +18,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Final, get_args
 
+from aflowrl import documents
 from aflowrl.benchmarks.base import TaskType
 from aflowrl.errors import InvalidInputError, NotFoundError
-from aflowrl.workflow.graph import Graph
+from aflowrl.workflow.graph import MAX_JSON_CHARS, Graph
 
 __all__ = ["CLASSIC", "NAMES", "load", "resolve"]
 
@@ -50,7 +51,8 @@ def resolve(spec: str, task_type: TaskType) -> Graph:
         raise NotFoundError(
             f"{spec!r} is neither a library workflow ({', '.join(NAMES)}) nor a JSON file"
         )
-    graph = Graph.from_json(path.read_text(encoding="utf-8"), source=str(path))
+    text = documents.read_text(path, source=str(path), max_bytes=MAX_JSON_CHARS)
+    graph = Graph.from_json(text, source=str(path))
     if graph.task_type != task_type:
         raise InvalidInputError(
             f"{path} is a {graph.task_type} workflow; this benchmark needs {task_type}",
