@@ -124,9 +124,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from aflowrl.benchmarks import BENCHMARK_NAMES
+    from aflowrl.cli import surrogate_calibration as fitting
     from aflowrl.errors import InvalidInputError
     from aflowrl.executor.surrogate import SurrogateExecutor, load_calibration, load_problems
-    from aflowrl.executor.surrogate import calibrate as fitting
     from aflowrl.workflow import library
 
     seeds = _integers(args.seeds, "--seeds")

@@ -28,7 +28,7 @@ from typing import Any
 from aflowrl.errors import InvalidInputError
 from aflowrl.search.episode import Observation
 from aflowrl.search.proposers import SYSTEM_PROMPT, Check, Proposal
-from aflowrl.workflow.runtime import derive_seed
+from aflowrl.seeding import derive_seed
 
 logger = logging.getLogger(__name__)
 

@@ -25,12 +25,12 @@ import numpy as np
 from aflowrl._proto.v1 import environment_pb2
 from aflowrl.config import RunSpec
 from aflowrl.errors import FailedPreconditionError
+from aflowrl.seeding import derive_seed
 from aflowrl.trainer.acting import Actor, Observed
 from aflowrl.trainer.clients import EnvironmentClient
 from aflowrl.trainer.clock import Timeline
 from aflowrl.trainer.rows import Batch, Decision, Episode, StepRow
 from aflowrl.workflow import Graph
-from aflowrl.workflow.runtime import derive_seed
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from aflowrl.benchmarks import get_benchmark
+from aflowrl.cli import surrogate_calibration as fitting
 from aflowrl.executor.surrogate import SurrogateExecutor
-from aflowrl.executor.surrogate import calibrate as fitting
 from aflowrl.workflow import Graph
 
 BEST = Path(__file__).with_name("best")

@@ -25,6 +25,10 @@ Self-Refine     ``review_false_reject``                ``review_false_reject``
 
 A step x' = x + (target - measured) / slope uses the slope between the last two rounds when it
 has the expected sign, else a prior slope (percent per unit), and is capped per parameter.
+
+It lives beside its command (:mod:`aflowrl.cli.surrogate`), not in the executor package: it runs
+workflows, and the workflow layer calls executors, never the reverse (an import-linter layers
+contract keeps it so).
 """
 
 from __future__ import annotations
@@ -364,7 +368,7 @@ def with_fit_notes(
     """``calibration`` with a record of how it was fitted and what it measured."""
     notes = {
         "procedure": "aflowrl surrogate calibrate --fit: Jacobi secant steps, one parameter "
-        "per classic cell (see aflowrl.executor.surrogate.calibrate)",
+        "per classic cell (see aflowrl.cli.surrogate_calibration)",
         "targets": "AFlow (ICLR 2025) Table 1, gpt-4o-mini executor",
         "split": split,
         "hotpotqa_split": split_for("hotpotqa", split),
