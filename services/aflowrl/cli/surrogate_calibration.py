@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from aflowrl.benchmarks import get_benchmark
-from aflowrl.benchmarks.base import Benchmark, Problem, Score, Split
+from aflowrl.benchmarks.base import Benchmark, Problem, Score, Split, TaskType
 from aflowrl.errors import InvalidInputError
 from aflowrl.executor.surrogate.calibration import BenchmarkParams, Calibration, param_bounds
 from aflowrl.executor.surrogate.executor import SurrogateExecutor
@@ -144,6 +144,24 @@ class MemoizedScorer(Benchmark):
 
 
 ProgressCallback = Callable[[Cell], None]
+
+
+def instruction_slot(task_type: TaskType, instruction: str | None) -> Graph:
+    """The workflow an instruction is measured in: one Custom (math, QA) or CustomCodeGenerate
+    (code) call with ``instruction`` (None: none, which for math and code is the library's
+    IO; with the library's CoT instruction it is the library's CoT), and for QA a Format step
+    after it. QA is scored by token F1 over the whole output, so a QA workflow extracts its
+    answer; the Format step makes the measure what the instruction does to the answer, not
+    to the reply's length."""
+    doc = library.load("io", task_type).to_dict()
+    doc["name"] = "instruction_slot"
+    if instruction is not None:
+        doc["prompts"] = {"instruction": instruction}
+        doc["nodes"][0]["params"] = {"instruction": "instruction"}
+    if task_type == "qa":
+        doc["nodes"].append({"id": "format", "op": "Format", "inputs": {"solution": "generate"}})
+        doc["output"] = "format"
+    return Graph.from_dict(doc, source="instruction slot")
 
 
 async def evaluate_graph(

@@ -50,7 +50,7 @@ from aflowrl.executor.surrogate.facts import ProblemFacts, format_number, proble
 from aflowrl.executor.surrogate.index import ProblemIndex
 from aflowrl.executor.surrogate.reading import Reading, read_request
 
-MODEL_VERSION = 1
+MODEL_VERSION = 2
 """Version of the decision rules: part of the executor id (bump when answers change)."""
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -204,6 +204,8 @@ class SurrogateModel:
     async def _generate(
         self, reading: Reading, facts: ProblemFacts, params: BenchmarkParams, s: _Sampler
     ) -> str:
+        if reading.discard is not None:
+            return writing.discarded(reading, facts, s.pick, s.uniform)
         followed = await self._follow(reading.shown, facts, params, s)
         if followed is not None:
             correct, shown_answer = followed.correct, followed.answer
@@ -413,6 +415,8 @@ class SurrogateModel:
     async def _format(
         self, reading: Reading, facts: ProblemFacts, params: BenchmarkParams, s: _Sampler
     ) -> str:
+        if reading.discard is not None:
+            return writing.formatted(reading, writing.discarded(reading, facts, s.pick, s.uniform))
         shown = await self.assess(facts, reading.solution or "")
         if shown.correct:
             answer = facts.answer
@@ -482,10 +486,25 @@ def _contains(haystack: list[str], needle: list[str]) -> bool:
     return any(haystack[i : i + width] == needle for i in range(len(haystack) - width + 1))
 
 
+_ECHO_SHARE = 0.9
+"""Share of the problem's words a text must repeat to count as the problem given back."""
+
+
+def _echoes(words: list[str], facts: ProblemFacts) -> bool:
+    """Whether ``words`` mostly repeat the problem statement (a passage copied back holds
+    every answer and commits to none)."""
+    question = set(_tokens(facts.problem.question))
+    if len(words) < 20 or not question:
+        return False
+    return len(question & set(words)) >= _ECHO_SHARE * len(question)
+
+
 def _assess_qa(facts: ProblemFacts, part: str) -> Assessment:
     benchmark = get_benchmark(facts.benchmark)
     scorer = benchmark if isinstance(benchmark, TextBenchmark) else get_benchmark("hotpotqa")
     words = _tokens(part)
+    if _echoes(words, facts):
+        return Assessment(("echo",), False, "")
     golds = [g for g in facts.problem.gold.split("|") if g.strip()] or [facts.answer]
     for wrong in facts.wrong:
         wrong_words = _tokens(wrong)

@@ -1,0 +1,889 @@
+"""What an instruction asks of the model: reasoning, brevity, and whether to solve the problem.
+
+:func:`read_directives` reads the instruction part of a prompt (the reading module has already
+taken out the problem statement and any material shown) compositionally, the way a model
+would, rather than by spotting keywords:
+
+1. **Normalise**: lower case, contractions expanded ("don't" -> "not"), quoted strings, inline
+   code and reply tags set aside (a tag's content is read with the tag as its scope: what
+   ``<answer>...</answer>`` says applies to the answer), multi-word expressions made one
+   token (:mod:`._lexicon`).
+2. **Segment** into sentences, then clauses at sequencers ("then", "once done"), contrasts
+   ("but"), subordinators ("before", "until", "if") and coordinated verbs ("..., and state"),
+   keeping a list of verbs under one negation together ("do not think, reason or explain").
+3. **Polarity**: every word carries the parity of the negations in force before it in its
+   clause (negators "not", "never", "no", "without"; verbs that negate their object "skip",
+   "avoid", "refrain from", "ignore"; postposed "X is unnecessary"), so "no reply without a
+   derivation" asks for a derivation and "never omit a step" asks for steps.
+4. **Frames**: verbs in verb position (imperative, infinitive, after a negator or
+   preposition) with the noun phrase they take and its head, read through word families:
+   reasoning, production of text, engagement with the problem, disregard, echo, other work.
+5. **Decide**, for the whole instruction:
+
+   * *reasoning* asked (a reasoning verb or a produced reasoning noun, positive), or
+     forbidden (the same negated, the reply restricted to the answer, thinking kept
+     silent, an immediate answer). A prohibition about the *answer* ("then state the answer
+     with no elaboration", "the last line holds only the answer", inside ``<answer>``) is
+     scope, not a prohibition of reasoning. Asked and forbidden at once (outside such scope)
+     is a contradiction, and the prohibition is followed;
+   * *brevity* of the answer ("state the result briefly") or of the whole reply ("be
+     concise");
+   * *discarding the problem*: the problem disregarded or not to be engaged with ("ignore
+     the question", "do not answer", "skip it"), an answer made up or
+     random, a constant named as the answer (``return None``, "always 0", "the word X"), an
+     empty reply, the problem echoed back, or some other work done instead ("write a poem",
+     "answer a different question"). Conditions ("return 0 if the list is empty"), format
+     examples ("e.g. 42"), alternatives ("yes or no") and demands for more than the answer
+     ("do not just answer", "do not answer until you have checked") are not discards.
+
+What it cannot read: sarcasm, instructions that rely on world knowledge to tell a relevant
+detail from an irrelevant one, and languages other than English (see the README). Deterministic
+and cached per instruction text. Called by :mod:`.reading`.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from aflowrl.executor.surrogate import _lexicon as lex
+
+Reasoning = Literal["asked", "forbidden", "unspecified"]
+Discard = Literal["neglect", "random", "constant", "empty", "echo", "other"]
+"""How a reply that discards the problem is made: ``neglect`` (turns away from it), ``random``
+(a made-up answer), ``constant`` (a named constant), ``empty``, ``echo`` (the problem given
+back), ``other`` (some other work)."""
+
+
+@dataclass(frozen=True)
+class Directives:
+    """What an instruction asks for."""
+
+    reasoning: Reasoning = "unspecified"
+    contradicted: bool = False
+    """Reasoning both asked for and forbidden (outside an answer's scope): the prohibition is
+    followed."""
+    answer_brief: bool = False
+    """The final answer is to be short ("state the result briefly", ``<answer>``)."""
+    reply_brief: bool = False
+    """The whole reply is to be short ("be concise")."""
+    verbose: bool = False
+    """A detailed, elaborate reply is asked for."""
+    discard: Discard | None = None
+    """The reply does not address the problem, and how (None: it does)."""
+    literal: str | None = None
+    """The constant to give, when the instruction names one."""
+
+    @property
+    def step_by_step(self) -> bool:
+        return self.reasoning == "asked"
+
+    @property
+    def answer_only(self) -> bool:
+        """No reasoning in the reply: forbidden, or a brief reply with none asked for."""
+        return self.reasoning == "forbidden" or (
+            self.reasoning == "unspecified" and self.reply_brief
+        )
+
+    @property
+    def concise(self) -> bool:
+        return self.answer_brief or self.reply_brief or self.reasoning == "forbidden"
+
+
+# --- 1. normalisation ---------------------------------------------------------------------------
+
+_QUOTES = str.maketrans({"’": "'", "‘": "'", "“": '"', "”": '"', "–": "-", "—": "-"})
+_CONTRACTIONS: Final = tuple(
+    (re.compile(pattern), replacement)
+    for pattern, replacement in (
+        (r"\bcan't\b|\bcannot\b", "can not"),
+        (r"\bwon't\b", "will not"),
+        (r"\bshan't\b", "shall not"),
+        (r"n't\b", " not"),
+        (r"\b(it|that|there|here|what|this|who|where|which)'s\b", r"\1 is"),
+        (r"\blet's\b", "let us"),
+        (r"\bi'm\b", "i am"),
+        (r"'re\b", " are"),
+        (r"'ll\b", " will"),
+        (r"'ve\b", " have"),
+        (r"'d\b", " would"),
+        (r"\b(?:do|does|did) not\b", "not"),
+        (r"\b(?:do|does|did) never\b", "never"),
+        (r"(?<=[a-z0-9])'s\b", " _pos"),
+        (r"(?<=[a-z])-(?=[a-z])", " "),
+        (r"\bw/o\b", "without"),
+        (r"&", " and "),
+    )
+)
+_CODE_SPAN = re.compile(r"`([^`\n]{1,200})`")
+_DOUBLE_QUOTED = re.compile(r'"([^"\n]{1,200})"')
+_SINGLE_QUOTED = re.compile(r"(?<![a-z0-9])'([^'\n]{1,120})'(?![a-z0-9])")
+_TAG_SPAN = re.compile(r"<([a-z_]{1,30})>(.*?)</\1>", re.DOTALL)
+_TAG = re.compile(r"</?([a-z_]{1,30})>")
+_BOXED = re.compile(r"\\boxed\s*(?:\{[^{}]*\})?")
+_SENTENCE = re.compile(r"[.!?;:]+(?=\s|$)|\n+|\(|\)|\[|\]")
+_WORD = re.compile(r"-?[a-z0-9_/]+(?:\.[0-9]+)?|,")
+_PLACEHOLDER = re.compile(r"^(q|c)(\d+)_$")
+_TRIVIAL_CODE = re.compile(
+    r"^(?:pass|\.\.\.|return|return\s+(?:none|null|0|-?\d+(?:\.\d+)?|true|false|\[\]|\{\}|\(\)|"
+    r"''|\"\"|'[^']*'|\"[^\"]*\")|raise\s+notimplementederror(?:\(\))?|none|null)\s*;?$"
+)
+_TEMPLATE_WORDS = lex.words("answer result number value x n y your here final solution")
+_ANSWER_TAGS = frozenset({"answer", "final_answer", "final", "result", "solution_letter"})
+_REASON_TAGS = frozenset({"thought", "thinking", "reasoning", "scratchpad", "analysis", "think"})
+
+
+@dataclass
+class _Spans:
+    """What normalisation set aside: quoted strings and inline code, by placeholder."""
+
+    quoted: list[str] = field(default_factory=list)
+    code: list[str] = field(default_factory=list)
+    tags: set[str] = field(default_factory=set)
+
+
+def _normalise(text: str, spans: _Spans) -> list[tuple[str, str]]:
+    """``text`` as (segment, scope) pairs: the instruction itself (scope ``reply``) and each
+    reply tag's content (scope ``answer``, ``reasoning`` or ``reply``)."""
+    low = text.translate(_QUOTES).lower()
+    low = _BOXED.sub(" boxed ", low)
+
+    def code(found: re.Match[str]) -> str:
+        spans.code.append(found.group(1).strip())
+        return f" c{len(spans.code) - 1}_ "
+
+    def quoted(found: re.Match[str]) -> str:
+        spans.quoted.append(found.group(1).strip())
+        return f" q{len(spans.quoted) - 1}_ "
+
+    low = _CODE_SPAN.sub(code, low)
+    low = _DOUBLE_QUOTED.sub(quoted, low)
+    for pattern, replacement in _CONTRACTIONS[:11]:
+        low = pattern.sub(replacement, low)
+    low = _SINGLE_QUOTED.sub(quoted, low)
+    for pattern, replacement in _CONTRACTIONS[11:]:
+        low = pattern.sub(replacement, low)
+    segments: list[tuple[str, str]] = []
+
+    def tag_span(found: re.Match[str]) -> str:
+        name = found.group(1)
+        spans.tags.add(name)
+        scope = "answer" if name in _ANSWER_TAGS else "reply"
+        scope = "reasoning" if name in _REASON_TAGS else scope
+        segments.append((found.group(2), scope))
+        return f" tag_{name} "
+
+    low = _TAG_SPAN.sub(tag_span, low)
+    for name in _TAG.findall(low):
+        spans.tags.add(name)
+    low = _TAG.sub(lambda found: f" tag_{found.group(1)} ", low)
+    return [(_expressions(low), "reply")] + [
+        (_expressions(segment), scope) for segment, scope in segments
+    ]
+
+
+def _expressions(text: str) -> str:
+    for pattern, replacement in lex.MULTIWORD:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+# --- 2. clauses -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Word:
+    text: str
+    lemma: str
+    negated: bool = False
+    verb: bool = False
+
+
+@dataclass
+class _Clause:
+    words: list[_Word] = field(default_factory=list)
+    link: str = "start"
+    """How the clause attaches: ``start``, ``then`` (a later part), ``but``, ``and``, ``sub``."""
+    sub: str | None = None
+    """The subordinator of a subordinate clause ("if", "until"...)."""
+    scope: str = "reply"
+    conditional: bool = False
+    instead: bool = False
+
+
+_CONDITIONAL_SENTENCE = re.compile(
+    r"\b(?:if|unless|when|whenever|otherwise|else|lest|in case|where)\b|"
+    r"\bfor (?:an? |the )?(?:empty|negative|invalid|missing|zero|null|none|odd|even|unknown|"
+    r"bad|edgecase|non|out)\b|\bon (?:error|failure|invalid)\b"
+)
+_NP_STOP: Final = lex.words(
+    """
+    of in into on onto for with to from by at about as than per via using like within inside
+    across over under after before and or but nor , that which who whom whose so because then
+    while until unless if when where whether
+    """
+)
+_WH: Final = lex.words("how why what whether")
+
+
+def _is_verb_form(word: str) -> bool:
+    return lex.lemma(word) in lex.VERB_LEMMAS
+
+
+def _clauses(text: str, scope: str) -> list[_Clause]:
+    clauses: list[_Clause] = []
+    for sentence in _SENTENCE.split(text):
+        tokens = _WORD.findall(sentence)
+        if not tokens:
+            continue
+        conditional = bool(_CONDITIONAL_SENTENCE.search(sentence))
+        found = _split(tokens, scope)
+        for clause in found:
+            clause.conditional = conditional or clause.sub in lex.CONDITIONS
+            _polarise(clause)
+        clauses.extend(found)
+    return clauses
+
+
+def _split(tokens: list[str], scope: str) -> list[_Clause]:
+    """Clauses of one sentence (see the module docstring, step 2)."""
+    clauses: list[_Clause] = []
+    current = _Clause(scope=scope)
+    negating = False
+    pending_instead = False
+
+    def close(link: str, sub: str | None = None) -> None:
+        nonlocal current, negating, pending_instead
+        if current.words and any(w.text != "," for w in current.words):
+            clauses.append(current)
+            current = _Clause(link=link, sub=sub, scope=scope)
+        else:
+            current.link, current.sub = (current.link if current.link != "start" else link), sub
+        negating = False
+        current.instead, pending_instead = current.instead or pending_instead, False
+
+    for position, token in enumerate(tokens):
+        following = tokens[position + 1] if position + 1 < len(tokens) else ""
+        if token in lex.SEQUENCERS:
+            close("then")
+            continue
+        if token in lex.CONTRASTS:
+            close("but")
+            continue
+        if token in lex.SUBORDINATORS:
+            close("sub", token)
+            continue
+        if token == "instead":
+            if current.words and any(w.text != "," for w in current.words):
+                current.instead = True
+            else:
+                pending_instead = True
+            continue
+        new_predicate = following in ("just", "only", "simply", "merely") or (
+            _is_verb_form(following) and not (negating and _list_follows(tokens, position + 1))
+        )
+        if token == "," and new_predicate:
+            close("and")
+            continue
+        if token in ("and", "or", "nor") and _is_verb_form(following):
+            if negating and (token != "and" or _same_family(current, following)):
+                continue  # a list under one negation: "do not think or explain"
+            close("and")
+            continue
+        current.words.append(_Word(token, lex.lemma(token)))
+        current.instead = current.instead or pending_instead
+        pending_instead = False
+        if token in lex.NEGATORS or lex.lemma(token) in lex.NEGATOR_VERBS | lex.DISREGARD_VERBS:
+            negating = True
+    close("and")
+    return clauses
+
+
+def _list_follows(tokens: list[str], start: int) -> bool:
+    """Whether a coordinating "or"/"nor"/"and" closes a list before the sentence ends."""
+    for token in tokens[start:]:
+        if token in ("or", "nor", "and"):
+            return True
+        if token in lex.SEQUENCERS or token in lex.CONTRASTS or token in lex.SUBORDINATORS:
+            return False
+    return False
+
+
+def _family(lemma: str) -> str:
+    for name, members in (
+        ("reason", lex.REASON_VERBS),
+        ("engage", lex.ENGAGE_VERBS),
+        ("produce", lex.PRODUCE_VERBS),
+    ):
+        if lemma in members:
+            return name
+    return lemma
+
+
+def _same_family(clause: _Clause, word: str) -> bool:
+    verbs = [w.lemma for w in clause.words if w.lemma in lex.VERB_LEMMAS]
+    return bool(verbs) and _family(verbs[-1]) == _family(lex.lemma(word))
+
+
+# --- 3. polarity ----------------------------------------------------------------------------------
+
+
+def _polarise(clause: _Clause) -> None:
+    """Set each word's polarity and whether it stands in verb position."""
+    parity = 0
+    comma_scoped = 0
+    words = clause.words
+    for position, word in enumerate(words):
+        if word.text == ",":
+            parity -= comma_scoped
+            comma_scoped = 0
+            continue
+        word.negated = parity % 2 == 1
+        word.verb = word.lemma in lex.VERB_LEMMAS and _verb_position(words, position)
+        negates = word.text in lex.NEGATORS or (
+            word.lemma in lex.NEGATOR_VERBS | lex.DISREGARD_VERBS and (word.verb or position == 0)
+        )
+        if negates:
+            parity += 1
+            if word.text in lex.COMMA_SCOPED:
+                comma_scoped += 1
+    for position, word in enumerate(words):
+        if word.text in lex.POSTPOSED_NEGATORS:
+            for before in words[:position]:
+                before.negated = not before.negated
+
+
+_ADVERB_SKIP: Final = lex.words(
+    "first also then now just only simply merely always please again still carefully"
+)
+
+
+def _verb_position(words: list[_Word], position: int) -> bool:
+    before = position - 1
+    while before >= 0 and (words[before].text in _ADVERB_SKIP or words[before].text.endswith("ly")):
+        before -= 1
+    word = words[position]
+    if word.text != word.lemma and not word.text.endswith("ing"):
+        return False  # "-s" and "-ed" forms are not imperatives: "tests", "the steps explained"
+    if before < 0:
+        return True
+    previous = words[before]
+    if previous.text in lex.MODALS or previous.text in lex.NEGATORS or previous.text == ",":
+        return True
+    gerund = words[position].text.endswith("ing")
+    return gerund and previous.lemma in lex.NEGATOR_VERBS | lex.DISREGARD_VERBS
+
+
+def _object(words: list[_Word], position: int) -> list[_Word]:
+    """The noun phrase after the verb at ``position`` (up to a preposition, conjunction,
+    comma, relative pronoun or another verb)."""
+    phrase: list[_Word] = []
+    for word in words[position + 1 :]:
+        if word.text in _NP_STOP or word.text in _WH or word.verb:
+            break
+        phrase.append(word)
+    return phrase
+
+
+def _head(phrase: list[_Word]) -> tuple[_Word | None, list[_Word]]:
+    """The head of a noun phrase and its modifiers (after a possessive, the possessed)."""
+    if any(w.text == "_pos" for w in phrase):
+        last = max(i for i, w in enumerate(phrase) if w.text == "_pos")
+        phrase = phrase[last + 1 :]
+    content = [w for w in phrase if w.text not in lex.MARKERS and not w.text.endswith("ly")]
+    if not content:
+        content = phrase
+    if not content:
+        return None, []
+    return content[-1], content[:-1]
+
+
+# --- 4 and 5. reading the clauses ---------------------------------------------------------------
+
+_FREE_MODIFIERS: Final = lex.words(
+    """
+    original entire whole full actual real main stated above below given provided following
+    current same
+    """
+)
+_REASON_MODIFIERS: Final = lex.words(
+    """
+    any all more much long lengthy extra additional further unnecessary detailed visible written
+    explicit intermediate your own each every the a an of no its their my our full complete
+    clear careful brief short concise stepwise whole entire step
+    """
+)
+
+
+@dataclass
+class _Findings:
+    reason_asked: bool = False
+    hard_forbidden: bool = False
+    soft_forbidden: bool = False
+    restrict_hard: bool = False
+    restrict_soft: bool = False
+    immediate: bool = False
+    hidden: bool = False
+    answer_brief: bool = False
+    reply_brief: bool = False
+    verbose: bool = False
+    engaged: bool = False
+    neglect: bool = False
+    random: bool = False
+    constant: bool = False
+    empty: bool = False
+    echo: bool = False
+    echo_restricted: bool = False
+    other: bool = False
+    other_instead: bool = False
+    literal: str | None = None
+
+
+@functools.lru_cache(maxsize=4096)
+def read_directives(instruction: str) -> Directives:
+    """What ``instruction`` asks for (cached: the same instruction recurs across problems)."""
+    spans = _Spans()
+    segments = _normalise(instruction[:20_000], spans)
+    clauses = [clause for text, scope in segments for clause in _clauses(text, scope)]
+    found = _Findings()
+    if spans.tags & _REASON_TAGS:
+        found.reason_asked = True
+    if spans.tags & _ANSWER_TAGS:
+        found.answer_brief = True
+        found.restrict_soft = True  # the reply's form is the answer tag
+    for number, clause in enumerate(clauses):
+        following = clauses[number + 1] if number + 1 < len(clauses) else None
+        _read_clause(clause, following, spans, found)
+    return _decide(found)
+
+
+def _decide(found: _Findings) -> Directives:
+    prohibited = found.hard_forbidden or found.restrict_hard or found.hidden
+    contradicted = found.reason_asked and prohibited
+    reasoning: Reasoning
+    if found.reason_asked and not prohibited:
+        reasoning = "asked"
+    elif (
+        prohibited
+        or found.soft_forbidden
+        or found.restrict_soft
+        or found.immediate
+        or (found.hidden and not found.reason_asked)
+    ):
+        reasoning = "forbidden"
+    else:
+        reasoning = "unspecified"
+    engaged = found.engaged or found.reason_asked
+    discard: Discard | None = None
+    if found.constant or found.literal is not None:
+        discard = "constant"
+    elif found.empty:
+        discard = "empty"
+    elif found.random:
+        discard = "random"
+    elif found.other and (found.other_instead or found.neglect or not engaged):
+        discard = "other"
+    elif found.echo and (found.echo_restricted or found.neglect or not engaged):
+        discard = "echo"
+    elif found.neglect:
+        discard = "neglect"
+    return Directives(
+        reasoning=reasoning,
+        contradicted=contradicted,
+        answer_brief=found.answer_brief or found.restrict_soft or found.restrict_hard,
+        reply_brief=found.reply_brief or found.restrict_hard,
+        verbose=found.verbose,
+        discard=discard,
+        literal=found.literal,
+    )
+
+
+def _read_clause(
+    clause: _Clause, following: _Clause | None, spans: _Spans, found: _Findings
+) -> None:
+    words = clause.words
+    texts = [w.text for w in words]
+    answer_scoped = (
+        clause.scope == "answer"
+        or clause.link == "then"
+        or any(t in lex.ANSWER_LOCATIONS for t in texts)
+    )
+    has_answer_noun = any(w.lemma in lex.ANSWER_NOUNS and not w.verb for w in words) or any(
+        w.lemma == "answer" for w in words
+    )
+    hidden = any(t in lex.HIDDEN for t in texts)
+    reasoning_here = False
+    for position, word in enumerate(words):
+        if _reasoning_concept(words, position):
+            reasoning_here = reasoning_here or not word.negated
+            if word.negated:
+                if answer_scoped or has_answer_noun:
+                    found.soft_forbidden = True
+                else:
+                    found.hard_forbidden = True
+            elif hidden:
+                found.hidden = True
+            elif clause.scope != "answer":
+                found.reason_asked = True
+        if word.text in lex.VERBOSE and not word.negated:
+            found.verbose = True
+        if word.text in lex.IMMEDIATE and not word.negated and not reasoning_here:
+            found.immediate = found.immediate or _answering(words)
+    _read_brevity(clause, answer_scoped, has_answer_noun, reasoning_here, found)
+    _read_restriction(clause, answer_scoped, found)
+    _read_engagement(clause, following, found)
+    _read_literals(clause, spans, found)
+
+
+def _reasoning_concept(words: list[_Word], position: int) -> bool:
+    """Whether the word at ``position`` asks for (or, negated, forbids) reasoning."""
+    word = words[position]
+    if word.verb and word.lemma in lex.REASON_VERBS:
+        return True
+    if word.verb and word.lemma in lex.PRODUCE_VERBS:
+        phrase = _object(words, position)
+        end = position + 1 + len(phrase)
+        after = words[end] if end < len(words) else None
+        return (
+            after is not None
+            and after.text in ("how", "why")
+            and all(w.text in ("me", "us", "them", "clearly", "exactly") for w in phrase)
+        )
+    if _reason_noun(word) and not word.verb:
+        if word.text in lex.REASON_NOUNS_PLAIN or word.lemma in lex.REASON_NOUNS_PLAIN:
+            return True
+        previous = words[position - 1] if position > 0 else None
+        return (
+            previous is None
+            or previous.verb
+            or previous.text in _REASON_MODIFIERS
+            or previous.text in lex.NEGATORS
+            or previous.text in _NP_STOP
+            or _reason_noun(previous)
+            or previous.text in lex.BREVITY
+            or previous.text in lex.VERBOSE
+        )
+    return False
+
+
+def _reason_noun(word: _Word) -> bool:
+    return (
+        word.text in lex.REASON_NOUNS
+        or word.lemma in lex.REASON_NOUNS
+        or (word.text.endswith("s") and word.text[:-1] in lex.REASON_NOUNS)
+    )
+
+
+def _answering(words: list[_Word]) -> bool:
+    return any(
+        w.verb and (w.lemma in lex.REPLY_VERBS or w.lemma in lex.PRODUCE_VERBS) for w in words
+    )
+
+
+def _read_brevity(
+    clause: _Clause,
+    answer_scoped: bool,
+    has_answer_noun: bool,
+    reasoning_here: bool,
+    found: _Findings,
+) -> None:
+    brief = [w for w in clause.words if w.text in lex.BREVITY and not w.negated]
+    if not brief or reasoning_here:
+        return  # brief reasoning is still reasoning
+    answer_nouns = [w for w in clause.words if w.lemma in lex.ANSWER_NOUNS and not w.verb]
+    if answer_scoped or answer_nouns or (has_answer_noun and not _replying(clause)):
+        found.answer_brief = True
+    else:
+        found.reply_brief = True
+
+
+def _replying(clause: _Clause) -> bool:
+    return any(w.verb and w.lemma in lex.REPLY_VERBS for w in clause.words)
+
+
+def _read_restriction(clause: _Clause, answer_scoped: bool, found: _Findings) -> None:
+    """ "only the answer", "nothing else", "the answer alone": the reply restricted to the
+    answer (reply-level), or the answer part kept bare (scope)."""
+    words = clause.words
+    if clause.conditional:
+        return
+    for position, word in enumerate(words):
+        if word.text not in lex.RESTRICTORS or word.negated:
+            continue
+        if word.text == "nothing_else":
+            target_is_answer = True
+        else:
+            window = words[max(0, position - 3) : position + 5]
+            target_is_answer = any(
+                (w.lemma in lex.ANSWER_NOUNS and not w.verb) or w.text in ("tag_answer",)
+                for w in window
+            ) or (
+                position > 0
+                and words[position - 1].verb
+                and words[position - 1].lemma in lex.REPLY_VERBS
+                and (position + 1 == len(words) or words[position + 1].text == ",")
+            )
+            if not target_is_answer:
+                continue
+        reply_level = _replying(clause) or any(
+            w.lemma in ("reply", "response", "output") and not w.verb for w in words
+        )
+        if answer_scoped:
+            found.restrict_soft = True
+        elif reply_level or word.text == "nothing_else":
+            found.restrict_hard = True
+        else:
+            found.restrict_soft = True
+        return
+
+
+def _problem_object(phrase: list[_Word]) -> tuple[bool, bool]:
+    """(names the problem, names some other problem) for a verb's object."""
+    head, modifiers = _head(phrase)
+    if head is None:
+        return False, False
+    texts = {w.text for w in modifiers}
+    other = bool(texts & lex.OTHER_ADJECTIVES)
+    if head.lemma in lex.PROBLEM_NOUNS:
+        determined = bool(texts & lex.DETERMINERS) or head.lemma in ("question", "problem", "task")
+        free = all(
+            w.text in lex.DETERMINERS
+            or w.lemma in lex.PROBLEM_NOUNS
+            or w.text in _FREE_MODIFIERS
+            or w.text in lex.OTHER_ADJECTIVES
+            for w in modifiers
+        )
+        return determined and free and not other, other and free
+    if head.text in lex.PROBLEM_PRONOUNS and not modifiers:
+        return True, False
+    if head.text == "one" and other:
+        return False, True
+    return False, False
+
+
+def _read_engagement(clause: _Clause, following: _Clause | None, found: _Findings) -> None:
+    words = clause.words
+    texts = [w.text for w in words]
+    temporal = following is not None and following.sub in ("until", "till", "before", "unless")
+    for position, word in enumerate(words):
+        if not word.verb:
+            continue
+        phrase = _object(words, position)
+        is_problem, is_other = _problem_object(phrase)
+        head, _ = _head(phrase)
+        rest = words[position + 1 + len(phrase) :]
+        if word.lemma in lex.DISREGARD_VERBS and not word.negated and is_problem:
+            if not clause.conditional and not set(texts) & {"initially", "temporarily"}:
+                found.neglect = True
+        elif word.lemma in lex.ENGAGE_VERBS and word.negated:
+            refusal = is_problem or (
+                not phrase and word.lemma in ("answer", "solve", "attempt", "address", "reply")
+            )
+            trailing = [w for w in rest if w.text not in lex.FILLERS and w.text != ","]
+            # "without reading the problem": its own "without" does not block it
+            own = position - 1 if position and words[position - 1].text in lex.COMMA_SCOPED else -1
+            blockers = {w.text for i, w in enumerate(words) if i != own} & lex.TEMPORAL_BLOCKERS
+            blocked = bool(blockers) or bool(trailing) or temporal or clause.conditional
+            if refusal and not blocked:
+                found.neglect = True
+        elif word.lemma in lex.ENGAGE_VERBS:
+            if is_other:
+                found.other = True
+                found.other_instead = found.other_instead or clause.instead
+            elif is_problem or not phrase or (head is not None and head.lemma in lex.ANSWER_NOUNS):
+                found.engaged = True
+        if word.negated:
+            continue
+        if word.lemma in lex.ECHO_VERBS and is_problem:
+            found.echo = True
+            found.echo_restricted = found.echo_restricted or bool(
+                set(texts) & {"just", "only", "verbatim", "nothing_else", "merely", "simply"}
+            )
+        elif word.lemma in lex.OTHER_VERBS:
+            found.other = True
+            found.other_instead = found.other_instead or clause.instead
+        elif word.lemma in lex.REASON_VERBS:
+            found.engaged = True
+        elif word.lemma in lex.PRODUCE_VERBS or word.lemma in lex.REPLY_VERBS:
+            nouns = {w.lemma for w in phrase}
+            if nouns & lex.OTHER_NOUNS:
+                found.other = True
+                found.other_instead = found.other_instead or clause.instead
+            elif head is not None and head.lemma in lex.ANSWER_NOUNS:
+                found.engaged = True
+            elif clause.instead and phrase and not nouns & lex.REASON_NOUNS:
+                found.other = found.other_instead = True
+    producing = any(
+        not w.negated and (w.text in lex.COPULAS or (w.verb and w.lemma in lex.PRODUCE_VERBS))
+        for w in words
+    )
+    for position, word in enumerate(words):
+        if word.negated:
+            continue
+        if (word.lemma in lex.OTHER_NOUNS or word.text == "trivia") and producing:
+            found.other = True
+            found.other_instead = found.other_instead or clause.instead
+        if word.lemma in lex.INVENT_VERBS and word.verb:
+            if word.lemma == "guess" and not _random_here(words):
+                found.immediate = True
+            else:
+                found.random = True
+        if word.text in lex.RANDOM and not clause.conditional and _random_answer(words, position):
+            found.random = True
+
+
+def _random_here(words: list[_Word]) -> bool:
+    return any(w.text in ("random", "randomly", "arbitrary", "arbitrarily") for w in words)
+
+
+def _random_answer(words: list[_Word], position: int) -> bool:
+    """Whether the random marker at ``position`` qualifies the answer (not test inputs or an
+    order), in a clause that produces or gives an answer."""
+    word = words[position]
+    following = [
+        w for w in words[position + 1 : position + 5] if w.text not in ("chosen", "picked", ",")
+    ]
+    target = next((w for w in following if w.text not in lex.DETERMINERS), None)
+    if target is not None and (target.text in lex.TEST_NOUNS or target.lemma in lex.TEST_NOUNS):
+        return False
+    is_answer = target is not None and target.lemma in lex.ANSWER_NOUNS and not target.verb
+    if is_answer and target is not None:
+        after = words.index(target) + 1
+        if after < len(words) and words[after].text == "of":
+            return False  # "any number of arguments"
+    adverb = word.text in ("randomly", "arbitrarily")
+    if not is_answer and not adverb:
+        return False
+    if word.text in ("whatever", "any") and (
+        target is None or target.lemma not in lex.RANDOM_TARGETS
+    ):
+        return False
+    producing = any(
+        w.verb
+        and not w.negated
+        and (
+            w.lemma in lex.PRODUCE_VERBS
+            or w.lemma in lex.REPLY_VERBS
+            or w.lemma in lex.ENGAGE_VERBS
+            or w.lemma in lex.INVENT_VERBS
+            or w.lemma in ("choose", "pick", "select")
+        )
+        for w in words
+    ) or any(w.text in lex.COPULAS for w in words)
+    return producing
+
+
+_OUTPUT_FORMS: Final = lex.words(
+    """
+    return returns returning output outputs print prints answer answers reply replies respond
+    responds say says give gives yield yields emit emits write writes put
+    """
+)
+
+
+def _read_literals(clause: _Clause, spans: _Spans, found: _Findings) -> None:
+    """A constant named as the answer, an empty reply, a stub."""
+    words = clause.words
+    texts = [w.text for w in words]
+    if clause.conditional or set(texts) & lex.FORMAT_WORDS:
+        return
+    for position, word in enumerate(words):
+        if word.negated:
+            continue
+        placeholder = _PLACEHOLDER.match(word.text)
+        if placeholder and placeholder.group(1) == "c":
+            code = spans.code[int(placeholder.group(2))].lower()
+            if _TRIVIAL_CODE.match(code):
+                found.constant = True
+                found.literal = found.literal or code
+            continue
+        if word.text in ("sameconst", "hardcode", "stub"):
+            found.constant = True
+            continue
+        if word.text in ("empty", "refusalq") and _output_before(words, position):
+            found.empty = True
+            continue
+        if word.text == "nothing" and _output_before(words, position):
+            found.empty = True
+            continue
+        if not _output_before(words, position):
+            continue
+        literal = _literal_at(words, position, spans)
+        if literal is not None:
+            found.literal = found.literal or literal
+            return
+
+
+def _output_before(words: list[_Word], position: int) -> bool:
+    """An output verb positive before ``position`` in the clause, or a copula whose subject is
+    the answer or the reply ("the reply is 7 in every case")."""
+    for index, word in enumerate(words[:position]):
+        if word.negated:
+            continue
+        if word.text in _OUTPUT_FORMS or (word.verb and word.lemma in lex.REPLY_VERBS):
+            return True
+        if word.text in lex.COPULAS and any(
+            w.lemma in lex.ANSWER_NOUNS and not w.verb for w in words[:index]
+        ):
+            return True
+    return False
+
+
+def _unit(word: _Word | None) -> bool:
+    if word is None:
+        return False
+    text = word.text
+    return (
+        text in lex.UNIT_NOUNS or word.lemma in lex.UNIT_NOUNS or text.rstrip("s") in lex.UNIT_NOUNS
+    )
+
+
+def _literal_at(words: list[_Word], position: int, spans: _Spans) -> str | None:
+    word = words[position]
+    nxt = words[position + 1] if position + 1 < len(words) else None
+    prev = words[position - 1] if position > 0 else None
+    alternatives = (nxt is not None and nxt.text in ("or", "and", "/")) or (
+        prev is not None and prev.text in ("or", "/", "either")
+    )
+    if alternatives:
+        return None
+    placeholder = _PLACEHOLDER.match(word.text)
+    if placeholder:
+        text = spans.quoted[int(placeholder.group(2))]
+        words_in = set(re.findall(r"[a-z/]+", text.lower()))
+        if words_in & _TEMPLATE_WORDS or re.search(r"[<{\[_]|\.\.\.", text):
+            return None
+        return text
+    if re.fullmatch(r"-?\d+(?:\.\d+)?", word.text) or word.text in lex.NUMBER_WORDS:
+        if _unit(nxt):
+            return None
+        if (
+            nxt is not None
+            and nxt.text not in lex.FILLERS
+            and nxt.text
+            not in (
+                ",",
+                "always",
+                "nothing_else",
+                "regardless",
+            )
+        ):
+            return None
+        return word.text
+    if word.text in lex.NULL_WORDS:
+        return word.text
+    if prev is not None and (prev.text in lex.LITERAL_NOUNS or prev.text == "oneshort"):
+        known = (
+            word.text in lex.LEMMAS
+            or word.text in lex.MARKERS
+            or word.text in _NP_STOP
+            or word.text in lex.DETERMINERS
+            or word.text in lex.FILLERS
+            or word.text.startswith("tag_")
+        )
+        plain = word.text.isalpha() and len(word.text) > 1 and word.text not in _TEMPLATE_WORDS
+        if not known and plain and (nxt is None or nxt.text in lex.FILLERS):
+            return word.text
+    return None
