@@ -39,10 +39,17 @@ MULTIWORD: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
         # negation carried by a phrase
         (r"\bpay(?:s|ing)? (?:no|zero|little) (?:heed|attention|mind) to\b", "not attend"),
         (
+            r"\b(?:(?:is|are|am|be) )?(?:not|never) (?:required|necessary|needed|obliged|"
+            r"expected|asked) to\b",
+            "no need",
+        ),
+        (r"\b(?:give|giving|gave) up\b", "not attempt"),
+        (
             r"\b(?:is|are|be|being) (?:not|never) (?:needed|necessary|required|wanted|expected|"
             r"desired|useful|helpful|important|allowed|permitted|welcome)\b",
             "unnecessary",
         ),
+        (r"\bnot (?:needed|required|necessary|wanted|welcome)\b", "unnecessary"),
         (r"\b(?:there is |there are )?no need (?:to|for)\b", "no need"),
         (r"\bno point in\b", "no need"),
         (r"\bnot bother(?:ing)?(?: to| with| about)?\b", "not"),
@@ -167,10 +174,16 @@ MULTIWORD: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
         (r"\b(?:few|couple of|handful of) words\b", "oneshort"),
         (r"\bto the point\b", "concise"),
         (
-            r"\bthe (?:last|final|closing|bottom|concluding) (?:line|sentence|part|bit)\b",
+            r"\b(?:the|your|its|a) (?:very )?(?:last|final|closing|bottom|concluding) "
+            r"(?:line|sentence|part|bit|word)\b",
             "answerline",
         ),
         (r"\bthat line\b", "answerline"),
+        (
+            r"\b(?:end|ends|ending|finish|finishes|finishing|conclude|concludes|close|closes) "
+            r"(?:it |your (?:reply|response|answer) )?with\b",
+            "atend",
+        ),
         (
             r"\bthe same (?:answer|value|number|output|result|thing|string|word|reply|response)\b",
             "sameconst",
@@ -192,7 +205,8 @@ MULTIWORD: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
         (r"\b(?:do|say|write|output|return|print) nothing\b", "say empty"),
         (
             r"\b(?:i|you|it|we|they) (?:not|can not|could not|am unable to|are unable to|is "
-            r"unable to|will not|would not) (?:know|answer|tell|help|solve|be sure|say)\b",
+            r"unable to|will not|would not) (?:know|answer|tell|help|solve|be sure|say)\b|"
+            r"\b(?:i|you|it|we|they) (?:am|are|is) (?:not|un)(?: )?(?:sure|certain)\b",
             "refusalq",
         ),
         (
@@ -205,7 +219,7 @@ MULTIWORD: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
         (r"\bfun facts?\b", "trivia"),
         (r"\b(?:your |my )?favou?rite\b", "trivia"),
         (r"\bthe weather\b", "trivia"),
-        (r"\b(?:e\.g\.|i\.e\.|for example|for instance|such as)\b", "eg"),
+        (r"\b(?:for example|for instance|such as)\b", "eg"),
     )
 )
 """Applied in order to the lower-cased instruction, before it is cut into words."""
@@ -334,9 +348,9 @@ REASON_NOUNS_PLAIN: Final = words(
 
 REASON_NOUNS: Final = REASON_NOUNS_PLAIN | words(
     """
-    reason work working step calculation computation arithmetic analysis plan outline logic proof
-    trace scratch requirement constraint known unknown quantity relationship equation strategy
-    evidence inference sketch stage
+    reason work working step calculation approach intuition computation arithmetic analysis plan
+    outline logic proof trace scratch requirement constraint known unknown quantity relationship
+    equation strategy evidence inference sketch stage
     """
 )
 """Nouns that name reasoning: asked for when produced, forbidden when negated. Those not in

@@ -43,6 +43,7 @@ and cached per instruction text. Called by :mod:`.reading`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass, field
@@ -126,6 +127,10 @@ _BOXED = re.compile(r"\\boxed\s*(?:\{[^{}]*\})?")
 _SENTENCE = re.compile(r"[.!?;:]+(?=\s|$)|\n+|\(|\)|\[|\]")
 _WORD = re.compile(r"-?[a-z0-9_/]+(?:\.[0-9]+)?|,")
 _PLACEHOLDER = re.compile(r"^(q|c)(\d+)_$")
+_EXAMPLE = re.compile(r"\b(?:e\.g\.|i\.e\.)")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_QUOTED_WORDS = re.compile(r"[a-z/]+")
+_TEMPLATE_MARKS = re.compile(r"[<{\[_]|\.\.\.")
 _TRIVIAL_CODE = re.compile(
     r"^(?:pass|\.\.\.|return|return\s+(?:none|null|0|-?\d+(?:\.\d+)?|true|false|\[\]|\{\}|\(\)|"
     r"''|\"\"|'[^']*'|\"[^\"]*\")|raise\s+notimplementederror(?:\(\))?|none|null)\s*;?$"
@@ -150,12 +155,24 @@ def _normalise(text: str, spans: _Spans) -> list[tuple[str, str]]:
     low = text.translate(_QUOTES).lower()
     low = _BOXED.sub(" boxed ", low)
 
+    # Set-aside text becomes a placeholder that says what it is: a trivial body (``c0_``, kept
+    # as the constant it names), other code (``code_``), a quoted template (``template_``) or
+    # a quoted literal (``q0_``). Two prompts that differ only in a function's name then read
+    # alike, and their reading is shared (:func:`_read_normalised`).
     def code(found: re.Match[str]) -> str:
-        spans.code.append(found.group(1).strip())
+        content = found.group(1).strip()
+        if not _TRIVIAL_CODE.match(content.lower()):
+            return " code_ "
+        spans.code.append(content)
         return f" c{len(spans.code) - 1}_ "
 
     def quoted(found: re.Match[str]) -> str:
-        spans.quoted.append(found.group(1).strip())
+        content = found.group(1).strip()
+        if set(_QUOTED_WORDS.findall(content.lower())) & _TEMPLATE_WORDS or _TEMPLATE_MARKS.search(
+            content
+        ):
+            return " template_ "
+        spans.quoted.append(content)
         return f" q{len(spans.quoted) - 1}_ "
 
     low = _CODE_SPAN.sub(code, low)
@@ -179,8 +196,8 @@ def _normalise(text: str, spans: _Spans) -> list[tuple[str, str]]:
     for name in _TAG.findall(low):
         spans.tags.add(name)
     low = _TAG.sub(lambda found: f" tag_{found.group(1)} ", low)
-    return [(_expressions(low), "reply")] + [
-        (_expressions(segment), scope) for segment, scope in segments
+    return [(_EXAMPLE.sub(" eg ", low), "reply")] + [
+        (_EXAMPLE.sub(" eg ", segment), scope) for segment, scope in segments
     ]
 
 
@@ -233,18 +250,27 @@ def _is_verb_form(word: str) -> bool:
 
 
 def _clauses(text: str, scope: str) -> list[_Clause]:
-    clauses: list[_Clause] = []
-    for sentence in _SENTENCE.split(text):
-        tokens = _WORD.findall(sentence)
-        if not tokens:
-            continue
-        conditional = bool(_CONDITIONAL_SENTENCE.search(sentence))
-        found = _split(tokens, scope)
-        for clause in found:
-            clause.conditional = conditional or clause.sub in lex.CONDITIONS
-            _polarise(clause)
-        clauses.extend(found)
-    return clauses
+    return [
+        clause
+        for sentence in _SENTENCE.split(text)
+        for clause in _sentence_clauses(" ".join(sentence.split()), scope)
+    ]
+
+
+@functools.lru_cache(maxsize=16_384)
+def _sentence_clauses(sentence: str, scope: str) -> tuple[_Clause, ...]:
+    """The clauses of one sentence, polarised (cached: the operators' prompts repeat the same
+    sentences around each problem's own words). Read only, never changed, once returned."""
+    sentence = _expressions(sentence)
+    tokens = _WORD.findall(sentence)
+    if not tokens:
+        return ()
+    conditional = bool(_CONDITIONAL_SENTENCE.search(sentence))
+    found = _split(tokens, scope)
+    for clause in found:
+        clause.conditional = conditional or clause.sub in lex.CONDITIONS
+        _polarise(clause)
+    return tuple(found)
 
 
 def _split(tokens: list[str], scope: str) -> list[_Clause]:
@@ -417,6 +443,15 @@ _REASON_MODIFIERS: Final = lex.words(
 )
 
 
+_SIZES: Final = lex.words(
+    """
+    lengthy long longer verbose unnecessary excessive extensive detailed extra superfluous
+    rambling redundant overly wordy
+    """
+)
+"""Modifiers that make a negated reasoning noun a limit on its length, not a prohibition."""
+
+
 @dataclass
 class _Findings:
     reason_asked: bool = False
@@ -446,16 +481,27 @@ def read_directives(instruction: str) -> Directives:
     """What ``instruction`` asks for (cached: the same instruction recurs across problems)."""
     spans = _Spans()
     segments = _normalise(instruction[:20_000], spans)
+    read = _read_normalised(tuple(segments), frozenset(spans.tags))
+    placeholder = _PLACEHOLDER.match(read.literal or "")
+    if placeholder is None:
+        return read
+    held = spans.code if placeholder.group(1) == "c" else spans.quoted
+    return dataclasses.replace(read, literal=held[int(placeholder.group(2))])
+
+
+@functools.lru_cache(maxsize=4096)
+def _read_normalised(segments: tuple[tuple[str, str], ...], tags: frozenset[str]) -> Directives:
+    """The reading of a normalised instruction (a literal it names may be a placeholder)."""
     clauses = [clause for text, scope in segments for clause in _clauses(text, scope)]
     found = _Findings()
-    if spans.tags & _REASON_TAGS:
+    if tags & _REASON_TAGS:
         found.reason_asked = True
-    if spans.tags & _ANSWER_TAGS:
+    if tags & _ANSWER_TAGS:
         found.answer_brief = True
         found.restrict_soft = True  # the reply's form is the answer tag
     for number, clause in enumerate(clauses):
         following = clauses[number + 1] if number + 1 < len(clauses) else None
-        _read_clause(clause, following, spans, found)
+        _read_clause(clause, following, found)
     return _decide(found)
 
 
@@ -500,9 +546,7 @@ def _decide(found: _Findings) -> Directives:
     )
 
 
-def _read_clause(
-    clause: _Clause, following: _Clause | None, spans: _Spans, found: _Findings
-) -> None:
+def _read_clause(clause: _Clause, following: _Clause | None, found: _Findings) -> None:
     words = clause.words
     texts = [w.text for w in words]
     answer_scoped = (
@@ -519,7 +563,9 @@ def _read_clause(
         if _reasoning_concept(words, position):
             reasoning_here = reasoning_here or not word.negated
             if word.negated:
-                if answer_scoped or has_answer_noun:
+                if position and words[position - 1].text in _SIZES:
+                    found.reply_brief = True  # "avoid lengthy explanations": short, not none
+                elif answer_scoped or has_answer_noun:
                     found.soft_forbidden = True
                 else:
                     found.hard_forbidden = True
@@ -534,7 +580,7 @@ def _read_clause(
     _read_brevity(clause, answer_scoped, has_answer_noun, reasoning_here, found)
     _read_restriction(clause, answer_scoped, found)
     _read_engagement(clause, following, found)
-    _read_literals(clause, spans, found)
+    _read_literals(clause, found)
 
 
 def _reasoning_concept(words: list[_Word], position: int) -> bool:
@@ -569,11 +615,11 @@ def _reasoning_concept(words: list[_Word], position: int) -> bool:
 
 
 def _reason_noun(word: _Word) -> bool:
-    return (
-        word.text in lex.REASON_NOUNS
-        or word.lemma in lex.REASON_NOUNS
-        or (word.text.endswith("s") and word.text[:-1] in lex.REASON_NOUNS)
-    )
+    text = word.text
+    if text in lex.REASON_NOUNS or (text.endswith("s") and text[:-1] in lex.REASON_NOUNS):
+        return True
+    # by its lemma only in a noun form ("calculations"), not a verb's ("worked", "planning")
+    return word.lemma in lex.REASON_NOUNS and not text.endswith(("ed", "ing"))
 
 
 def _answering(words: list[_Word]) -> bool:
@@ -689,14 +735,20 @@ def _read_engagement(clause: _Clause, following: _Clause | None, found: _Finding
             if refusal and not blocked:
                 found.neglect = True
         elif word.lemma in lex.ENGAGE_VERBS:
-            if is_other:
+            offered = _with_object(rest)
+            if offered & (lex.OTHER_NOUNS | {"trivia"}):
+                found.other = True  # "answer with a limerick": some other work, not the answer
+            elif is_other:
                 found.other = True
                 found.other_instead = found.other_instead or clause.instead
             elif is_problem or not phrase or (head is not None and head.lemma in lex.ANSWER_NOUNS):
                 found.engaged = True
         if word.negated:
             continue
-        if word.lemma in lex.ECHO_VERBS and is_problem:
+        gives_back = word.lemma in lex.ECHO_VERBS or (
+            word.lemma in lex.PRODUCE_VERBS and word.lemma not in ("answer", "reply", "respond")
+        )
+        if gives_back and is_problem and head is not None and head.text not in lex.PROBLEM_PRONOUNS:
             found.echo = True
             found.echo_restricted = found.echo_restricted or bool(
                 set(texts) & {"just", "only", "verbatim", "nothing_else", "merely", "simply"}
@@ -706,6 +758,8 @@ def _read_engagement(clause: _Clause, following: _Clause | None, found: _Finding
             found.other_instead = found.other_instead or clause.instead
         elif word.lemma in lex.REASON_VERBS:
             found.engaged = True
+        elif word.lemma in lex.ENGAGE_VERBS and clause.instead and phrase and not is_problem:
+            found.other = found.other_instead = True  # "solve 2 + 2 instead"
         elif word.lemma in lex.PRODUCE_VERBS or word.lemma in lex.REPLY_VERBS:
             nouns = {w.lemma for w in phrase}
             if nouns & lex.OTHER_NOUNS:
@@ -732,6 +786,13 @@ def _read_engagement(clause: _Clause, following: _Clause | None, found: _Finding
                 found.random = True
         if word.text in lex.RANDOM and not clause.conditional and _random_answer(words, position):
             found.random = True
+
+
+def _with_object(rest: list[_Word]) -> set[str]:
+    """The lemmas of what a verb is done *with* ("answer with a poem")."""
+    if not rest or rest[0].text != "with":
+        return set()
+    return {w.lemma for w in rest[1:] if w.text not in _NP_STOP} | {w.text for w in rest[1:]}
 
 
 def _random_here(words: list[_Word]) -> bool:
@@ -783,7 +844,7 @@ _OUTPUT_FORMS: Final = lex.words(
 )
 
 
-def _read_literals(clause: _Clause, spans: _Spans, found: _Findings) -> None:
+def _read_literals(clause: _Clause, found: _Findings) -> None:
     """A constant named as the answer, an empty reply, a stub."""
     words = clause.words
     texts = [w.text for w in words]
@@ -793,11 +854,9 @@ def _read_literals(clause: _Clause, spans: _Spans, found: _Findings) -> None:
         if word.negated:
             continue
         placeholder = _PLACEHOLDER.match(word.text)
-        if placeholder and placeholder.group(1) == "c":
-            code = spans.code[int(placeholder.group(2))].lower()
-            if _TRIVIAL_CODE.match(code):
-                found.constant = True
-                found.literal = found.literal or code
+        if placeholder and placeholder.group(1) == "c":  # a trivial body: `pass`, `return 0`
+            found.constant = True
+            found.literal = found.literal or word.text
             continue
         if word.text in ("sameconst", "hardcode", "stub"):
             found.constant = True
@@ -810,7 +869,7 @@ def _read_literals(clause: _Clause, spans: _Spans, found: _Findings) -> None:
             continue
         if not _output_before(words, position):
             continue
-        literal = _literal_at(words, position, spans)
+        literal = _literal_at(words, position)
         if literal is not None:
             found.literal = found.literal or literal
             return
@@ -831,6 +890,15 @@ def _output_before(words: list[_Word], position: int) -> bool:
     return False
 
 
+def _literal_like(word: _Word) -> bool:
+    return bool(
+        _PLACEHOLDER.match(word.text)
+        or _NUMBER.fullmatch(word.text)
+        or word.text in lex.NUMBER_WORDS
+        or word.text in lex.NULL_WORDS
+    )
+
+
 def _unit(word: _Word | None) -> bool:
     if word is None:
         return False
@@ -840,37 +908,26 @@ def _unit(word: _Word | None) -> bool:
     )
 
 
-def _literal_at(words: list[_Word], position: int, spans: _Spans) -> str | None:
+def _literal_at(words: list[_Word], position: int) -> str | None:
     word = words[position]
     nxt = words[position + 1] if position + 1 < len(words) else None
     prev = words[position - 1] if position > 0 else None
-    alternatives = (nxt is not None and nxt.text in ("or", "and", "/")) or (
-        prev is not None and prev.text in ("or", "/", "either")
+    after = words[position + 2] if position + 2 < len(words) else None
+    alternatives = (
+        (nxt is not None and nxt.text in ("or", "/"))
+        or (prev is not None and prev.text in ("or", "/", "either"))
+        or (nxt is not None and nxt.text == "and" and after is not None and _literal_like(after))
     )
     if alternatives:
         return None
-    placeholder = _PLACEHOLDER.match(word.text)
-    if placeholder:
-        text = spans.quoted[int(placeholder.group(2))]
-        words_in = set(re.findall(r"[a-z/]+", text.lower()))
-        if words_in & _TEMPLATE_WORDS or re.search(r"[<{\[_]|\.\.\.", text):
-            return None
-        return text
-    if re.fullmatch(r"-?\d+(?:\.\d+)?", word.text) or word.text in lex.NUMBER_WORDS:
-        if _unit(nxt):
-            return None
-        if (
-            nxt is not None
-            and nxt.text not in lex.FILLERS
-            and nxt.text
-            not in (
-                ",",
-                "always",
-                "nothing_else",
-                "regardless",
-            )
-        ):
-            return None
+    if _PLACEHOLDER.match(word.text):
+        return word.text  # a quoted literal, resolved by read_directives
+    if _NUMBER.fullmatch(word.text) or word.text in lex.NUMBER_WORDS:
+        content = nxt is not None and not (
+            nxt.text in _NP_STOP or nxt.text in lex.MARKERS or nxt.text == ","
+        )
+        if _unit(nxt) or content:
+            return None  # a count ("3 sentences", "5 apples"), not the answer
         return word.text
     if word.text in lex.NULL_WORDS:
         return word.text

@@ -19,7 +19,7 @@ import operator
 import re
 from collections.abc import Callable, Sequence
 
-from aflowrl.executor.surrogate.facts import ProblemFacts
+from aflowrl.executor.surrogate.facts import ProblemFacts, format_number
 from aflowrl.executor.surrogate.reading import Reading
 
 Pick = Callable[[int, str], int]
@@ -125,11 +125,9 @@ def program(facts: ProblemFacts | None, answer: str, crash: bool, pick: Pick) ->
             "    values = [1, 2, 3]\n    last = values[3]",
         )[pick(3, "bug")]
         lines.append(bug)
-    literal = answer if re.fullmatch(r"-?\d+(\.\d+)?", answer) else repr(answer)
-    if literal == answer and float(answer) in computed:
-        step = computed[float(answer)]
-        literal = f"round({step})" if float(answer).is_integer() else step
-    lines.append(f"    answer = {literal}")
+    numeric = re.fullmatch(r"-?\d+(\.\d+)?", answer) is not None
+    expression = _computed(float(answer), computed) if numeric else repr(answer)
+    lines.append(f"    answer = {expression}")
     lines.append("    return answer")
     return fenced("\n".join(lines))
 
@@ -140,6 +138,23 @@ _OPERATORS: dict[type[ast.operator], Callable[[float, float], float]] = {
     ast.Mult: operator.mul,
     ast.Div: operator.truediv,
 }
+
+
+def _computed(value: float, steps: dict[float, str]) -> str:
+    """An expression of the program's steps that evaluates to ``value``: the step that gives it,
+    else the last step plus the difference, else a sum of two numbers. A real program computes
+    its result; its text does not state it."""
+    if value in steps:
+        name = steps[value]
+    elif steps:
+        last_value, last_name = list(steps.items())[-1]
+        difference = round(value - last_value, 6)
+        sign = "+" if difference >= 0 else "-"
+        name = f"{last_name} {sign} {format_number(abs(difference))}"
+    else:
+        part = float(int(value) // 2) if value.is_integer() else round(value / 2, 2)
+        name = f"{format_number(value - part)} + {format_number(part)}"
+    return f"round({name})" if value.is_integer() else f"round({name}, 6)"
 
 
 def _arithmetic(expression: str) -> float | None:
