@@ -33,6 +33,7 @@ attractor when wrong, no vote noise).
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import re
 from collections import OrderedDict
@@ -493,10 +494,15 @@ _ECHO_SHARE = 0.9
 def _echoes(words: list[str], facts: ProblemFacts) -> bool:
     """Whether ``words`` mostly repeat the problem statement (a passage copied back holds
     every answer and commits to none)."""
-    question = set(_tokens(facts.problem.question))
-    if len(words) < 20 or not question:
+    if len(words) < 20:
         return False
-    return len(question & set(words)) >= _ECHO_SHARE * len(question)
+    question = _statement_words(facts.problem.question)
+    return bool(question) and len(question & set(words)) >= _ECHO_SHARE * len(question)
+
+
+@functools.lru_cache(maxsize=8192)
+def _statement_words(question: str) -> frozenset[str]:
+    return frozenset(_tokens(question))
 
 
 def _assess_qa(facts: ProblemFacts, part: str) -> Assessment:
