@@ -45,11 +45,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, Literal
 
 from aflowrl.executor.surrogate import _lexicon as lex
+from aflowrl.executor.surrogate._clauses import (
+    ANSWER_TAGS,
+    NP_STOP,
+    NUMBER,
+    PLACEHOLDER,
+    REASON_TAGS,
+    TEMPLATE_WORDS,
+    Clause,
+    Spans,
+    Word,
+    cut_clauses,
+    normalise,
+    object_phrase,
+    phrase_head,
+)
 
 Reasoning = Literal["asked", "forbidden", "unspecified"]
 Discard = Literal["neglect", "random", "constant", "empty", "echo", "other"]
@@ -91,339 +105,6 @@ class Directives:
     @property
     def concise(self) -> bool:
         return self.answer_brief or self.reply_brief or self.reasoning == "forbidden"
-
-
-# --- 1. normalisation ---------------------------------------------------------------------------
-
-_QUOTES = str.maketrans({"’": "'", "‘": "'", "“": '"', "”": '"', "–": "-", "—": "-"})
-_CONTRACTIONS: Final = tuple(
-    (re.compile(pattern), replacement)
-    for pattern, replacement in (
-        (r"\bcan't\b|\bcannot\b", "can not"),
-        (r"\bwon't\b", "will not"),
-        (r"\bshan't\b", "shall not"),
-        (r"n't\b", " not"),
-        (r"\b(it|that|there|here|what|this|who|where|which)'s\b", r"\1 is"),
-        (r"\blet's\b", "let us"),
-        (r"\bi'm\b", "i am"),
-        (r"'re\b", " are"),
-        (r"'ll\b", " will"),
-        (r"'ve\b", " have"),
-        (r"'d\b", " would"),
-        (r"\b(?:do|does|did) not\b", "not"),
-        (r"\b(?:do|does|did) never\b", "never"),
-        (r"(?<=[a-z0-9])'s\b", " _pos"),
-        (r"(?<=[a-z])-(?=[a-z])", " "),
-        (r"\bw/o\b", "without"),
-        (r"&", " and "),
-    )
-)
-_CODE_SPAN = re.compile(r"`([^`\n]{1,200})`")
-_DOUBLE_QUOTED = re.compile(r'"([^"\n]{1,200})"')
-_SINGLE_QUOTED = re.compile(r"(?<![a-z0-9])'([^'\n]{1,120})'(?![a-z0-9])")
-_TAG_SPAN = re.compile(r"<([a-z_]{1,30})>(.*?)</\1>", re.DOTALL)
-_TAG = re.compile(r"</?([a-z_]{1,30})>")
-_BOXED = re.compile(r"\\boxed\s*(?:\{[^{}]*\})?")
-_SENTENCE = re.compile(r"[.!?;:]+(?=\s|$)|\n+|\(|\)|\[|\]")
-_WORD = re.compile(r"-?[a-z0-9_/]+(?:\.[0-9]+)?|,")
-_PLACEHOLDER = re.compile(r"^(q|c)(\d+)_$")
-_EXAMPLE = re.compile(r"\b(?:e\.g\.|i\.e\.)")
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_QUOTED_WORDS = re.compile(r"[a-z/]+")
-_TEMPLATE_MARKS = re.compile(r"[<{\[_]|\.\.\.")
-_TRIVIAL_CODE = re.compile(
-    r"^(?:pass|\.\.\.|return|return\s+(?:none|null|0|-?\d+(?:\.\d+)?|true|false|\[\]|\{\}|\(\)|"
-    r"''|\"\"|'[^']*'|\"[^\"]*\")|raise\s+notimplementederror(?:\(\))?|none|null)\s*;?$"
-)
-_TEMPLATE_WORDS = lex.words("answer result number value x n y your here final solution")
-_ANSWER_TAGS = frozenset({"answer", "final_answer", "final", "result", "solution_letter"})
-_REASON_TAGS = frozenset({"thought", "thinking", "reasoning", "scratchpad", "analysis", "think"})
-
-
-@dataclass
-class _Spans:
-    """What normalisation set aside: quoted strings and inline code, by placeholder."""
-
-    quoted: list[str] = field(default_factory=list)
-    code: list[str] = field(default_factory=list)
-    tags: set[str] = field(default_factory=set)
-
-
-def _normalise(text: str, spans: _Spans) -> list[tuple[str, str]]:
-    """``text`` as (segment, scope) pairs: the instruction itself (scope ``reply``) and each
-    reply tag's content (scope ``answer``, ``reasoning`` or ``reply``)."""
-    low = text.translate(_QUOTES).lower()
-    low = _BOXED.sub(" boxed ", low)
-
-    # Set-aside text becomes a placeholder that says what it is: a trivial body (``c0_``, kept
-    # as the constant it names), other code (``code_``), a quoted template (``template_``) or
-    # a quoted literal (``q0_``). Two prompts that differ only in a function's name then read
-    # alike, and their reading is shared (:func:`_read_normalised`).
-    def code(found: re.Match[str]) -> str:
-        content = found.group(1).strip()
-        if not _TRIVIAL_CODE.match(content.lower()):
-            return " code_ "
-        spans.code.append(content)
-        return f" c{len(spans.code) - 1}_ "
-
-    def quoted(found: re.Match[str]) -> str:
-        content = found.group(1).strip()
-        if set(_QUOTED_WORDS.findall(content.lower())) & _TEMPLATE_WORDS or _TEMPLATE_MARKS.search(
-            content
-        ):
-            return " template_ "
-        spans.quoted.append(content)
-        return f" q{len(spans.quoted) - 1}_ "
-
-    low = _CODE_SPAN.sub(code, low)
-    low = _DOUBLE_QUOTED.sub(quoted, low)
-    for pattern, replacement in _CONTRACTIONS[:11]:
-        low = pattern.sub(replacement, low)
-    low = _SINGLE_QUOTED.sub(quoted, low)
-    for pattern, replacement in _CONTRACTIONS[11:]:
-        low = pattern.sub(replacement, low)
-    segments: list[tuple[str, str]] = []
-
-    def tag_span(found: re.Match[str]) -> str:
-        name = found.group(1)
-        spans.tags.add(name)
-        scope = "answer" if name in _ANSWER_TAGS else "reply"
-        scope = "reasoning" if name in _REASON_TAGS else scope
-        segments.append((found.group(2), scope))
-        return f" tag_{name} "
-
-    low = _TAG_SPAN.sub(tag_span, low)
-    for name in _TAG.findall(low):
-        spans.tags.add(name)
-    low = _TAG.sub(lambda found: f" tag_{found.group(1)} ", low)
-    return [(_EXAMPLE.sub(" eg ", low), "reply")] + [
-        (_EXAMPLE.sub(" eg ", segment), scope) for segment, scope in segments
-    ]
-
-
-def _expressions(text: str) -> str:
-    for pattern, replacement in lex.MULTIWORD:
-        text = pattern.sub(replacement, text)
-    return text
-
-
-# --- 2. clauses -----------------------------------------------------------------------------------
-
-
-@dataclass
-class _Word:
-    text: str
-    lemma: str
-    negated: bool = False
-    verb: bool = False
-
-
-@dataclass
-class _Clause:
-    words: list[_Word] = field(default_factory=list)
-    link: str = "start"
-    """How the clause attaches: ``start``, ``then`` (a later part), ``but``, ``and``, ``sub``."""
-    sub: str | None = None
-    """The subordinator of a subordinate clause ("if", "until"...)."""
-    scope: str = "reply"
-    conditional: bool = False
-    instead: bool = False
-
-
-_CONDITIONAL_SENTENCE = re.compile(
-    r"\b(?:if|unless|when|whenever|otherwise|else|lest|in case|where)\b|"
-    r"\bfor (?:an? |the )?(?:empty|negative|invalid|missing|zero|null|none|odd|even|unknown|"
-    r"bad|edgecase|non|out)\b|\bon (?:error|failure|invalid)\b"
-)
-_NP_STOP: Final = lex.words(
-    """
-    of in into on onto for with to from by at about as than per via using like within inside
-    across over under after before and or but nor , that which who whom whose so because then
-    while until unless if when where whether
-    """
-)
-_WH: Final = lex.words("how why what whether")
-
-
-def _is_verb_form(word: str) -> bool:
-    return lex.lemma(word) in lex.VERB_LEMMAS
-
-
-def _clauses(text: str, scope: str) -> list[_Clause]:
-    return [
-        clause
-        for sentence in _SENTENCE.split(text)
-        for clause in _sentence_clauses(" ".join(sentence.split()), scope)
-    ]
-
-
-@functools.lru_cache(maxsize=16_384)
-def _sentence_clauses(sentence: str, scope: str) -> tuple[_Clause, ...]:
-    """The clauses of one sentence, polarised (cached: the operators' prompts repeat the same
-    sentences around each problem's own words). Read only, never changed, once returned."""
-    sentence = _expressions(sentence)
-    tokens = _WORD.findall(sentence)
-    if not tokens:
-        return ()
-    conditional = bool(_CONDITIONAL_SENTENCE.search(sentence))
-    found = _split(tokens, scope)
-    for clause in found:
-        clause.conditional = conditional or clause.sub in lex.CONDITIONS
-        _polarise(clause)
-    return tuple(found)
-
-
-def _split(tokens: list[str], scope: str) -> list[_Clause]:
-    """Clauses of one sentence (see the module docstring, step 2)."""
-    clauses: list[_Clause] = []
-    current = _Clause(scope=scope)
-    negating = False
-    pending_instead = False
-
-    def close(link: str, sub: str | None = None) -> None:
-        nonlocal current, negating, pending_instead
-        if current.words and any(w.text != "," for w in current.words):
-            clauses.append(current)
-            current = _Clause(link=link, sub=sub, scope=scope)
-        else:
-            current.link, current.sub = (current.link if current.link != "start" else link), sub
-        negating = False
-        current.instead, pending_instead = current.instead or pending_instead, False
-
-    for position, token in enumerate(tokens):
-        following = tokens[position + 1] if position + 1 < len(tokens) else ""
-        if token in lex.SEQUENCERS:
-            close("then")
-            continue
-        if token in lex.CONTRASTS:
-            close("but")
-            continue
-        if token in lex.SUBORDINATORS:
-            close("sub", token)
-            continue
-        if token == "instead":
-            if current.words and any(w.text != "," for w in current.words):
-                current.instead = True
-            else:
-                pending_instead = True
-            continue
-        new_predicate = following in ("just", "only", "simply", "merely") or (
-            _is_verb_form(following) and not (negating and _list_follows(tokens, position + 1))
-        )
-        if token == "," and new_predicate:
-            close("and")
-            continue
-        if token in ("and", "or", "nor") and _is_verb_form(following):
-            if negating and (token != "and" or _same_family(current, following)):
-                continue  # a list under one negation: "do not think or explain"
-            close("and")
-            continue
-        current.words.append(_Word(token, lex.lemma(token)))
-        current.instead = current.instead or pending_instead
-        pending_instead = False
-        if token in lex.NEGATORS or lex.lemma(token) in lex.NEGATOR_VERBS | lex.DISREGARD_VERBS:
-            negating = True
-    close("and")
-    return clauses
-
-
-def _list_follows(tokens: list[str], start: int) -> bool:
-    """Whether a coordinating "or"/"nor"/"and" closes a list before the sentence ends."""
-    for token in tokens[start:]:
-        if token in ("or", "nor", "and"):
-            return True
-        if token in lex.SEQUENCERS or token in lex.CONTRASTS or token in lex.SUBORDINATORS:
-            return False
-    return False
-
-
-def _family(lemma: str) -> str:
-    for name, members in (
-        ("reason", lex.REASON_VERBS),
-        ("engage", lex.ENGAGE_VERBS),
-        ("produce", lex.PRODUCE_VERBS),
-    ):
-        if lemma in members:
-            return name
-    return lemma
-
-
-def _same_family(clause: _Clause, word: str) -> bool:
-    verbs = [w.lemma for w in clause.words if w.lemma in lex.VERB_LEMMAS]
-    return bool(verbs) and _family(verbs[-1]) == _family(lex.lemma(word))
-
-
-# --- 3. polarity ----------------------------------------------------------------------------------
-
-
-def _polarise(clause: _Clause) -> None:
-    """Set each word's polarity and whether it stands in verb position."""
-    parity = 0
-    comma_scoped = 0
-    words = clause.words
-    for position, word in enumerate(words):
-        if word.text == ",":
-            parity -= comma_scoped
-            comma_scoped = 0
-            continue
-        word.negated = parity % 2 == 1
-        word.verb = word.lemma in lex.VERB_LEMMAS and _verb_position(words, position)
-        negates = word.text in lex.NEGATORS or (
-            word.lemma in lex.NEGATOR_VERBS | lex.DISREGARD_VERBS and (word.verb or position == 0)
-        )
-        if negates:
-            parity += 1
-            if word.text in lex.COMMA_SCOPED:
-                comma_scoped += 1
-    for position, word in enumerate(words):
-        if word.text in lex.POSTPOSED_NEGATORS:
-            for before in words[:position]:
-                before.negated = not before.negated
-
-
-_ADVERB_SKIP: Final = lex.words(
-    "first also then now just only simply merely always please again still carefully"
-)
-
-
-def _verb_position(words: list[_Word], position: int) -> bool:
-    before = position - 1
-    while before >= 0 and (words[before].text in _ADVERB_SKIP or words[before].text.endswith("ly")):
-        before -= 1
-    word = words[position]
-    if word.text != word.lemma and not word.text.endswith("ing"):
-        return False  # "-s" and "-ed" forms are not imperatives: "tests", "the steps explained"
-    if before < 0:
-        return True
-    previous = words[before]
-    if previous.text in lex.MODALS or previous.text in lex.NEGATORS or previous.text == ",":
-        return True
-    gerund = words[position].text.endswith("ing")
-    return gerund and previous.lemma in lex.NEGATOR_VERBS | lex.DISREGARD_VERBS
-
-
-def _object(words: list[_Word], position: int) -> list[_Word]:
-    """The noun phrase after the verb at ``position`` (up to a preposition, conjunction,
-    comma, relative pronoun or another verb)."""
-    phrase: list[_Word] = []
-    for word in words[position + 1 :]:
-        if word.text in _NP_STOP or word.text in _WH or word.verb:
-            break
-        phrase.append(word)
-    return phrase
-
-
-def _head(phrase: list[_Word]) -> tuple[_Word | None, list[_Word]]:
-    """The head of a noun phrase and its modifiers (after a possessive, the possessed)."""
-    if any(w.text == "_pos" for w in phrase):
-        last = max(i for i, w in enumerate(phrase) if w.text == "_pos")
-        phrase = phrase[last + 1 :]
-    content = [w for w in phrase if w.text not in lex.MARKERS and not w.text.endswith("ly")]
-    if not content:
-        content = phrase
-    if not content:
-        return None, []
-    return content[-1], content[:-1]
 
 
 # --- 4 and 5. reading the clauses ---------------------------------------------------------------
@@ -479,10 +160,10 @@ class _Findings:
 @functools.lru_cache(maxsize=4096)
 def read_directives(instruction: str) -> Directives:
     """What ``instruction`` asks for (cached: the same instruction recurs across problems)."""
-    spans = _Spans()
-    segments = _normalise(instruction[:20_000], spans)
+    spans = Spans()
+    segments = normalise(instruction[:20_000], spans)
     read = _read_normalised(tuple(segments), frozenset(spans.tags))
-    placeholder = _PLACEHOLDER.match(read.literal or "")
+    placeholder = PLACEHOLDER.match(read.literal or "")
     if placeholder is None:
         return read
     held = spans.code if placeholder.group(1) == "c" else spans.quoted
@@ -492,11 +173,11 @@ def read_directives(instruction: str) -> Directives:
 @functools.lru_cache(maxsize=4096)
 def _read_normalised(segments: tuple[tuple[str, str], ...], tags: frozenset[str]) -> Directives:
     """The reading of a normalised instruction (a literal it names may be a placeholder)."""
-    clauses = [clause for text, scope in segments for clause in _clauses(text, scope)]
+    clauses = [clause for text, scope in segments for clause in cut_clauses(text, scope)]
     found = _Findings()
-    if tags & _REASON_TAGS:
+    if tags & REASON_TAGS:
         found.reason_asked = True
-    if tags & _ANSWER_TAGS:
+    if tags & ANSWER_TAGS:
         found.answer_brief = True
         found.restrict_soft = True  # the reply's form is the answer tag
     for number, clause in enumerate(clauses):
@@ -546,7 +227,7 @@ def _decide(found: _Findings) -> Directives:
     )
 
 
-def _read_clause(clause: _Clause, following: _Clause | None, found: _Findings) -> None:
+def _read_clause(clause: Clause, following: Clause | None, found: _Findings) -> None:
     words = clause.words
     texts = [w.text for w in words]
     answer_scoped = (
@@ -583,13 +264,13 @@ def _read_clause(clause: _Clause, following: _Clause | None, found: _Findings) -
     _read_literals(clause, found)
 
 
-def _reasoning_concept(words: list[_Word], position: int) -> bool:
+def _reasoning_concept(words: list[Word], position: int) -> bool:
     """Whether the word at ``position`` asks for (or, negated, forbids) reasoning."""
     word = words[position]
     if word.verb and word.lemma in lex.REASON_VERBS:
         return True
     if word.verb and word.lemma in lex.PRODUCE_VERBS:
-        phrase = _object(words, position)
+        phrase = object_phrase(words, position)
         end = position + 1 + len(phrase)
         after = words[end] if end < len(words) else None
         return (
@@ -606,7 +287,7 @@ def _reasoning_concept(words: list[_Word], position: int) -> bool:
             or previous.verb
             or previous.text in _REASON_MODIFIERS
             or previous.text in lex.NEGATORS
-            or previous.text in _NP_STOP
+            or previous.text in NP_STOP
             or _reason_noun(previous)
             or previous.text in lex.BREVITY
             or previous.text in lex.VERBOSE
@@ -614,7 +295,7 @@ def _reasoning_concept(words: list[_Word], position: int) -> bool:
     return False
 
 
-def _reason_noun(word: _Word) -> bool:
+def _reason_noun(word: Word) -> bool:
     text = word.text
     if text in lex.REASON_NOUNS or (text.endswith("s") and text[:-1] in lex.REASON_NOUNS):
         return True
@@ -622,14 +303,14 @@ def _reason_noun(word: _Word) -> bool:
     return word.lemma in lex.REASON_NOUNS and not text.endswith(("ed", "ing"))
 
 
-def _answering(words: list[_Word]) -> bool:
+def _answering(words: list[Word]) -> bool:
     return any(
         w.verb and (w.lemma in lex.REPLY_VERBS or w.lemma in lex.PRODUCE_VERBS) for w in words
     )
 
 
 def _read_brevity(
-    clause: _Clause,
+    clause: Clause,
     answer_scoped: bool,
     has_answer_noun: bool,
     reasoning_here: bool,
@@ -645,11 +326,11 @@ def _read_brevity(
         found.reply_brief = True
 
 
-def _replying(clause: _Clause) -> bool:
+def _replying(clause: Clause) -> bool:
     return any(w.verb and w.lemma in lex.REPLY_VERBS for w in clause.words)
 
 
-def _read_restriction(clause: _Clause, answer_scoped: bool, found: _Findings) -> None:
+def _read_restriction(clause: Clause, answer_scoped: bool, found: _Findings) -> None:
     """ "only the answer", "nothing else", "the answer alone": the reply restricted to the
     answer (reply-level), or the answer part kept bare (scope)."""
     words = clause.words
@@ -685,9 +366,9 @@ def _read_restriction(clause: _Clause, answer_scoped: bool, found: _Findings) ->
         return
 
 
-def _problem_object(phrase: list[_Word]) -> tuple[bool, bool]:
+def _problem_object(phrase: list[Word]) -> tuple[bool, bool]:
     """(names the problem, names some other problem) for a verb's object."""
-    head, modifiers = _head(phrase)
+    head, modifiers = phrase_head(phrase)
     if head is None:
         return False, False
     texts = {w.text for w in modifiers}
@@ -709,16 +390,16 @@ def _problem_object(phrase: list[_Word]) -> tuple[bool, bool]:
     return False, False
 
 
-def _read_engagement(clause: _Clause, following: _Clause | None, found: _Findings) -> None:
+def _read_engagement(clause: Clause, following: Clause | None, found: _Findings) -> None:
     words = clause.words
     texts = [w.text for w in words]
     temporal = following is not None and following.sub in ("until", "till", "before", "unless")
     for position, word in enumerate(words):
         if not word.verb:
             continue
-        phrase = _object(words, position)
+        phrase = object_phrase(words, position)
         is_problem, is_other = _problem_object(phrase)
-        head, _ = _head(phrase)
+        head, _ = phrase_head(phrase)
         rest = words[position + 1 + len(phrase) :]
         if word.lemma in lex.DISREGARD_VERBS and not word.negated and is_problem:
             if not clause.conditional and not set(texts) & {"initially", "temporarily"}:
@@ -788,18 +469,18 @@ def _read_engagement(clause: _Clause, following: _Clause | None, found: _Finding
             found.random = True
 
 
-def _with_object(rest: list[_Word]) -> set[str]:
+def _with_object(rest: list[Word]) -> set[str]:
     """The lemmas of what a verb is done *with* ("answer with a poem")."""
     if not rest or rest[0].text != "with":
         return set()
-    return {w.lemma for w in rest[1:] if w.text not in _NP_STOP} | {w.text for w in rest[1:]}
+    return {w.lemma for w in rest[1:] if w.text not in NP_STOP} | {w.text for w in rest[1:]}
 
 
-def _random_here(words: list[_Word]) -> bool:
+def _random_here(words: list[Word]) -> bool:
     return any(w.text in ("random", "randomly", "arbitrary", "arbitrarily") for w in words)
 
 
-def _random_answer(words: list[_Word], position: int) -> bool:
+def _random_answer(words: list[Word], position: int) -> bool:
     """Whether the random marker at ``position`` qualifies the answer (not test inputs or an
     order), in a clause that produces or gives an answer."""
     word = words[position]
@@ -844,7 +525,7 @@ _OUTPUT_FORMS: Final = lex.words(
 )
 
 
-def _read_literals(clause: _Clause, found: _Findings) -> None:
+def _read_literals(clause: Clause, found: _Findings) -> None:
     """A constant named as the answer, an empty reply, a stub."""
     words = clause.words
     texts = [w.text for w in words]
@@ -853,7 +534,7 @@ def _read_literals(clause: _Clause, found: _Findings) -> None:
     for position, word in enumerate(words):
         if word.negated:
             continue
-        placeholder = _PLACEHOLDER.match(word.text)
+        placeholder = PLACEHOLDER.match(word.text)
         if placeholder and placeholder.group(1) == "c":  # a trivial body: `pass`, `return 0`
             found.constant = True
             found.literal = found.literal or word.text
@@ -875,7 +556,7 @@ def _read_literals(clause: _Clause, found: _Findings) -> None:
             return
 
 
-def _output_before(words: list[_Word], position: int) -> bool:
+def _output_before(words: list[Word], position: int) -> bool:
     """An output verb positive before ``position`` in the clause, or a copula whose subject is
     the answer or the reply ("the reply is 7 in every case")."""
     for index, word in enumerate(words[:position]):
@@ -890,16 +571,16 @@ def _output_before(words: list[_Word], position: int) -> bool:
     return False
 
 
-def _literal_like(word: _Word) -> bool:
+def _literal_like(word: Word) -> bool:
     return bool(
-        _PLACEHOLDER.match(word.text)
-        or _NUMBER.fullmatch(word.text)
+        PLACEHOLDER.match(word.text)
+        or NUMBER.fullmatch(word.text)
         or word.text in lex.NUMBER_WORDS
         or word.text in lex.NULL_WORDS
     )
 
 
-def _unit(word: _Word | None) -> bool:
+def _unit(word: Word | None) -> bool:
     if word is None:
         return False
     text = word.text
@@ -908,7 +589,7 @@ def _unit(word: _Word | None) -> bool:
     )
 
 
-def _literal_at(words: list[_Word], position: int) -> str | None:
+def _literal_at(words: list[Word], position: int) -> str | None:
     word = words[position]
     nxt = words[position + 1] if position + 1 < len(words) else None
     prev = words[position - 1] if position > 0 else None
@@ -920,11 +601,11 @@ def _literal_at(words: list[_Word], position: int) -> str | None:
     )
     if alternatives:
         return None
-    if _PLACEHOLDER.match(word.text):
+    if PLACEHOLDER.match(word.text):
         return word.text  # a quoted literal, resolved by read_directives
-    if _NUMBER.fullmatch(word.text) or word.text in lex.NUMBER_WORDS:
+    if NUMBER.fullmatch(word.text) or word.text in lex.NUMBER_WORDS:
         content = nxt is not None and not (
-            nxt.text in _NP_STOP or nxt.text in lex.MARKERS or nxt.text == ","
+            nxt.text in NP_STOP or nxt.text in lex.MARKERS or nxt.text == ","
         )
         if _unit(nxt) or content:
             return None  # a count ("3 sentences", "5 apples"), not the answer
@@ -935,12 +616,12 @@ def _literal_at(words: list[_Word], position: int) -> str | None:
         known = (
             word.text in lex.LEMMAS
             or word.text in lex.MARKERS
-            or word.text in _NP_STOP
+            or word.text in NP_STOP
             or word.text in lex.DETERMINERS
             or word.text in lex.FILLERS
             or word.text.startswith("tag_")
         )
-        plain = word.text.isalpha() and len(word.text) > 1 and word.text not in _TEMPLATE_WORDS
+        plain = word.text.isalpha() and len(word.text) > 1 and word.text not in TEMPLATE_WORDS
         if not known and plain and (nxt is None or nxt.text in lex.FILLERS):
             return word.text
     return None
