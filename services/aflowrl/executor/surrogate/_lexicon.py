@@ -417,7 +417,7 @@ ALWAYS: Final = words("always constantly invariably unconditionally whatever")
 HIDDEN: Final = words("silently internally privately mentally quietly secretly")
 IMMEDIATE: Final = words("immediately instantly directly promptly outright")
 SEQUENCERS: Final = words("then afterwards afterward finally lastly subsequently")
-CONTRASTS: Final = words("but however although though whereas yet")
+CONTRASTS: Final = words("but however although though whereas")
 SUBORDINATORS: Final = words(
     "if unless until till before after when whenever once because since while lest"
 )

@@ -282,6 +282,7 @@ def test_demands_for_more_than_the_answer_are_not_refusals():
         "Do not just reply; derive.",
         "Do not answer hastily.",
         "Do not solve it by brute force.",
+        "Do not solve it yet.",
     ):
         assert read_directives(text).discard is None, text
     assert read_directives("Do not solve it.").discard == "neglect"
@@ -308,6 +309,18 @@ def test_the_library_instructions_read_as_their_workflows_intend():
                 assert read.discard is None and not read.contradicted, text
                 if name == "cot":
                     assert read.step_by_step, text
+
+
+def test_the_searchs_prompt_library_reads_as_written():
+    """The prompts the search proposes for set_prompt edits: none discards the problem or
+    contradicts itself (a planning prompt that defers the answer is not a refusal)."""
+    from aflowrl.search.prompt_library import PROMPTS
+
+    for roles in PROMPTS.values():
+        for texts in roles.values():
+            for text in texts:
+                read = read_directives(text)
+                assert read.discard is None and not read.contradicted, text
 
 
 def test_reading_is_deterministic_cached_and_bounded():
