@@ -81,6 +81,13 @@ MULTIWORD: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
             r"that |them |everything |things |each one )?(?:out|through)\b",
             "derive",
         ),
+        (r"\b(?:work|working|reason|reasoning|think|thinking) backwards?\b", "derive"),
+        (r"\bpseudo code\b", "pseudocode"),
+        (
+            r"\b(?:a |one |single )?(?:period|full stop|dot|comma|question mark|exclamation "
+            r"(?:mark|point)|dash|hyphen|asterisk|emoji|smiley|space|newline|blank line)\b",
+            "symbolconst",
+        ),
         (
             r"\b(?:walk|walking|walked|step|stepping|go|going|went|run|running|talk|talking|"
             r"reason|reasoning) (?:me |us |yourself )?(?:through|over)\b",
@@ -342,6 +349,7 @@ REASON_NOUNS_PLAIN: Final = words(
     """
     reasoning thought thinking cot explanation justification rationale derivation workings
     intermediate breakdown walkthrough scratchpad subproblem edgecase deduction stepwise
+    pseudocode
     """
 )
 """Nouns that can only mean reasoning: they count wherever they stand."""
@@ -432,7 +440,7 @@ TEMPORAL_BLOCKERS: Final = words(
 """Words that turn "do not answer" into a demand for more than the answer, not a refusal."""
 FILLERS: Final = words(
     """
-    unchanged intact exactly literally
+    unchanged intact exactly literally backwards backward reversed aloud twice
     please entirely completely altogether fully wholly totally whatsoever here there now below
     above provided given shown following at all back again kindly
     """
@@ -579,7 +587,7 @@ MARKERS: Final = (
     | NUMBER_WORDS
     | NULL_WORDS
     | ANSWER_LOCATIONS
-    | words("verbatim nothing_else empty sameconst hardcode stub refusalq trivia eg")
+    | words("verbatim nothing_else empty sameconst hardcode stub refusalq trivia eg symbolconst")
 )
 """Every marker word: never a literal answer, never the head of an object."""
 

@@ -401,6 +401,11 @@ def _read_engagement(clause: Clause, following: Clause | None, found: _Findings)
         is_problem, is_other = _problem_object(phrase)
         head, _ = phrase_head(phrase)
         rest = words[position + 1 + len(phrase) :]
+        if word.lemma in ("refuse", "decline") and not word.negated:
+            trailing = [w for w in rest if w.text not in lex.FILLERS and not w.text.endswith("ly")]
+            adverbs_only = all(w.text in lex.FILLERS or w.text.endswith("ly") for w in phrase)
+            if (is_problem or adverbs_only) and not trailing and not clause.conditional:
+                found.neglect = True  # "refuse politely"
         if word.lemma in lex.DISREGARD_VERBS and not word.negated and is_problem:
             if not clause.conditional and not set(texts) & {"initially", "temporarily"}:
                 found.neglect = True
@@ -454,6 +459,8 @@ def _read_engagement(clause: Clause, following: Clause | None, found: _Findings)
         not w.negated and (w.text in lex.COPULAS or (w.verb and w.lemma in lex.PRODUCE_VERBS))
         for w in words
     )
+    if _part_of_problem(words):
+        found.echo = found.echo_restricted = True  # "answer with the last word of the task"
     for position, word in enumerate(words):
         if word.negated:
             continue
@@ -467,6 +474,24 @@ def _read_engagement(clause: Clause, following: Clause | None, found: _Findings)
                 found.random = True
         if word.text in lex.RANDOM and not clause.conditional and _random_answer(words, position):
             found.random = True
+
+
+_ORDINALS: Final = lex.words("first last second third final opening closing")
+_PARTS: Final = lex.words("word letter sentence line character digit number token phrase")
+
+
+def _part_of_problem(words: list[Word]) -> bool:
+    """A piece of the problem's own text given as the reply: "the first word of the question"."""
+    for position in range(len(words) - 3):
+        ordinal, part, of = words[position : position + 3]
+        if ordinal.negated or ordinal.text not in _ORDINALS or of.text != "of":
+            continue
+        if part.text.rstrip("s") not in _PARTS:
+            continue
+        following = [w for w in words[position + 3 : position + 6] if w.text not in lex.DETERMINERS]
+        if following and following[0].lemma in lex.PROBLEM_NOUNS:
+            return any(w.verb and not w.negated for w in words[:position])
+    return False
 
 
 def _with_object(rest: list[Word]) -> set[str]:
@@ -539,7 +564,7 @@ def _read_literals(clause: Clause, found: _Findings) -> None:
             found.constant = True
             found.literal = found.literal or word.text
             continue
-        if word.text in ("sameconst", "hardcode", "stub"):
+        if word.text in ("sameconst", "hardcode", "stub", "symbolconst"):
             found.constant = True
             continue
         if word.text in ("empty", "refusalq") and _output_before(words, position):
