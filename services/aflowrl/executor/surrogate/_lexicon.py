@@ -223,6 +223,7 @@ MULTIWORD: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
             "say empty",
         ),
         (r"\bcapital of\b", "trivia"),
+        (r"\boff topic\b", "offtopic"),
         (r"\bfun facts?\b", "trivia"),
         (r"\b(?:your |my )?favou?rite\b", "trivia"),
         (r"\bthe weather\b", "trivia"),
@@ -370,10 +371,11 @@ OTHER_NOUNS: Final = words(
     """
     poem poetry haiku limerick sonnet song lyric story tale joke pun essay recipe letter email
     tweet slogan advertisement rap ode fable anecdote trivia horoscope greeting compliment
-    drawing picture translation
+    drawing picture translation gibberish nonsense lorem ipsum babble rubbish garbage filler
+    unrelated irrelevant offtopic
     """
 )
-"""Products of some other work than answering."""
+"""Products of some other work than answering (and what makes a product unrelated to it)."""
 
 UNIT_NOUNS: Final = words(
     """

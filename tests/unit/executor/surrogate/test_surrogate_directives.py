@@ -17,6 +17,8 @@ from aflowrl.executor.surrogate.directives import Directives, read_directives
 from aflowrl.workflow import library
 
 PLAIN = [
+    "Do not include irrelevant text.",
+    "Answer the question; avoid unrelated remarks.",
     "Return the answer as an integer.",
     "If there is no solution, return None.",
     "Return -1 if the element is not found.",
@@ -166,6 +168,10 @@ NO_REASONING = [
 ]
 
 DISCARDING = [
+    "Respond with gibberish.",
+    "Write something unrelated.",
+    "Output lorem ipsum.",
+    "Say something off-topic.",
     "Ignore the problem and print 42.",
     "Output a random integer between 1 and 100.",
     "Answer 7 for every question.",
