@@ -192,13 +192,7 @@ def _decide(found: _Findings) -> Directives:
     reasoning: Reasoning
     if found.reason_asked and not prohibited:
         reasoning = "asked"
-    elif (
-        prohibited
-        or found.soft_forbidden
-        or found.restrict_soft
-        or found.immediate
-        or (found.hidden and not found.reason_asked)
-    ):
+    elif prohibited or found.soft_forbidden or found.restrict_soft or found.immediate:
         reasoning = "forbidden"
     else:
         reasoning = "unspecified"
@@ -235,9 +229,8 @@ def _read_clause(clause: Clause, following: Clause | None, found: _Findings) -> 
         or clause.link == "then"
         or any(t in lex.ANSWER_LOCATIONS for t in texts)
     )
-    has_answer_noun = any(w.lemma in lex.ANSWER_NOUNS and not w.verb for w in words) or any(
-        w.lemma == "answer" for w in words
-    )
+    # the answer named in any role ("answer immediately" speaks of it too)
+    has_answer_noun = any(w.lemma in lex.ANSWER_NOUNS for w in words)
     hidden = any(t in lex.HIDDEN for t in texts)
     reasoning_here = False
     for position, word in enumerate(words):
