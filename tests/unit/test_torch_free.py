@@ -57,7 +57,7 @@ TORCH_FREE_MODULES = [
     "aflowrl.envsvc.executors",
     "aflowrl.executor.surrogate",
     "aflowrl.executor.surrogate.server",
-    "aflowrl.executor.surrogate.calibrate",
+    "aflowrl.cli.surrogate_calibration",
     "aflowrl.cli.surrogate",
 ]
 

@@ -6,9 +6,10 @@ as ``[{"benchmark", "workflow", "measured", "target", ...}]`` (percent). With ``
 fits the calibration's parameters (``--write FILE`` saves the result); with ``--check`` it exits
 with status 1 when a cell is more than 3 points off.
 
-``aflowrl surrogate serve --port P [--data-dir DIR] [--latency-ms L]`` serves the surrogate over
-the OpenAI API (``/v1/chat/completions``, ``/v1/models``) until SIGINT or SIGTERM; it prints
-``{"base_url": ..., "port": ...}`` once listening.
+``aflowrl surrogate serve --port P [--data-dir DIR] [--latency-ms L] [--model NAME ...]`` serves
+the surrogate over the OpenAI API (``/v1/chat/completions``, ``/v1/models``) under the given
+model names until SIGINT or SIGTERM; it prints ``{"base_url": ..., "port": ...}`` once
+listening.
 """
 
 from __future__ import annotations
@@ -67,7 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--latency-ms", type=float, default=0.0, help="simulated latency per call")
     serve.add_argument("--seed", type=int, default=0, help="the surrogate's own seed")
     serve.add_argument("--calibration", help="calibration JSON (default: the shipped one)")
-    serve.add_argument("--model", default="surrogate", help="model name to serve")
+    serve.add_argument(
+        "--model",
+        action="append",
+        metavar="NAME",
+        help="a model name to serve (repeat for several, e.g. --model surrogate --model "
+        "gpt-4o-mini; default surrogate); requests for other names get 404 model_not_found",
+    )
 
 
 def _integers(text: str, field: str) -> list[int]:
@@ -106,14 +113,17 @@ def _serve(args: argparse.Namespace) -> int:
         raise InvalidInputError("must be in 0..65535", field="--port")
     setup_logging(envs.AFLOWRL_LOG_LEVEL, envs.AFLOWRL_LOG_FORMAT, component="surrogate")
     logging.getLogger(__name__).info("loading benchmark problems")
+    models = args.model or ["surrogate"]
+    if any(not name.strip() for name in models) or len(set(models)) != len(models):
+        raise InvalidInputError("model names must be non-empty and distinct", field="--model")
     executor = SurrogateExecutor(
         data_dir=args.data_dir,
         calibration=args.calibration,
         seed=args.seed,
         latency_ms=args.latency_ms,
-        model=args.model,
+        model=models[0],
     )
-    server = SurrogateServer(executor, host=args.host, port=args.port, model=args.model)
+    server = SurrogateServer(executor, host=args.host, port=args.port, models=models)
     asyncio.run(serve_until_signal(server))
     return 0
 
@@ -124,9 +134,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from aflowrl.benchmarks import BENCHMARK_NAMES
+    from aflowrl.cli import surrogate_calibration as fitting
     from aflowrl.errors import InvalidInputError
     from aflowrl.executor.surrogate import SurrogateExecutor, load_calibration, load_problems
-    from aflowrl.executor.surrogate import calibrate as fitting
     from aflowrl.workflow import library
 
     seeds = _integers(args.seeds, "--seeds")

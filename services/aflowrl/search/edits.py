@@ -39,10 +39,10 @@ from aflowrl.search.actions import (
     WrapLoop,
 )
 from aflowrl.search.errors import InvalidActionError
+from aflowrl.seeding import derive_seed
 from aflowrl.workflow import OPS, Graph, Node, WorkflowValidationError
 from aflowrl.workflow.graph import Draft
 from aflowrl.workflow.ops import PROBLEM, OpName
-from aflowrl.workflow.runtime import derive_seed
 
 ENSEMBLES: Final[frozenset[str]] = frozenset({"ScEnsemble", "MdEnsemble"})
 GENERATORS: Final[tuple[OpName, ...]] = (

@@ -67,8 +67,8 @@ from aflowrl.search.state import (
     problems_digest,
 )
 from aflowrl.search.values import ValueQuery, ValueSource
+from aflowrl.seeding import derive_seed
 from aflowrl.workflow import EvaluationResult, Evaluator, Graph, library, subset
-from aflowrl.workflow.runtime import derive_seed
 
 _SAME: Final = 1e-12
 """Top-k means closer than this count as unchanged (float noise only)."""

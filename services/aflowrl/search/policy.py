@@ -42,7 +42,7 @@ from aflowrl.search import encoding
 from aflowrl.search.episode import Observation
 from aflowrl.search.proposers import Check, Proposal
 from aflowrl.search.values import StaticValues, ValueQuery
-from aflowrl.workflow.runtime import derive_seed
+from aflowrl.seeding import derive_seed
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from aflowrl.executor.base import Executor, Message
 from aflowrl.search import encoding
 from aflowrl.search.episode import Observation
 from aflowrl.search.projection import Projection
-from aflowrl.workflow.runtime import derive_seed
+from aflowrl.seeding import derive_seed
 
 logger = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from aflowrl._proto.v1 import environment_pb2
 from aflowrl.benchmarks import get_benchmark
 from aflowrl.config import RunSpec
 from aflowrl.errors import FailedPreconditionError
+from aflowrl.seeding import derive_seed
 from aflowrl.trainer.acting import Actor, Observed
 from aflowrl.trainer.clients import EnvironmentClient
 from aflowrl.trainer.clock import Timeline
@@ -35,7 +36,6 @@ from aflowrl.trainer.rows import Batch, Decision, Episode, StepRow
 from aflowrl.trainer.tasks import Task, training_tasks
 from aflowrl.trainer.values import ValueTable
 from aflowrl.workflow import Graph, library
-from aflowrl.workflow.runtime import derive_seed
 
 logger = logging.getLogger(__name__)
 

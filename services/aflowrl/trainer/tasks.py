@@ -34,7 +34,7 @@ import numpy as np
 
 from aflowrl.config import RunSpec
 from aflowrl.errors import InvalidInputError
-from aflowrl.workflow.runtime import SEED_MODULUS, derive_seed
+from aflowrl.seeding import SEED_MODULUS, derive_seed
 
 HELD_OUT_SEED_BASE: Final = 2**31
 """First held-out task seed; training task seeds are below it (``derive_seed`` < 2^31 - 1)."""

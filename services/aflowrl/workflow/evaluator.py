@@ -37,10 +37,11 @@ from typing import TYPE_CHECKING, Any
 from aflowrl.benchmarks.base import Benchmark, Problem, Score
 from aflowrl.errors import InvalidInputError, NotFoundError
 from aflowrl.executor.base import Executor
+from aflowrl.seeding import derive_seed
 from aflowrl.workflow.cache import CacheKey, EvaluationCache, ScoredRun
 from aflowrl.workflow.graph import Graph
 from aflowrl.workflow.interpreter import Interpreter, RunResult
-from aflowrl.workflow.runtime import CodeRunner, RunSettings, derive_seed
+from aflowrl.workflow.runtime import CodeRunner, RunSettings
 
 if TYPE_CHECKING:
     from aflowrl.config.environment import EvaluationSpec

@@ -23,11 +23,12 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
+from aflowrl.seeding import derive_seed
 from aflowrl.workflow import harness, parsing, prompts
 from aflowrl.workflow.errors import OperatorOutputError
 from aflowrl.workflow.graph import Node
 from aflowrl.workflow.ops import PROBLEM
-from aflowrl.workflow.runtime import RunContext, Verdict, derive_seed
+from aflowrl.workflow.runtime import RunContext, Verdict
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ identical requests.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -18,16 +17,8 @@ from typing import Any, Literal, Protocol
 from aflowrl.benchmarks.base import TaskType
 from aflowrl.executor.base import Executor, Message, Usage
 from aflowrl.sandbox import SandboxResult
+from aflowrl.seeding import derive_seed
 from aflowrl.workflow.graph import Graph, Node
-
-SEED_MODULUS = 2**31 - 1
-"""Seeds stay below 2^31 so every OpenAI-compatible server accepts them."""
-
-
-def derive_seed(*parts: object) -> int:
-    """A stable seed from any parts (BLAKE2b of their reprs), in [0, 2^31 - 1)."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % SEED_MODULUS
 
 
 class CodeRunner(Protocol):

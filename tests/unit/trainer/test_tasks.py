@@ -12,7 +12,7 @@ from aflowrl.config import RunSpec
 from aflowrl.errors import InvalidInputError
 from aflowrl.trainer import tasks
 from aflowrl.trainer.collect import group_episodes, seed_workflows
-from aflowrl.workflow.runtime import derive_seed
+from aflowrl.seeding import derive_seed
 
 
 def _spec(**environment: object) -> RunSpec:

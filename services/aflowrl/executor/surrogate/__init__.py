@@ -9,7 +9,8 @@ temperature.
 
 Use it in-process (:class:`SurrogateExecutor`, an :class:`aflowrl.executor.base.Executor`) or over
 the OpenAI HTTP API (:class:`SurrogateServer`, ``aflowrl surrogate serve``). The calibration is
-fitted and checked by ``aflowrl surrogate calibrate`` (:mod:`.calibrate`).
+fitted and checked by ``aflowrl surrogate calibrate`` (:mod:`aflowrl.cli.surrogate_calibration`,
+which runs workflows, so it sits above both the executor and the workflow layers).
 """
 
 from aflowrl.executor.surrogate.calibration import (

@@ -1,9 +1,10 @@
 """Deterministic random draws and token counts for the surrogate.
 
 Every random choice of the surrogate is a pure function of named parts (the surrogate's seed,
-the request's seed, the choice index, the problem, what is being decided), hashed with BLAKE2b:
-the same request with the same seed always gets the same answer, in any process, whatever else
-ran before. Used by the model and the executor.
+the request's seed, the choice index, the problem, what is being decided), hashed by the
+project's one stable hash (:func:`aflowrl.seeding.stable_hash`): the same request with the same
+seed always gets the same answer, in any process, whatever else ran before. Used by the model
+and the executor.
 
 Token counts are the usual approximation for English text with OpenAI's tokenisers: one token per
 four characters, plus the chat format's overhead of 4 tokens per message and 3 for the reply's
@@ -13,9 +14,10 @@ tokenizer; they grow with the text as real counts do, which is what cost account
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from statistics import NormalDist
+
+from aflowrl.seeding import stable_hash
 
 _STANDARD_NORMAL = NormalDist()
 _SCALE = float(2**53)
@@ -27,8 +29,7 @@ REPLY_PRIMING_TOKENS = 3
 
 def uniform(*parts: object) -> float:
     """A number in [0, 1) fixed by ``parts`` (their reprs, hashed)."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return (int.from_bytes(digest, "big") >> 11) / _SCALE
+    return (stable_hash(*parts) >> 11) / _SCALE
 
 
 def normal(*parts: object) -> float:

