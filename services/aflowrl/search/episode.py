@@ -88,11 +88,7 @@ class SearchContext:
     @property
     def executor_key(self) -> str:
         """Executor id and run settings (what the evaluation cache keys on)."""
-        settings = self.evaluator.settings
-        return (
-            f"{self.evaluator.executor.executor_id}|{settings.run.fingerprint()}"
-            f"|seed={settings.seed}"
-        )
+        return self.evaluator.executor_key
 
     def episode_problems(self, seed: int, count: int | None) -> list[Problem]:
         return subset(self.problems, count, seed)

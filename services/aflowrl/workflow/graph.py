@@ -42,6 +42,7 @@ from typing import Any, Final, cast, get_args
 from pydantic import ValidationError
 
 from aflowrl.benchmarks.base import TaskType
+from aflowrl.workflow import canonical
 from aflowrl.workflow.errors import WorkflowValidationError
 from aflowrl.workflow.ops import (
     MAX_CANDIDATES,
@@ -293,9 +294,7 @@ class Graph:
     @cached_property
     def content_hash(self) -> str:
         """Hash of the canonical form: equal graphs hash equal whatever their ids or key order."""
-        from aflowrl.workflow.canonical import content_hash
-
-        return content_hash(self)
+        return canonical.content_hash(self)
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
