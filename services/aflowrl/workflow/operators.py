@@ -27,6 +27,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+
 from aflowrl.workflow import harness, parsing, prompts
 from aflowrl.workflow.errors import OperatorOutputError
 from aflowrl.workflow.graph import Node
@@ -136,7 +137,9 @@ async def _answer_generate(ctx: RunContext, node: Node, values: Mapping[str, Val
     prompt = prompts.answer_generate(_context(ctx, node, values, "input"))
     return _as_value(
         node,
-        await _fan_out(ctx, node, lambda i: _parsed_call(ctx, node, i, prompt, parsing.parse_answer)),
+        await _fan_out(
+            ctx, node, lambda i: _parsed_call(ctx, node, i, prompt, parsing.parse_answer)
+        ),
     )
 
 
@@ -148,7 +151,9 @@ async def _code_generate(ctx: RunContext, node: Node, values: Mapping[str, Value
     return _as_value(
         node,
         await _fan_out(
-            ctx, node, lambda i: _parsed_call(ctx, node, i, prompt, lambda t: code_of(t, entry_point))
+            ctx,
+            node,
+            lambda i: _parsed_call(ctx, node, i, prompt, lambda t: code_of(t, entry_point)),
         ),
     )
 
