@@ -296,6 +296,12 @@ class Graph:
         """Hash of the canonical form: equal graphs hash equal whatever their ids or key order."""
         return canonical.content_hash(self)
 
+    @cached_property
+    def upstream(self) -> Mapping[str, canonical.UpstreamHash]:
+        """Node id -> hashes of the node's upstream subgraph (what its draws are keyed and
+        seeded by; see :func:`aflowrl.workflow.canonical.upstream_hashes`)."""
+        return canonical.upstream_hashes(self)
+
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"version": FORMAT_VERSION, "name": self.name}

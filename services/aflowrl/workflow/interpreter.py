@@ -32,7 +32,6 @@ from aflowrl import sandbox
 from aflowrl.benchmarks.base import Problem
 from aflowrl.executor.base import Executor, Usage
 from aflowrl.workflow import operators, parsing
-from aflowrl.workflow.canonical import upstream_hashes
 from aflowrl.workflow.errors import OperatorOutputError
 from aflowrl.workflow.graph import Graph, Node
 from aflowrl.workflow.ops import PROBLEM
@@ -141,7 +140,7 @@ class Interpreter:
             entry_point=problem.entry_point,
             public_tests=tuple(problem.public_tests if public_tests is None else public_tests),
             seed=seed,
-            upstream=upstream_hashes(graph),
+            upstream=graph.upstream,
             draws=draws,
         )
         started = time.perf_counter()
