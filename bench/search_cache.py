@@ -1,18 +1,23 @@
-"""Executor calls the evaluation cache and canonical dedupe save over a 20-round search.
+"""Executor calls the evaluation cache, node reuse, dedupe and racing save over 20-round searches.
 
 For each scenario it prints the executor calls the search *requested* (every evaluation asked
 for, each child and duplicate evaluated in full, as a search with neither cache nor dedupe would)
-and the calls it *made*, and their ratio (made / requested; lower is better):
+and the calls it *made*, their ratio (made / requested; lower is better) and the best validation
+score the search reached:
 
-1. one search of R rounds with the random proposer (dedupe only: a workflow the tree already
-   holds is reported, not evaluated; the requested count is checked here against a baseline
-   that re-evaluates every requested workflow with an empty cache, in the same process);
-2. a GiGPO group: N episodes of R rounds on the same task and seed sharing one evaluator, as the
-   environment service runs them (the cache shares evaluations across trajectories);
-3. the single search interrupted in the middle of an evaluation (after half its calls) and
+1. one search of R rounds with the random proposer (the requested count is checked here against
+   a baseline that re-evaluates every requested workflow cold, in the same process);
+2. the same search without node reuse (whole-run cache and dedupe only: the behaviour before
+   node reuse), which must reach the same scores, workflow by workflow;
+3. a GiGPO group: N episodes of R rounds on the same task and seed sharing one evaluator, as the
+   environment service runs them (its cache shares runs and node draws across trajectories);
+4. the single search interrupted in the middle of an evaluation (after half its calls) and
    resumed in a fresh evaluator with the same SQLite cache, as ``aflowrl optimize`` resumes from
-   its run directory: made counts both parts, so it equals (1) plus only the calls of the problem
-   runs the interruption cut short (the cache keeps whole problem runs).
+   its run directory: made counts both parts.
+
+Then racing (``evaluation.racing``; it needs selection ucb or fused, so these searches use ucb):
+the single search and the group, each with and without racing from the same seeds, with the
+calls made, the calls racing saved, the best scores reached and how many children were raced out.
 
 The executor is the calibrated surrogate in-process when it is installed, else the
 deterministic OpenAI-compatible test server on loopback (``--executor oracle``).
@@ -30,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +45,13 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 from aflowrl.benchmarks import get_benchmark  # noqa: E402
 from aflowrl.benchmarks.base import Problem  # noqa: E402
 from aflowrl.config import SearchSpec  # noqa: E402
-from aflowrl.config.environment import EvaluationSpec  # noqa: E402
+from aflowrl.config.environment import EvaluationSpec, RacingSpec  # noqa: E402
 from aflowrl.executor.base import Executor  # noqa: E402
 from aflowrl.search import EpisodeState, SearchContext, graph_at  # noqa: E402
 from aflowrl.search.optimize import run_search  # noqa: E402
 from aflowrl.search.proposers import RandomProposer  # noqa: E402
 from aflowrl.search.rundir import RunDirectory  # noqa: E402
-from aflowrl.workflow import EvaluationCache, Evaluator  # noqa: E402
+from aflowrl.workflow import EvaluationCache, EvaluationSettings, Evaluator  # noqa: E402
 
 
 def requested_calls(state: EpisodeState) -> int:
@@ -103,46 +109,61 @@ async def main(args: argparse.Namespace) -> None:
     validate = benchmark.load("validate", args.data_dir)
     spec = SearchSpec(max_steps=args.rounds)
     evaluation = EvaluationSpec(max_problems=args.problems)
-    rows: list[tuple[str, int, int]] = []
+    rows: list[tuple[str, int, int, float]] = []
     async with AsyncExitStack() as stack:
         executor = CountingExecutor(await _executor(args.executor, validate, stack))
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
 
-        def context(cache: EvaluationCache | None = None) -> SearchContext:
-            evaluator = Evaluator(executor, benchmark, cache=cache)
-            return SearchContext(evaluator, validate, spec, evaluation)
+        def context(
+            cache: EvaluationCache | None = None,
+            *,
+            reuse: bool = True,
+            search: SearchSpec = spec,
+            scoring: EvaluationSpec = evaluation,
+        ) -> SearchContext:
+            settings = EvaluationSettings(reuse_nodes=reuse)
+            evaluator = Evaluator(executor, benchmark, cache=cache, settings=settings)
+            return SearchContext(evaluator, validate, search, scoring)
+
+        async def search(ctx: SearchContext, name: str, proposer_seed: int) -> EpisodeState:
+            return await run_search(
+                ctx,
+                RandomProposer(proposer_seed),
+                RunDirectory(workdir / name),
+                rounds=args.rounds,
+                seed=args.seed,
+            )
+
+        async def group(name: str, shared: SearchContext) -> list[EpisodeState]:
+            return [await search(shared, f"{name}-{e}", 1000 + e) for e in range(args.group)]
 
         started = time.perf_counter()
-        state = await run_search(
-            context(),
-            RandomProposer(args.seed),
-            RunDirectory(workdir / "single"),
-            rounds=args.rounds,
-            seed=args.seed,
-        )
+        state = await search(context(), "single", args.seed)
         single_s = time.perf_counter() - started
         requested, made = requested_calls(state), executor.calls
         executor.calls = 0
         baseline = await _uncached_baseline(executor, benchmark, validate, state, evaluation)
         if baseline != requested or executor.calls != requested:
             raise SystemExit(f"requested {requested} but the uncached baseline made {baseline}")
-        rows.append((f"one search, {args.rounds} rounds", requested, made))
+        rows.append((f"one search, {args.rounds} rounds", requested, made, state.best_score))
 
         executor.calls = 0
-        shared = context()
-        group_requested = 0
-        for episode in range(args.group):
-            ctx = SearchContext(shared.evaluator, validate, spec, evaluation)
-            state = await run_search(
-                ctx,
-                RandomProposer(1000 + episode),
-                RunDirectory(workdir / f"group-{episode}"),
-                rounds=args.rounds,
-                seed=args.seed,
-            )
-            group_requested += requested_calls(state)
+        plain = await search(context(reuse=False), "single-no-reuse", args.seed)
+        if [(n.hash, n.score) for n in plain.nodes] != [(n.hash, n.score) for n in state.nodes]:
+            raise SystemExit("without node reuse the search reached other workflows or scores")
         rows.append(
-            (f"group of {args.group} x {args.rounds} rounds", group_requested, executor.calls)
+            ("  the same, no node reuse", requested_calls(plain), executor.calls, plain.best_score)
+        )
+
+        executor.calls = 0
+        states = await group("group", context())
+        rows.append(
+            (
+                f"group of {args.group} x {args.rounds} rounds",
+                sum(map(requested_calls, states)),
+                executor.calls,
+                max(s.best_score for s in states),
+            )
         )
 
         # Interrupted in the middle of an evaluation (half the calls made), then resumed.
@@ -172,16 +193,65 @@ async def main(args: argparse.Namespace) -> None:
                 f"interrupted in round {interrupted_after + 1}, resumed",
                 requested_calls(state),
                 executor.calls,
+                state.best_score,
             )
         )
+
+        ucb = SearchSpec(max_steps=args.rounds, selection="ucb")
+        racing = EvaluationSpec(
+            max_problems=args.problems, racing=RacingSpec(enabled=True, delta=args.delta)
+        )
+        runs: dict[bool, tuple[Run, Run]] = {}
+        for raced in (False, True):
+            scoring = racing if raced else evaluation
+            executor.calls = 0
+            single = await search(context(search=ucb, scoring=scoring), f"ucb-{raced}", args.seed)
+            one = Run(executor.calls, [single])
+            executor.calls = 0
+            many = await group(f"ucb-group-{raced}", context(search=ucb, scoring=scoring))
+            runs[raced] = (one, Run(executor.calls, many))
+        races = [
+            ("one search", runs[False][0], runs[True][0]),
+            (f"group of {args.group}", runs[False][1], runs[True][1]),
+        ]
 
     print(
         f"# {args.benchmark}, {args.problems} validation problems, random proposer, "
         f"executor {args.executor}; one search took {single_s:.1f} s"
     )
-    print(f"{'scenario':36} {'requested':>10} {'made':>8} {'made/requested':>15}")
-    for name, requested, made in rows:
-        print(f"{name:36} {requested:>10} {made:>8} {made / requested:>15.3f}")
+    print(f"{'scenario':36} {'requested':>10} {'made':>8} {'made/requested':>15} {'best':>6}")
+    for name, requested, made, best in rows:
+        print(f"{name:36} {requested:>10} {made:>8} {made / requested:>15.3f} {best:>6.3f}")
+    print(
+        f"\n# racing (selection ucb, delta {args.delta}, same seeds), {args.rounds} rounds:"
+        " calls made, best validation score, children raced out / new children"
+    )
+    print(
+        f"{'scenario':14} {'made':>7} {'raced':>7} {'raced/made':>11} "
+        f"{'best':>6} {'raced':>6} {'raced out':>10}"
+    )
+    for name, full, fast in races:
+        print(
+            f"{name:14} {full.made:>7} {fast.made:>7} {fast.made / full.made:>11.3f} "
+            f"{full.best:>6.3f} {fast.best:>6.3f} {fast.raced_out:>10}"
+        )
+
+
+@dataclass(frozen=True)
+class Run:
+    """Calls made by searches and what they reached."""
+
+    made: int
+    states: list[EpisodeState]
+
+    @property
+    def best(self) -> float:
+        return max(s.best_score for s in self.states)
+
+    @property
+    def raced_out(self) -> str:
+        new = [n for s in self.states for n in s.nodes[1:]]
+        return f"{sum(1 for n in new if n.raced)}/{len(new)}"
 
 
 async def _uncached_baseline(
@@ -198,7 +268,12 @@ async def _uncached_baseline(
     indices = [0] + [a.child for a in state.attempts if a.valid and a.child is not None]
     calls = 0
     for index in indices:
-        evaluator = Evaluator(executor, benchmark, cache=EvaluationCache())
+        evaluator = Evaluator(
+            executor,
+            benchmark,
+            cache=EvaluationCache(),
+            settings=EvaluationSettings(reuse_nodes=False),
+        )
         result = await evaluator.evaluate(graph_at(state, index), chosen, repeats=state.repeats)
         calls += result.executor_calls
     return calls
@@ -212,6 +287,7 @@ if __name__ == "__main__":
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--problems", type=int, default=50, help="validation problems scored")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--delta", type=float, default=0.05, help="racing's error probability")
     parser.add_argument(
         "--executor",
         default="surrogate",

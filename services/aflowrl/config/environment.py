@@ -136,6 +136,22 @@ class ReplicaSpec(SpecModel):
         return self
 
 
+class RacingSpec(SpecModel):
+    """Racing: stop scoring a child workflow once it cannot beat its parent (or the best)."""
+
+    enabled: bool = False
+    """Score a new child's problems in a random order, a batch at a time, and stop once its full
+    validation score is below the target (the parent's score with reward delta-parent, the best
+    score with delta-best) with probability at least 1 - delta. A raced-out child is marked as
+    such, keeps its partial mean (never above the target) and earns a negative reward; it is
+    scored in full before it is modified or revisited. Off: every child is scored on every
+    problem, as AFlow does (required with selection aflow)."""
+    delta: float = Field(default=0.05, ge=1e-6, le=0.5)
+    """Chance, per raced-out child, that it would have reached the target in full (at most)."""
+    batch: int = Field(default=10, ge=1, le=100000)
+    """Problems scored between two looks at the bound (more: more concurrency, later stops)."""
+
+
 class EvaluationSpec(SpecModel):
     """How a workflow is scored during the search."""
 
@@ -151,6 +167,8 @@ class EvaluationSpec(SpecModel):
     """Wall-clock limit of one workflow run on one problem (seconds); over it scores 0."""
     cache_path: str | None = Field(default=None, max_length=4096)
     """SQLite file of the evaluation cache; empty keeps it in memory."""
+    racing: RacingSpec = Field(default_factory=RacingSpec)
+    """Stop evaluating children that cannot win (off by default)."""
 
 
 class AflowSelectionSpec(SpecModel):
@@ -209,6 +227,17 @@ def _humaneval() -> list[BenchmarkOrPreset]:
     return ["humaneval"]
 
 
+def racing_conflict(search: SearchSpec, evaluation: EvaluationSpec) -> str | None:
+    """Why these settings cannot race, or None. AFlow's selection is kept faithful to AFlow,
+    which scores every child in full, so racing is refused with it."""
+    if evaluation.racing.enabled and search.selection == "aflow":
+        return (
+            "evaluation.racing.enabled needs search.selection ucb or fused (selection aflow "
+            "reproduces AFlow, which scores every child in full)"
+        )
+    return None
+
+
 class EnvironmentSpec(SpecModel):
     """Environment replicas: the search, the evaluation and the executor.
 
@@ -257,6 +286,13 @@ class EnvironmentSpec(SpecModel):
                 f"benchmarks: [{shown[:32]}]"
             )
         return data
+
+    @model_validator(mode="after")
+    def _racing_not_with_aflow_selection(self) -> EnvironmentSpec:
+        problem = racing_conflict(self.search, self.evaluation)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
     @model_validator(mode="after")
     def _data_for_benchmark(self) -> EnvironmentSpec:

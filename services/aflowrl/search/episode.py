@@ -28,6 +28,17 @@ After the step the convergence counter moves (the top-k mean score unchanged for
 selected (:mod:`aflowrl.search.selection`, randomness seeded by (seed, step)) and its
 observation rendered; its anchor is the canonical hash of that parent.
 
+Racing (``evaluation.racing``, off by default and refused with ``aflow`` selection): a new
+child is scored in a random order of the problems, a batch at a time, and stopped once its full
+score is below the reward's base (the parent's score, or the best score for ``delta-best``) with
+probability at least 1 - delta (:mod:`aflowrl.workflow.racing`). The child enters the tree
+marked ``raced_after`` with its partial mean, which is below the base by construction, so its
+reward is negative: a raced-out edit never earns an improvement, and the partial mean (taken
+when it happened to be low enough to stop) leans pessimistic, never optimistic, so a policy has
+nothing to gain from edits that get raced out. GiGPO sees it as one more bad action of its step
+group. A raced node's partial mean is never used as a base: before a step modifies a raced node,
+or lands on one as a duplicate, the node is scored in full (the cost goes into that step).
+
 Nothing is kept between calls: the state carries the episode, the evaluator (with its cache)
 and the problems come in with the :class:`SearchContext`. So any replica can serve any step,
 and a retried step gives the same result (given the same value source: fused selection reads
@@ -48,7 +59,7 @@ from typing import Any, Final
 
 from aflowrl.benchmarks.base import Problem
 from aflowrl.config import SearchSpec
-from aflowrl.config.environment import EvaluationSpec
+from aflowrl.config.environment import EvaluationSpec, racing_conflict
 from aflowrl.errors import InvalidInputError
 from aflowrl.search import selection
 from aflowrl.search.edits import Candidate, admissible_actions
@@ -69,6 +80,7 @@ from aflowrl.search.state import (
 from aflowrl.search.values import ValueQuery, ValueSource
 from aflowrl.seeding import derive_seed
 from aflowrl.workflow import EvaluationResult, Evaluator, Graph, library, subset
+from aflowrl.workflow.evaluator import Race
 
 _SAME: Final = 1e-12
 """Top-k means closer than this count as unchanged (float noise only)."""
@@ -96,11 +108,7 @@ class SearchContext:
     @property
     def executor_key(self) -> str:
         """Executor id and run settings (what the evaluation cache keys on)."""
-        settings = self.evaluator.settings
-        return (
-            f"{self.evaluator.executor.executor_id}|{settings.run.fingerprint()}"
-            f"|seed={settings.seed}"
-        )
+        return self.evaluator.executor_key
 
     def episode_problems(self, seed: int, count: int | None) -> list[Problem]:
         return subset(self.problems, count, seed)
@@ -138,7 +146,6 @@ class EvaluationSummary:
 
     @staticmethod
     def of(result: EvaluationResult) -> EvaluationSummary:
-        fresh = [s for s in result.samples if not s.cached]
         return EvaluationSummary(
             mean=result.score_mean,
             std=result.score_std,
@@ -147,9 +154,34 @@ class EvaluationSummary:
             executor_calls=result.executor_calls,
             cache_hits=result.cache_hits,
             cost_usd=result.fresh_cost_usd,
-            prompt_tokens=sum(s.prompt_tokens for s in fresh),
-            completion_tokens=sum(s.completion_tokens for s in fresh),
+            prompt_tokens=sum(s.fresh.usage.prompt_tokens for s in result.samples),
+            completion_tokens=sum(s.fresh.usage.completion_tokens for s in result.samples),
             wall_s=result.wall_s,
+        )
+
+
+@dataclass(frozen=True)
+class _Spent:
+    """What the evaluations of one step spent, added up."""
+
+    executor_calls: int = 0
+    cache_hits: int = 0
+    cost_usd: float | None = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def plus(self, summary: EvaluationSummary) -> _Spent:
+        cost = (
+            None
+            if self.cost_usd is None or summary.cost_usd is None
+            else self.cost_usd + summary.cost_usd
+        )
+        return _Spent(
+            self.executor_calls + summary.executor_calls,
+            self.cache_hits + summary.cache_hits,
+            cost,
+            self.prompt_tokens + summary.prompt_tokens,
+            self.completion_tokens + summary.completion_tokens,
         )
 
 
@@ -179,6 +211,8 @@ class StepInfo:
     best_gain: float = 0.0
     """The episode's best score among the workflows it added minus the seed's, after the step
     (:attr:`aflowrl.search.state.EpisodeState.best_gain`)."""
+    raced: bool = False
+    """The child was raced out: ``child_score`` is a partial mean (see the module docs)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -245,7 +279,41 @@ def _node(
         cost_usd=result.cost_usd,
         step=step,
         wrong=_wrong(result, wrong_limit),
+        raced_after=None if result.raced is None else result.raced.scored,
+        bound=None if result.raced is None else result.raced.bound,
     )
+
+
+async def _score_in_full(
+    ctx: SearchContext,
+    state: EpisodeState,
+    nodes: list[TreeNode],
+    index: int,
+    problems: Sequence[Problem],
+) -> EvaluationSummary:
+    """Finish the evaluation of raced node ``index`` in ``nodes`` (the problems it already
+    scored come from the cache) and replace it by its full record."""
+    node = nodes[index]
+    result = await ctx.evaluator.evaluate(graph_at(state, index), problems, repeats=state.repeats)
+    full = _node(
+        result,
+        parent=node.parent,
+        action=node.action,
+        graph=graph_at(state, index) if node.graph is not None else None,
+        step=node.step,
+        wrong_limit=state.search.failed_examples,
+    )
+    nodes[index] = full
+    return EvaluationSummary.of(result)
+
+
+def _race(state: EpisodeState, child: Graph, target: float) -> Race | None:
+    """How a new child is raced (None: racing off)."""
+    racing = state.racing
+    if not racing.enabled:
+        return None
+    seed = derive_seed(state.seed, "race", child.content_hash)
+    return Race(target=target, delta=racing.delta, batch=racing.batch, seed=seed)
 
 
 def _top_mean(nodes: Sequence[TreeNode], k: int) -> float:
@@ -374,6 +442,9 @@ async def reset(
         overrides["action_mode"] = action_mode
     search = SearchSpec.model_validate(ctx.search.model_copy(update=overrides).model_dump())
     _require_values(search, ctx)
+    conflict = racing_conflict(search, ctx.evaluation)
+    if conflict is not None:
+        raise InvalidInputError(conflict, field="evaluation.racing.enabled")
     problems = ctx.episode_problems(seed, ctx.evaluation.max_problems)
     result = await ctx.evaluator.evaluate(graph, problems, repeats=ctx.evaluation.repeats)
     root = _node(
@@ -391,6 +462,7 @@ async def reset(
         repeats=ctx.evaluation.repeats,
         seed=seed,
         search=search,
+        racing=ctx.evaluation.racing,
         step=0,
         parent=0,
         nodes=(root,),
@@ -414,13 +486,16 @@ async def step(ctx: SearchContext, state: EpisodeState, action: str) -> StepOutc
         raise EpisodeOverError(f"the episode is over ({state.done_reason})")
     spec = state.search
     _require_values(spec, ctx)
-    parent = state.nodes[state.parent]
+    nodes = list(state.nodes)
+    spent = _Spent()
+    if nodes[state.parent].raced:
+        spent = spent.plus(await _score_in_full(ctx, state, nodes, state.parent, problems))
+    parent = nodes[state.parent]
     graph = graph_at(state, state.parent)
     projection = project(action, graph, mode=spec.action_mode, listed=_listed(state, graph))
-    base = parent.score if spec.reward == "delta-parent" else state.best_score
-    nodes = list(state.nodes)
-    summary: EvaluationSummary | None = None
+    base = parent.score if spec.reward == "delta-parent" else max(n.score for n in nodes)
     duplicate = False
+    raced = False
     child_index: int | None = None
     if not projection.valid:
         attempt = Attempt(
@@ -436,9 +511,14 @@ async def step(ctx: SearchContext, state: EpisodeState, action: str) -> StepOutc
         assert child is not None
         child_index = state.index_of(child.content_hash)
         duplicate = child_index is not None
+        if child_index is not None and nodes[child_index].raced:
+            spent = spent.plus(await _score_in_full(ctx, state, nodes, child_index, problems))
         if child_index is None:
-            result = await ctx.evaluator.evaluate(child, problems, repeats=state.repeats)
-            summary = EvaluationSummary.of(result)
+            result = await ctx.evaluator.evaluate(
+                child, problems, repeats=state.repeats, race=_race(state, child, base)
+            )
+            spent = spent.plus(EvaluationSummary.of(result))
+            raced = result.raced is not None
             freeform = projection.graph_json is not None
             nodes.append(
                 _node(
@@ -496,12 +576,13 @@ async def step(ctx: SearchContext, state: EpisodeState, action: str) -> StepOutc
         child_hash=shown.hash,
         best_score=next_state.best_score,
         duplicate=duplicate,
-        executor_calls=summary.executor_calls if summary else 0,
-        cache_hits=summary.cache_hits if summary else 0,
-        cost_usd=summary.cost_usd if summary else 0.0,
-        prompt_tokens=summary.prompt_tokens if summary else 0,
-        completion_tokens=summary.completion_tokens if summary else 0,
+        executor_calls=spent.executor_calls,
+        cache_hits=spent.cache_hits,
+        cost_usd=spent.cost_usd,
+        prompt_tokens=spent.prompt_tokens,
+        completion_tokens=spent.completion_tokens,
         done_reason=done_reason,
         best_gain=next_state.best_gain,
+        raced=raced,
     )
     return StepOutcome(next_state, observe(ctx, next_state), reward, next_state.done, info)

@@ -84,6 +84,11 @@ def _experience_line(attempt: Attempt, nodes: Sequence[TreeNode], parent: TreeNo
             f"- [duplicate of workflow #{attempt.child}, nothing gained] {action} -> "
             f"{_percent(child.score)} ({delta:+.1f})"
         )
+    if child.raced:
+        return (
+            f"- [worse, raced out] {action} -> {_percent(child.score)} on the first "
+            f"{child.raced_after} problems ({delta:+.1f})"
+        )
     verdict = "improved" if delta > 0 else ("no change" if delta == 0 else "worse")
     return f"- [{verdict}] {action} -> {_percent(child.score)} ({delta:+.1f})"
 
@@ -139,9 +144,15 @@ def _cut_middle(text: str, tail: str, max_chars: int) -> str:
 
 def _workflow(obs: ObservationInput, prompt_chars: int | None) -> str:
     node = obs.state.nodes[obs.state.parent]
+    scored = (
+        f"the first {node.raced_after} of {obs.state.problem_count} problems (raced out; it is "
+        "scored in full before your edit is measured against it)"
+        if node.raced
+        else f"{obs.state.problem_count} problems"
+    )
     head = (
         f"## Workflow to modify: #{obs.state.parent}, validation score {_percent(node.score)}"
-        f" (+- {100 * node.std:.1f}, {obs.state.problem_count} problems x {obs.state.repeats})\n"
+        f" (+- {100 * node.std:.1f}, {scored} x {obs.state.repeats})\n"
     )
     if obs.mode == "freeform":
         doc = obs.graph.to_dict()

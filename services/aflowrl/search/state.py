@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from aflowrl import documents
 from aflowrl.benchmarks.base import Problem, TaskType
 from aflowrl.config import SearchSpec
+from aflowrl.config.environment import RacingSpec
 from aflowrl.search.actions import parse_action
 from aflowrl.search.edits import apply_action
 from aflowrl.search.errors import EpisodeStateError, InvalidActionError
@@ -83,6 +84,16 @@ class TreeNode(_Model):
     step: int = Field(ge=0)
     """The step that created it (0 for the seed; k for the child of step k-1)."""
     wrong: tuple[WrongRun, ...] = ()
+    raced_after: int | None = Field(default=None, ge=1)
+    """Set when racing stopped its evaluation: the problems scored by then. ``score``, ``std``,
+    ``calls`` and ``cost_usd`` are then those of the partial evaluation (the score a partial
+    mean, below ``bound``); it is scored in full before anything is measured against it."""
+    bound: float | None = Field(default=None, ge=0.0, le=1.0)
+    """With ``raced_after``: upper confidence bound on the full score when racing stopped it."""
+
+    @property
+    def raced(self) -> bool:
+        return self.raced_after is not None
 
 
 class Attempt(_Model):
@@ -116,6 +127,8 @@ class EpisodeState(_Model):
     repeats: int = Field(ge=1)
     seed: int = Field(ge=0)
     search: SearchSpec
+    racing: RacingSpec = Field(default_factory=RacingSpec)
+    """Racing of new children (off: each is scored on every problem)."""
     step: int = Field(ge=0)
     """Steps taken so far."""
     parent: int = Field(ge=0)
@@ -173,6 +186,8 @@ class EpisodeState(_Model):
         doc["version"] = self.version
         # The settings in full: a later release with other defaults must not reinterpret them.
         doc["search"] = self.search.model_dump(mode="json")
+        if self.racing.enabled:
+            doc["racing"] = self.racing.model_dump(mode="json")
         return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
 
     def to_bytes(self) -> bytes:

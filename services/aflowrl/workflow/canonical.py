@@ -9,21 +9,36 @@ a DAG whose nodes all feed the output, with ordered inputs, that walk is a canon
 two graphs have the same form exactly when one is the other with ids renamed. Shared nodes are
 visited once, so "one sample read twice" and "two independent samples" stay different.
 
-The evaluation cache and the search's dedupe key on :func:`content_hash`; the interpreter derives
-per-call seeds from :func:`canonical_index`, so renamed copies of a graph also run identically.
+The evaluation cache and the search's dedupe key on :func:`content_hash`.
+
+:func:`upstream_hashes` gives every node the hash of its *upstream subgraph*: its operator,
+parameters and instruction text, the task type, and (recursively) everything it reads. A node's
+value depends on nothing else (given the problem, the sample index and the executor settings),
+so the interpreter derives the seeds of a node's executor calls from it and the evaluator reuses
+a node's results across workflows that share it: an edit re-runs only what it touches.
+
+This module sits below :mod:`aflowrl.workflow.graph` (whose ``Graph.content_hash`` calls it) and
+reads graphs through their public attributes only; it imports the graph types for annotations.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from aflowrl.workflow.graph import Graph, Node
-from aflowrl.workflow.ops import PROBLEM
+from aflowrl.workflow.ops import OPS, PROBLEM
+
+if TYPE_CHECKING:
+    from aflowrl.workflow.graph import Graph, Node
 
 HASH_VERSION = 1
 """Bumped whenever the canonical form changes (old cache entries then stop matching)."""
+
+UPSTREAM_VERSION = 1
+"""Bumped whenever :func:`upstream_hashes` changes (seeds and reused node results follow it)."""
 
 
 def canonical_order(graph: Graph) -> list[Node]:
@@ -86,3 +101,61 @@ def canonical_json(graph: Graph) -> str:
 def content_hash(graph: Graph) -> str:
     """SHA-256 (hex) of :func:`canonical_json`."""
     return hashlib.sha256(canonical_json(graph).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class UpstreamHash:
+    """What a node's results depend on, as two hashes (SHA-256 hex).
+
+    ``draw`` keys one independent draw of the node (a fan-out sample, a MedPrompt vote; the
+    whole node for other operators): it covers everything upstream but not the number of draws
+    (``samples``, ``votes``), so a fan-out that grows from 3 to 5 samples shares its first 3.
+    ``node`` adds that number: it is what the node's readers depend on.
+    """
+
+    draw: str
+    node: str
+
+
+def _digest(doc: object) -> str:
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def upstream_hashes(graph: Graph) -> dict[str, UpstreamHash]:
+    """Node id -> the hashes of its upstream subgraph (see :class:`UpstreamHash`).
+
+    Merkle-style: a node's hash covers the task type, its operator, its parameters with defaults
+    explicit and the instruction as text, and the ``node`` hashes of its inputs in slot and
+    reference order. Structurally identical nodes (same inputs, same everything: twins, such as
+    two equal generators feeding one ensemble) are numbered in canonical order and the number is
+    hashed in, so twins stay independent samples rather than one sample read twice, as in the
+    canonical form.
+    """
+    hashes: dict[str, UpstreamHash] = {}
+    seen: Counter[str] = Counter()
+    for node in canonical_order(graph):
+        fan_out = OPS[node.op].fan_out
+        params = node.param_dict(defaults=True)
+        count = params.pop(fan_out) if fan_out is not None else None
+        if "instruction" in params:
+            name = params["instruction"]
+            params["instruction"] = None if name is None else graph.prompts[name]
+        inputs = {
+            slot: [PROBLEM if r == PROBLEM else hashes[r].node for r in refs]
+            for slot, refs in node.inputs.items()
+        }
+        base = _digest(
+            {
+                "version": [HASH_VERSION, UPSTREAM_VERSION],
+                "task_type": graph.task_type,
+                "op": node.op,
+                "params": params,
+                "inputs": inputs,
+            }
+        )
+        twin = seen[base]
+        seen[base] += 1
+        draw = _digest([base, twin])
+        hashes[node.id] = UpstreamHash(draw, draw if count is None else _digest([draw, count]))
+    return hashes

@@ -12,6 +12,19 @@ Statistics: ``score_mean`` is the mean over all problem runs (= the mean of the 
 means); ``score_std`` is the sample standard deviation (ddof=1) of the R per-repeat means, the
 spread AFlow reports over its repeated runs (0 when R = 1).
 
+Node reuse: below the whole-run cache, every run keeps its node draws (one per fan-out sample,
+MedPrompt vote, or other node) keyed by the hash of the node's upstream subgraph, the problem,
+the sample index and the executor key. A child workflow's run takes every draw its parent already
+made (the nodes upstream of the edit, the samples a growing ensemble already has) and calls the
+executor only for the rest. Results are those of a cold run, answer by answer; ``executor_calls``
+counts the calls made, ``reused_calls`` those answered from earlier draws, and each sample's
+``llm_calls`` and cost stay what one full run takes.
+
+Racing (``race=``, off unless asked): problems are scored in a random order, a batch at a time,
+and the evaluation stops once the workflow's full mean is below the target with probability at
+least ``1 - delta`` (:mod:`aflowrl.workflow.racing`). The result then holds only the problems
+scored and says so (:attr:`EvaluationResult.raced`): its mean is a partial one.
+
 Failures: a run whose model output cannot be parsed scores 0 (and is cached: it is what this
 workflow does on this problem with these seeds); a run over ``problem_timeout_s`` scores 0 and
 is *not* cached (a timeout depends on load, not on the workflow); an executor or sandbox
@@ -30,18 +43,19 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aflowrl.benchmarks.base import Benchmark, Problem, Score
 from aflowrl.errors import InvalidInputError, NotFoundError
 from aflowrl.executor.base import Executor
 from aflowrl.seeding import derive_seed
-from aflowrl.workflow.cache import CacheKey, EvaluationCache, ScoredRun
+from aflowrl.workflow import racing
+from aflowrl.workflow.cache import CacheKey, DrawKey, EvaluationCache, ScoredRun, StoredDraw
 from aflowrl.workflow.graph import Graph
 from aflowrl.workflow.interpreter import Interpreter, RunResult
-from aflowrl.workflow.runtime import CodeRunner, RunSettings
+from aflowrl.workflow.runtime import Bill, CodeRunner, RunSettings
 
 if TYPE_CHECKING:
     from aflowrl.config.environment import EvaluationSpec
@@ -64,6 +78,9 @@ class EvaluationSettings:
     """Base seed of every run's seeds."""
     run: RunSettings = field(default_factory=RunSettings)
     """Executor and sandbox settings of the operators."""
+    reuse_nodes: bool = True
+    """Reuse node draws across workflows (answers are the same either way; off: every run of
+    a workflow not cached as a whole pays for all its calls)."""
 
     @staticmethod
     def from_spec(spec: EvaluationSpec, run: RunSettings | None = None) -> EvaluationSettings:
@@ -92,11 +109,15 @@ class SampleResult(ScoredRun):
     sample: int
     cached: bool
     """Whether it came from the cache (or from the same run in flight): no executor call."""
+    fresh: Bill = field(default_factory=Bill, compare=False)
+    """What this evaluation paid for it (nothing when cached; less than the run's own bill
+    when node draws were reused)."""
     run: RunResult | None = field(default=None, repr=False, compare=False)
     """The fresh run with its trace (None when it came from the cache)."""
 
     def to_dict(self) -> dict[str, Any]:
         doc = {"sample": self.sample, **self.stored_fields(), "cached": self.cached}
+        doc["fresh_llm_calls"] = self.fresh.llm_calls
         doc["latency_s"] = round(self.latency_s, 6)
         return doc
 
@@ -121,6 +142,44 @@ class ProblemResult:
 
 
 @dataclass(frozen=True)
+class Race:
+    """Stop an evaluation once the workflow cannot reach ``target`` (see :mod:`.racing`)."""
+
+    target: float
+    """The full mean score to beat (the parent's, or the best so far)."""
+    delta: float = 0.05
+    """Probability that a stopped workflow would have reached the target in full, at most."""
+    batch: int = 10
+    """Problems scored between two looks at the bound."""
+    seed: int = 0
+    """Seed of the order problems are scored in."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.target <= 1.0:
+            raise InvalidInputError(f"{self.target} is not in [0, 1]", field="race.target")
+        if not 0.0 < self.delta < 1.0:
+            raise InvalidInputError(f"{self.delta} is not in (0, 1)", field="race.delta")
+        if self.batch < 1:
+            raise InvalidInputError(f"{self.batch} is not positive", field="race.batch")
+
+
+@dataclass(frozen=True)
+class RaceStop:
+    """Why a raced evaluation stopped early: its full mean is below ``target`` w.h.p."""
+
+    scored: int
+    """Problems scored (the result holds these only)."""
+    total: int
+    """Problems a full evaluation scores."""
+    bound: float
+    """Upper confidence bound (level 1 - delta) on the full mean when it stopped."""
+    target: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
 class EvaluationResult:
     """A workflow's evaluation on a set of problems."""
 
@@ -130,7 +189,11 @@ class EvaluationResult:
     executor_id: str
     repeats: int
     problems: tuple[ProblemResult, ...]
+    """The problems scored, in the order given (with racing, only those scored before it
+    stopped)."""
     wall_s: float
+    raced: RaceStop | None = None
+    """Set when racing stopped the evaluation early: the means are then partial ones."""
 
     @property
     def samples(self) -> list[SampleResult]:
@@ -160,14 +223,19 @@ class EvaluationResult:
 
     @property
     def fresh_cost_usd(self) -> float | None:
-        """Cost actually spent by this evaluation (cache hits are free)."""
-        costs = [s.cost_usd for s in self.samples if not s.cached]
+        """Cost actually spent by this evaluation (cache hits and reused draws are free)."""
+        costs = [s.fresh.cost_usd for s in self.samples]
         return None if any(c is None for c in costs) else math.fsum(c or 0.0 for c in costs)
 
     @property
     def executor_calls(self) -> int:
-        """Executor calls this evaluation made (cache hits make none)."""
-        return sum(s.llm_calls for s in self.samples if not s.cached)
+        """Executor calls this evaluation made (cache hits and reused draws make none)."""
+        return sum(s.fresh.llm_calls for s in self.samples)
+
+    @property
+    def reused_calls(self) -> int:
+        """Calls of the runs made now that were answered by node draws made earlier."""
+        return sum(s.llm_calls - s.fresh.llm_calls for s in self.samples if not s.cached)
 
     @property
     def cache_hits(self) -> int:
@@ -204,8 +272,10 @@ class EvaluationResult:
             "latency_mean_s": statistics.fmean(s.latency_s for s in samples),
             "wall_s": self.wall_s,
             "executor_calls": self.executor_calls,
+            "reused_calls": self.reused_calls,
             "cache_hits": self.cache_hits,
             "failures": self.failures,
+            "raced": None if self.raced is None else self.raced.to_dict(),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -265,12 +335,15 @@ class Evaluator:
         self.cache = cache if cache is not None else EvaluationCache()
         self.metrics = metrics
         self.interpreter = Interpreter(executor, code_runner, self.settings.run)
-        self._executor_key = (
-            f"{executor.executor_id}|{self.settings.run.fingerprint()}|seed={self.settings.seed}"
-        )
         self._hits = 0
         self._lookups = 0
         self._inflight: dict[CacheKey, asyncio.Future[SampleResult]] = {}
+        self._inflight_draws: dict[DrawKey, asyncio.Future[StoredDraw]] = {}
+        self.executor_key = (
+            f"{executor.executor_id}|{self.settings.run.fingerprint()}|seed={self.settings.seed}"
+        )
+        """Executor id, run settings and base seed: what besides the workflow and the problem
+        decides answers (the cache keys on it; episode states record it)."""
 
     def sample_seed(self, problem: Problem, sample: int) -> int:
         """The seed of sample ``sample`` of ``problem`` (the same in every evaluation)."""
@@ -281,7 +354,7 @@ class Evaluator:
             workflow_hash=graph.content_hash,
             problem=f"{problem.benchmark}/{problem.problem_id}",
             sample=sample,
-            executor=self._executor_key,
+            executor=self.executor_key,
         )
 
     async def evaluate(
@@ -291,8 +364,12 @@ class Evaluator:
         *,
         repeats: int | None = None,
         progress: ProgressCallback | None = None,
+        race: Race | None = None,
     ) -> EvaluationResult:
-        """Run and score ``graph`` on every problem ``repeats`` times (default: settings)."""
+        """Run and score ``graph`` on every problem ``repeats`` times (default: settings).
+
+        With ``race``, stop early once ``graph`` cannot reach ``race.target`` (module docs).
+        """
         if graph.task_type != self.benchmark.task_type:
             raise InvalidInputError(
                 f"workflow {graph.name!r} is for {graph.task_type} tasks; {self.benchmark.name} "
@@ -313,46 +390,51 @@ class Evaluator:
                 progress(result)
             return result
 
-        # Repeat-major order: with a progress bar, the first repeat over all problems finishes
-        # first, as AFlow's repeated runs do.
-        tasks = [
-            asyncio.create_task(one(problem, sample))
-            for sample in range(count)
-            for problem in problems
-        ]
-        try:
-            flat = await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
-        by_problem = [
-            ProblemResult(problem, tuple(flat[s * len(problems) + i] for s in range(count)))
-            for i, problem in enumerate(problems)
-        ]
+        async def batch(chosen: Sequence[Problem]) -> list[ProblemResult]:
+            # Repeat-major order: with a progress bar, the first repeat over all problems
+            # finishes first, as AFlow's repeated runs do.
+            flat = await _gather_all(
+                [one(problem, sample) for sample in range(count) for problem in chosen]
+            )
+            return [
+                ProblemResult(problem, tuple(flat[s * len(chosen) + i] for s in range(count)))
+                for i, problem in enumerate(chosen)
+            ]
+
+        stop: RaceStop | None = None
+        if race is None:
+            scored = await batch(problems)
+        else:
+            scored, stop = await _race(batch, problems, race)
         result = EvaluationResult(
             workflow=graph.name,
             workflow_hash=graph.content_hash,
             benchmark=self.benchmark.name,
             executor_id=self.executor.executor_id,
             repeats=count,
-            problems=tuple(by_problem),
+            problems=tuple(scored),
             wall_s=time.perf_counter() - started,
+            raced=stop,
         )
         if self.metrics is not None:
             self.metrics.evaluations.labels(self.benchmark.name).inc()
             self.metrics.evaluation_duration.labels(self.benchmark.name).observe(result.wall_s)
         logger.info(
-            "%s on %s: %.4f +- %.4f over %d problems x %d (%d executor calls, %d cached)",
+            "%s on %s: %.4f +- %.4f over %d problems x %d (%d executor calls, %d reused, "
+            "%d cached)%s",
             graph.name,
             self.benchmark.name,
             result.score_mean,
             result.score_std,
-            len(problems),
+            len(result.problems),
             count,
             result.executor_calls,
+            result.reused_calls,
             result.cache_hits,
+            ""
+            if stop is None
+            else f"; raced out after {stop.scored}/{stop.total} problems (bound "
+            f"{stop.bound:.4f} < target {stop.target:.4f})",
         )
         return result
 
@@ -376,7 +458,7 @@ class Evaluator:
                 if current is not None and current.cancelling():
                     raise
                 return await self._sample(graph, problem, sample, limiter)  # its owner gave up
-            return dataclasses.replace(result, cached=True, run=None)
+            return dataclasses.replace(result, cached=True, fresh=Bill(), run=None)
         task = asyncio.ensure_future(self._fresh(graph, problem, sample, key, limiter))
         self._inflight[key] = task
         task.add_done_callback(lambda _: self._inflight.pop(key, None))
@@ -392,11 +474,17 @@ class Evaluator:
     ) -> SampleResult:
         async with limiter:
             try:
+                draws = (
+                    _Draws(self, f"{problem.benchmark}/{problem.problem_id}", sample)
+                    if self.settings.reuse_nodes
+                    else None
+                )
                 run = await asyncio.wait_for(
                     self.interpreter.run(
                         graph,
                         problem,
                         seed=self.sample_seed(problem, sample),
+                        draws=draws,
                     ),
                     timeout=self.settings.problem_timeout_s,
                 )
@@ -421,7 +509,7 @@ class Evaluator:
         )
         self.cache.put(key, stored)
         self._record_run(run)
-        return _sample_result(problem, sample, stored, cached=False, run=run)
+        return _sample_result(problem, sample, stored, cached=False, run=run, fresh=run.fresh)
 
     def _timed_out(self, problem: Problem, sample: int) -> SampleResult:
         limit = self.settings.problem_timeout_s
@@ -485,11 +573,95 @@ def _sample_result(
     *,
     cached: bool,
     run: RunResult | None = None,
+    fresh: Bill | None = None,
 ) -> SampleResult:
     return SampleResult(
         problem_id=problem.problem_id,
         sample=sample,
         cached=cached,
+        fresh=fresh or Bill(),
         run=run,
         **stored.stored_fields(),
     )
+
+
+_T = TypeVar("_T")
+
+
+async def _gather_all(coros: Sequence[Awaitable[_T]]) -> list[_T]:
+    """Run concurrently; on any error cancel the rest and collect them before raising."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def _race(
+    batch: Callable[[Sequence[Problem]], Awaitable[list[ProblemResult]]],
+    problems: Sequence[Problem],
+    race: Race,
+) -> tuple[list[ProblemResult], RaceStop | None]:
+    """Score ``problems`` in a random order, ``race.batch`` at a time, until done or raced out.
+
+    Returns the results in the order ``problems`` were given, and the stop (None: all scored).
+    """
+    total = len(problems)
+    order = list(range(total))
+    random.Random(derive_seed("race", race.seed)).shuffle(order)
+    level = race.delta / max(1, racing.looks(total, race.batch))
+    done: dict[int, ProblemResult] = {}
+    stop: RaceStop | None = None
+    for start in range(0, total, race.batch):
+        chosen = order[start : start + race.batch]
+        for index, result in zip(chosen, await batch([problems[i] for i in chosen]), strict=True):
+            done[index] = result
+        if len(done) == total:
+            break
+        # Means of scores in [0, 1]; clipped so float noise in a scorer cannot stop a race.
+        means = [min(1.0, max(0.0, done[i].mean)) for i in order[: len(done)]]
+        bound = racing.upper_bound(means, total, level)
+        if bound < race.target:
+            stop = RaceStop(len(done), total, bound, race.target)
+            break
+    return [done[i] for i in sorted(done)], stop
+
+
+class _Draws:
+    """The evaluator's node cache as seen by one run: draws of one problem and sample.
+
+    A draw already stored is reused; one being made by a concurrent run (another workflow of
+    the group reaching the same node) is awaited rather than made twice.
+    """
+
+    def __init__(self, evaluator: Evaluator, problem: str, sample: int) -> None:
+        self._evaluator = evaluator
+        self._problem = problem
+        self._sample = sample
+
+    async def draw(
+        self, draw: str, make: Callable[[], Awaitable[StoredDraw]]
+    ) -> tuple[StoredDraw, bool]:
+        evaluator = self._evaluator
+        key = DrawKey(draw, self._problem, self._sample, evaluator.executor_key)
+        stored = evaluator.cache.get_draw(key)
+        if stored is not None:
+            return stored, True
+        shared = evaluator._inflight_draws.get(key)
+        if shared is not None:
+            try:
+                return await asyncio.shield(shared), True
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+                return await self.draw(draw, make)  # its maker gave up (timed out)
+        task = asyncio.ensure_future(make())
+        evaluator._inflight_draws[key] = task
+        task.add_done_callback(lambda _: evaluator._inflight_draws.pop(key, None))
+        made = await task
+        evaluator.cache.put_draw(key, made)
+        return made, False

@@ -43,6 +43,7 @@ from pydantic import ValidationError
 
 from aflowrl import documents
 from aflowrl.benchmarks.base import TaskType
+from aflowrl.workflow import canonical
 from aflowrl.workflow.errors import WorkflowValidationError
 from aflowrl.workflow.ops import (
     MAX_CANDIDATES,
@@ -296,9 +297,13 @@ class Graph:
     @cached_property
     def content_hash(self) -> str:
         """Hash of the canonical form: equal graphs hash equal whatever their ids or key order."""
-        from aflowrl.workflow.canonical import content_hash
+        return canonical.content_hash(self)
 
-        return content_hash(self)
+    @cached_property
+    def upstream(self) -> Mapping[str, canonical.UpstreamHash]:
+        """Node id -> hashes of the node's upstream subgraph (what its draws are keyed and
+        seeded by; see :func:`aflowrl.workflow.canonical.upstream_hashes`)."""
+        return canonical.upstream_hashes(self)
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:

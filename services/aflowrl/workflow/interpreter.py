@@ -5,6 +5,10 @@ and fan-outs and MedPrompt votes run their samples concurrently too; loops are b
 node's parameters. The run returns the answer, tokens, cost (None when any call's price is
 unknown), latency and a trace of every executor call and sandbox run.
 
+Given a draw store (the evaluator passes its node cache), draws made by earlier runs of the same
+node on the same problem and sample are reused (:mod:`aflowrl.workflow.runtime`): the run's
+totals still count them, as what a cold run costs, and ``fresh`` says what this run paid.
+
 For code workflows the output goes through final code extraction (the fenced block defining the
 entry point, stripped of example calls), as the scorers run the code as given.
 
@@ -28,11 +32,18 @@ from aflowrl import sandbox
 from aflowrl.benchmarks.base import Problem
 from aflowrl.executor.base import Executor, Usage
 from aflowrl.workflow import operators, parsing
-from aflowrl.workflow.canonical import canonical_index
 from aflowrl.workflow.errors import OperatorOutputError
 from aflowrl.workflow.graph import Graph, Node
 from aflowrl.workflow.ops import PROBLEM
-from aflowrl.workflow.runtime import CodeRunner, RunContext, RunSettings, TraceEvent
+from aflowrl.workflow.runtime import (
+    Bill,
+    CodeRunner,
+    DrawStore,
+    RunContext,
+    RunSettings,
+    TraceEvent,
+    Value,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,18 +56,34 @@ class RunResult:
     """The workflow's final answer (for code workflows, the extracted code)."""
     error: str | None
     """Why the run produced no answer (unparseable model output), or None."""
-    cost_usd: float | None
-    """Executor cost; None when some call's price is unknown."""
-    usage: Usage
+    bill: Bill
+    """Everything the run comprises, reused draws included: what a cold run costs."""
+    fresh: Bill
+    """What this run paid (the executor calls it made)."""
     latency_s: float
     """Wall time of the run."""
-    llm_calls: int
-    sandbox_runs: int
     trace: tuple[TraceEvent, ...]
 
     @property
     def failed(self) -> bool:
         return self.error is not None
+
+    @property
+    def cost_usd(self) -> float | None:
+        """Executor cost; None when some call's price is unknown."""
+        return self.bill.cost_usd
+
+    @property
+    def usage(self) -> Usage:
+        return self.bill.usage
+
+    @property
+    def llm_calls(self) -> int:
+        return self.bill.llm_calls
+
+    @property
+    def sandbox_runs(self) -> int:
+        return self.bill.sandbox_runs
 
     def to_dict(self, *, trace: bool = True) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -68,6 +95,7 @@ class RunResult:
             "latency_s": self.latency_s,
             "llm_calls": self.llm_calls,
             "sandbox_runs": self.sandbox_runs,
+            "fresh_llm_calls": self.fresh.llm_calls,
         }
         if trace:
             doc["trace"] = [event.to_dict() for event in self.trace]
@@ -95,11 +123,13 @@ class Interpreter:
         *,
         seed: int = 0,
         public_tests: Sequence[str] | None = None,
+        draws: DrawStore | None = None,
     ) -> RunResult:
         """Run ``graph`` on ``problem``; the same seed makes the same executor requests.
 
         ``public_tests`` (assert lines over ``candidate``, for Test nodes) default to the
-        problem's own.
+        problem's own. ``draws``: where node draws are reused from and kept (its keys must
+        cover the problem, its public tests, the seed and the executor settings).
         """
         ctx = RunContext(
             graph=graph,
@@ -110,7 +140,8 @@ class Interpreter:
             entry_point=problem.entry_point,
             public_tests=tuple(problem.public_tests if public_tests is None else public_tests),
             seed=seed,
-            node_index=canonical_index(graph),
+            upstream=graph.upstream,
+            draws=draws,
         )
         started = time.perf_counter()
         error: str | None = None
@@ -130,11 +161,9 @@ class Interpreter:
         return RunResult(
             answer=answer.strip(),
             error=error,
-            cost_usd=ctx.cost_usd,
-            usage=ctx.usage,
+            bill=ctx.fresh + ctx.reused,
+            fresh=ctx.fresh,
             latency_s=time.perf_counter() - started,
-            llm_calls=ctx.llm_calls,
-            sandbox_runs=ctx.sandbox_runs,
             trace=tuple(ctx.trace),
         )
 
@@ -151,10 +180,10 @@ def _final_code(answer: str, problem: Problem) -> str:
 
 async def _execute(ctx: RunContext, graph: Graph) -> str:
     """Run every node as a task awaiting its inputs; return the output node's text."""
-    tasks: dict[str, asyncio.Task[operators.Value]] = {}
+    tasks: dict[str, asyncio.Task[Value]] = {}
 
-    async def run(node: Node) -> operators.Value:
-        values: dict[str, operators.Value] = {}
+    async def run(node: Node) -> Value:
+        values: dict[str, Value] = {}
         for _, ref in node.refs():
             if ref != PROBLEM and ref not in values:
                 values[ref] = await tasks[ref]

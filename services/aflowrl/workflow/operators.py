@@ -12,6 +12,12 @@ Failure rules, the same for every operator:
 * a Programmer program that keeps failing yields the failure text, as AFlow's operator does, so
   later nodes can still answer;
 * executor and sandbox infrastructure errors propagate: they are not wrong answers.
+
+Draws (:meth:`~aflowrl.workflow.runtime.RunContext.draw`): each fan-out sample and each
+MedPrompt vote is one draw, and every other operator's node is one draw, so a draw whose
+upstream subgraph a parent workflow already ran is reused instead of paid for again. A draw
+depends only on its inputs' values, the problem, its seeds and its own parameters (never on how
+many siblings it has), which is what makes reusing it exact.
 """
 
 from __future__ import annotations
@@ -21,20 +27,15 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TypeVar
 
 from aflowrl.seeding import derive_seed
 from aflowrl.workflow import harness, parsing, prompts
 from aflowrl.workflow.errors import OperatorOutputError
 from aflowrl.workflow.graph import Node
 from aflowrl.workflow.ops import PROBLEM
-from aflowrl.workflow.runtime import RunContext, Verdict
+from aflowrl.workflow.runtime import RunContext, Value, Verdict
 
 logger = logging.getLogger(__name__)
-
-Value = str | tuple[str, ...] | Verdict
-
-_T = TypeVar("_T")
 
 
 def _fail(node: Node, reason: str) -> OperatorOutputError:
@@ -75,9 +76,18 @@ def _pool(node: Node, values: Mapping[str, Value]) -> list[str]:
     return [text for ref in node.inputs["solutions"] for text in _texts(values[ref])]
 
 
-async def _fan_out(node: Node, sample: Callable[[int], Awaitable[_T | None]]) -> tuple[_T, ...]:
-    """Run ``node.samples`` samples concurrently; drop unusable ones (None)."""
-    results = await asyncio.gather(*(sample(i) for i in range(node.samples)))
+async def _fan_out(
+    ctx: RunContext, node: Node, sample: Callable[[int], Awaitable[str | None]]
+) -> tuple[str, ...]:
+    """Draw ``node.samples`` samples concurrently; drop unusable ones (None)."""
+
+    async def draw(i: int) -> str | None:
+        value = await ctx.draw(node, i, lambda: sample(i))
+        if value is not None and not isinstance(value, str):  # the encoding prevents this
+            raise TypeError(f"sample {i} of {node.id!r} gave {type(value).__name__}")
+        return value
+
+    results = await asyncio.gather(*(draw(i) for i in range(node.samples)))
     usable = tuple(r for r in results if r is not None)
     if not usable:
         raise _fail(node, f"none of its {node.samples} samples gave usable output")
@@ -121,14 +131,16 @@ async def _custom(ctx: RunContext, node: Node, values: Mapping[str, Value]) -> V
         text, _ = await ctx.llm(node, i, prompt)
         return text
 
-    return _as_value(node, await _fan_out(node, sample))
+    return _as_value(node, await _fan_out(ctx, node, sample))
 
 
 async def _answer_generate(ctx: RunContext, node: Node, values: Mapping[str, Value]) -> Value:
     prompt = prompts.answer_generate(_context(ctx, node, values, "input"))
     return _as_value(
         node,
-        await _fan_out(node, lambda i: _parsed_call(ctx, node, i, prompt, parsing.parse_answer)),
+        await _fan_out(
+            ctx, node, lambda i: _parsed_call(ctx, node, i, prompt, parsing.parse_answer)
+        ),
     )
 
 
@@ -140,7 +152,9 @@ async def _code_generate(ctx: RunContext, node: Node, values: Mapping[str, Value
     return _as_value(
         node,
         await _fan_out(
-            node, lambda i: _parsed_call(ctx, node, i, prompt, lambda t: code_of(t, entry_point))
+            ctx,
+            node,
+            lambda i: _parsed_call(ctx, node, i, prompt, lambda t: code_of(t, entry_point)),
         ),
     )
 
@@ -176,7 +190,7 @@ async def _programmer(ctx: RunContext, node: Node, values: Mapping[str, Value]) 
         logger.info("node %r (Programmer) sample %d: every attempt failed", node.id, i)
         return f"The program failed after {attempts} attempts: {failure[1][-500:]}"
 
-    return _as_value(node, await _fan_out(node, sample))
+    return _as_value(node, await _fan_out(ctx, node, sample))
 
 
 async def _ensemble_vote(
@@ -185,9 +199,7 @@ async def _ensemble_vote(
     """One vote over the pool (shuffled for MdEnsemble); the original index chosen, or None."""
     order = list(range(len(pool)))
     if shuffle:
-        random.Random(derive_seed(ctx.seed, ctx.node_index[node.id], "shuffle", vote)).shuffle(
-            order
-        )
+        random.Random(derive_seed(ctx.seed, ctx.draw_hash(node), "shuffle", vote)).shuffle(order)
     shown = [pool[i] for i in order]
     build = prompts.md_ensemble if shuffle else prompts.sc_ensemble
     text, event = await ctx.llm(node, vote, build(ctx.question, shown))
@@ -216,9 +228,14 @@ async def _md_ensemble(ctx: RunContext, node: Node, values: Mapping[str, Value])
     if len(pool) == 1:
         return pool[0]
     votes = int(getattr(node.params, "votes", 5))
-    chosen = await asyncio.gather(
-        *(_ensemble_vote(ctx, node, v, pool, shuffle=True) for v in range(votes))
-    )
+
+    async def vote(v: int) -> int | None:
+        choice = await ctx.draw(node, v, lambda: _ensemble_vote(ctx, node, v, pool, shuffle=True))
+        if choice is not None and (isinstance(choice, bool) or not isinstance(choice, int)):
+            raise TypeError(f"vote {v} of {node.id!r} gave {type(choice).__name__}")
+        return choice
+
+    chosen = await asyncio.gather(*(vote(v) for v in range(votes)))
     counts = Counter(c for c in chosen if c is not None)
     if not counts:
         raise _fail(node, f"none of its {votes} votes named a candidate")
@@ -327,5 +344,14 @@ _IMPLS: Mapping[str, _Impl] = {
 
 
 async def run_node(ctx: RunContext, node: Node, values: Mapping[str, Value]) -> Value:
-    """Execute ``node`` on the values of its inputs (keyed by reference)."""
-    return await _IMPLS[node.op](ctx, node, values)
+    """Execute ``node`` on the values of its inputs (keyed by reference).
+
+    Fan-out operators draw their samples or votes one by one; any other node is one draw.
+    """
+    impl = _IMPLS[node.op]
+    if node.spec.fan_out is not None:
+        return await impl(ctx, node, values)
+    value = await ctx.draw(node, None, lambda: impl(ctx, node, values))
+    if value is None or isinstance(value, int):  # the encoding prevents this
+        raise TypeError(f"node {node.id!r} gave {value!r}")
+    return value

@@ -164,6 +164,15 @@ class OpSpec:
     def slot(self, name: str) -> Slot | None:
         return next((s for s in self.slots if s.name == name), None)
 
+    @property
+    def fan_out(self) -> str | None:
+        """The parameter counting the node's independent draws (``samples`` of a generating
+        node, ``votes`` of MdEnsemble), or None. Draw ``i`` does not depend on the count, so a
+        node that grows keeps the draws it had (the evaluator reuses them)."""
+        if self.generates:
+            return "samples"
+        return "votes" if self.name == "MdEnsemble" else None
+
     def output_kind(self, params: OpParams) -> ValueKind:
         if self.name == "Review":
             return "verdict"

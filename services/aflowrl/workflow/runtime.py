@@ -1,16 +1,29 @@
-"""What one workflow run carries: settings, the code runner, seeds, the trace and the bill.
+"""What one workflow run carries: settings, the code runner, seeds, draws, the trace and the bill.
 
 :class:`RunContext` is created by the interpreter for one problem; operators call
 :meth:`RunContext.llm` and :meth:`RunContext.run_code`, which record every executor call and
-sandbox run as a :class:`TraceEvent` and add up tokens and cost. Seeds of calls derive from the
-run's seed and the node's *canonical* position (never its id), so renamed copies of a graph make
-identical requests.
+sandbox run as a :class:`TraceEvent` and add up what the run paid (:class:`Bill`).
+
+Seeds: a node's calls derive their seeds from the run's seed and the hash of the node's
+*upstream subgraph* (:func:`aflowrl.workflow.canonical.upstream_hashes`), never from its id,
+its position in the graph or the order calls happen in. So renamed copies of a graph make
+identical requests, and so does any other workflow containing the same node with the same
+upstream: which is what lets a draw be reused.
+
+Draws: operators wrap each independent piece of work in :meth:`RunContext.draw` (one fan-out
+sample, one MedPrompt vote, or a whole node for the other operators). With a :class:`DrawStore`
+(the evaluator's node cache), a draw made before for the same upstream hash, problem, sample
+index and executor settings is taken as it was, with no executor call; its value is exactly what
+running it again would give with a deterministic executor, because its seeds and inputs are
+functions of the same key.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -18,6 +31,9 @@ from aflowrl.benchmarks.base import TaskType
 from aflowrl.executor.base import Executor, Message, Usage
 from aflowrl.sandbox import SandboxResult
 from aflowrl.seeding import derive_seed
+from aflowrl.workflow.cache import StoredDraw
+from aflowrl.workflow.canonical import UpstreamHash
+from aflowrl.workflow.errors import OperatorOutputError
 from aflowrl.workflow.graph import Graph, Node
 
 
@@ -43,8 +59,16 @@ class RunSettings:
     """Memory limit of one sandbox run."""
 
     def fingerprint(self) -> str:
-        """What of these settings changes answers (part of the evaluation cache key)."""
-        return f"t={self.temperature};max_tokens={self.max_tokens};code_s={self.code_timeout_s}"
+        """What of these settings changes answers (part of the evaluation cache key).
+
+        ``seeds=2`` names how calls derive their seeds (from upstream hashes): episodes scored
+        under the earlier rule (node positions) are refused rather than continued with other
+        draws.
+        """
+        return (
+            f"t={self.temperature};max_tokens={self.max_tokens};code_s={self.code_timeout_s}"
+            f";code_mb={self.code_memory_mb};seeds=2"
+        )
 
 
 @dataclass(frozen=True)
@@ -55,13 +79,71 @@ class Verdict:
     feedback: str
 
 
+Value = str | tuple[str, ...] | Verdict
+"""What flows along an edge: a solution, candidates, or a review's verdict."""
+
+DrawValue = Value | int | None
+"""What one draw gives: a node's value, a vote's choice (an index), or None (unusable output)."""
+
+
+@dataclass(frozen=True)
+class Bill:
+    """What some work cost: executor calls, sandbox runs, tokens, USD (None: a price unknown)."""
+
+    llm_calls: int = 0
+    sandbox_runs: int = 0
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float | None = 0.0
+
+    def __add__(self, other: Bill) -> Bill:
+        cost = (
+            None
+            if self.cost_usd is None or other.cost_usd is None
+            else math.fsum((self.cost_usd, other.cost_usd))
+        )
+        return Bill(
+            self.llm_calls + other.llm_calls,
+            self.sandbox_runs + other.sandbox_runs,
+            self.usage + other.usage,
+            cost,
+        )
+
+    @staticmethod
+    def of(events: Iterable[TraceEvent]) -> Bill:
+        """The bill of traced executor calls and sandbox runs."""
+        total = Bill()
+        for event in events:
+            if event.kind == "llm":
+                usage = Usage(event.prompt_tokens, event.completion_tokens)
+                total = total + Bill(1, 0, usage, event.cost_usd)
+            elif event.kind == "sandbox":
+                total = total + Bill(0, 1)
+        return total
+
+    @staticmethod
+    def of_draw(draw: StoredDraw) -> Bill:
+        usage = Usage(draw.prompt_tokens, draw.completion_tokens)
+        return Bill(draw.llm_calls, draw.sandbox_runs, usage, draw.cost_usd)
+
+
+class DrawStore(Protocol):
+    """Node draws shared across runs of one problem and sample (the evaluator's node cache)."""
+
+    async def draw(
+        self, draw: str, make: Callable[[], Awaitable[StoredDraw]]
+    ) -> tuple[StoredDraw, bool]:
+        """The stored draw ``draw`` (and True), or the one ``make`` makes now (and False)."""
+        ...
+
+
 @dataclass(frozen=True)
 class TraceEvent:
-    """One thing that happened in a run: an executor call, a sandbox run, or a note."""
+    """One thing that happened in a run: an executor call, a sandbox run, a note, or a draw
+    reused from an earlier run (``reused``: no call made; ``response`` holds its value)."""
 
     node: str
     op: str
-    kind: Literal["llm", "sandbox", "note"]
+    kind: Literal["llm", "sandbox", "note", "reused"]
     sample: int = 0
     step: int = 0
     """Order of the call within its node and sample (loop rounds, retries)."""
@@ -94,12 +176,15 @@ class RunContext:
     entry_point: str | None
     public_tests: tuple[str, ...]
     seed: int
-    node_index: Mapping[str, int]
+    upstream: Mapping[str, UpstreamHash]
+    """Node id -> hashes of its upstream subgraph (seeds and draw keys derive from them)."""
+    draws: DrawStore | None = None
+    """Where draws are reused from and kept; None runs everything."""
     trace: list[TraceEvent] = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)
-    cost_usd: float | None = 0.0
-    llm_calls: int = 0
-    sandbox_runs: int = 0
+    fresh: Bill = field(default_factory=Bill)
+    """What this run paid: the calls it made."""
+    reused: Bill = field(default_factory=Bill)
+    """What the draws it reused cost when they were made."""
     _steps: dict[tuple[str, int], int] = field(default_factory=dict)
 
     @property
@@ -115,8 +200,64 @@ class RunContext:
         self._steps[key] = step + 1
         return step
 
+    def draw_hash(self, node: Node) -> str:
+        """The hash a node's draws are keyed and seeded by."""
+        return self.upstream[node.id].draw
+
     def call_seed(self, node: Node, sample: int, step: int) -> int:
-        return derive_seed(self.seed, self.node_index[node.id], sample, step)
+        """Seed of call ``step`` of draw ``sample`` of ``node`` (upstream hash, never the id)."""
+        return derive_seed(self.seed, self.draw_hash(node), sample, step)
+
+    async def draw(
+        self, node: Node, index: int | None, make: Callable[[], Awaitable[DrawValue]]
+    ) -> DrawValue:
+        """One draw of ``node``: sample or vote ``index``, or the whole node (None).
+
+        Reused from the draw store when it was made before (traced as ``reused``); else made by
+        ``make``, whose executor calls and sandbox runs (traced under this node and, for an
+        index, that sample) are its bill. An :class:`OperatorOutputError` is a result too: it
+        is stored, and raised again, naming this node, whenever the draw is reused.
+        """
+        if self.draws is None:
+            return await make()
+        key = self.draw_hash(node) if index is None else f"{self.draw_hash(node)}/{index}"
+
+        async def fresh() -> StoredDraw:
+            try:
+                value = _encode(await make())
+            except OperatorOutputError as exc:
+                value = {"failed": exc.reason}
+            bill = Bill.of(
+                e for e in self.trace if e.node == node.id and (index is None or e.sample == index)
+            )
+            return StoredDraw(
+                value=value,
+                llm_calls=bill.llm_calls,
+                sandbox_runs=bill.sandbox_runs,
+                prompt_tokens=bill.usage.prompt_tokens,
+                completion_tokens=bill.usage.completion_tokens,
+                cost_usd=bill.cost_usd,
+            )
+
+        stored, reused = await self.draws.draw(key, fresh)
+        if reused:
+            bill = Bill.of_draw(stored)
+            self.reused = self.reused + bill
+            self.trace.append(
+                TraceEvent(
+                    node.id,
+                    node.op,
+                    "reused",
+                    sample=index or 0,
+                    response=json.dumps(stored.value, ensure_ascii=False)[:2000],
+                    prompt_tokens=bill.usage.prompt_tokens,
+                    completion_tokens=bill.usage.completion_tokens,
+                    cost_usd=bill.cost_usd,
+                )
+            )
+        if "failed" in stored.value:
+            raise OperatorOutputError(node.id, node.op, str(stored.value["failed"]))
+        return _decode(stored.value)
 
     def note(self, node: Node, message: str, *, sample: int = 0) -> None:
         self.trace.append(TraceEvent(node.id, node.op, "note", sample=sample, error=message))
@@ -137,12 +278,7 @@ class RunContext:
             seed=seed,
         )
         text = result.texts[0] if result.texts else ""
-        self.llm_calls += 1
-        self.usage = self.usage + result.usage
-        if self.cost_usd is not None and result.cost_usd is not None:
-            self.cost_usd += result.cost_usd
-        else:
-            self.cost_usd = None
+        self.fresh = self.fresh + Bill(1, 0, result.usage, result.cost_usd)
         event = TraceEvent(
             node.id,
             node.op,
@@ -170,7 +306,7 @@ class RunContext:
         result = await self.code_runner(
             code, timeout_s=self.settings.code_timeout_s, memory_mb=self.settings.code_memory_mb
         )
-        self.sandbox_runs += 1
+        self.fresh = self.fresh + Bill(0, 1)
         self.trace.append(
             TraceEvent(
                 node.id,
@@ -184,3 +320,33 @@ class RunContext:
             )
         )
         return result
+
+
+def _encode(value: DrawValue) -> dict[str, Any]:
+    """A draw's value as tagged JSON (what the draw store keeps)."""
+    if value is None:
+        return {"unusable": True}
+    if isinstance(value, str):
+        return {"text": value}
+    if isinstance(value, bool):  # never produced; bool is an int and must not pass as one
+        raise TypeError("a draw is never a bool")
+    if isinstance(value, int):
+        return {"choice": value}
+    if isinstance(value, tuple):
+        return {"texts": list(value)}
+    return {"verdict": {"passed": value.passed, "feedback": value.feedback}}
+
+
+def _decode(doc: Mapping[str, Any]) -> DrawValue:
+    if "text" in doc:
+        return str(doc["text"])
+    if "choice" in doc:
+        return int(doc["choice"])
+    if "texts" in doc:
+        return tuple(str(t) for t in doc["texts"])
+    if "verdict" in doc:
+        verdict = doc["verdict"]
+        return Verdict(bool(verdict["passed"]), str(verdict["feedback"]))
+    if doc.get("unusable"):
+        return None
+    raise ValueError(f"not a stored draw: {sorted(doc)}")
