@@ -108,13 +108,18 @@ def test_cluster_paths_move_into_the_run_directory(tmp_path):
 def test_service_commands_start_learner_ranks_under_torchrun():
     spec = _spec(learner={"procsPerNode": 2})
     ports = {"env-0": 1, "env-1": 2, "rollout-0": 3, "learner": 4, "rendezvous": 5}
-    commands = service_commands(spec, Path("/run/spec.yaml"), ports)
+    metrics = {"env-0": 11, "env-1": 12, "rollout-0": 13, "learner": 14}
+    commands = service_commands(spec, Path("/run/spec.yaml"), ports, metrics)
     assert sorted(commands) == ["env-0", "env-1", "learner", "rollout-0"]
     learner = commands["learner"]
     assert learner[1:3] == ["-m", "torch.distributed.run"]
     assert learner[learner.index("--nproc-per-node") + 1] == "2"
-    assert learner[-10:-6] == ["serve", "learner", "--spec", "/run/spec.yaml"]
-    assert commands["env-1"][3:5] == ["serve", "env"] and "2" in commands["env-1"]
+    assert learner[-12:-8] == ["serve", "learner", "--spec", "/run/spec.yaml"]
+    assert learner[-4:] == ["--metrics-port", "14", "--health-port", "0"]
+    env_1 = commands["env-1"]
+    assert env_1[3:5] == ["serve", "env"]
+    assert env_1[env_1.index("--port") + 1] == "2"
+    assert env_1[env_1.index("--metrics-port") + 1] == "12"
 
 
 def test_the_embedded_default_run_is_the_tiny_surrogate_humaneval_run():
