@@ -228,26 +228,75 @@ def make_channel(
     )
 
 
+_TLS_FAILURES = (
+    # (text in a failed connection's details, what it means); none heals by waiting.
+    (
+        "CERTIFICATE_VERIFY_FAILED",
+        "the server's certificate is not signed by the CA this client trusts (ca.crt of "
+        "AFLOWRL_TLS_DIR)",
+    ),
+    (
+        "Hostname Verification",
+        "the server's certificate does not name the host dialled: give it that DNS name as a "
+        "SAN, or set grpc.tlsServerName to a name it has",
+    ),
+    (
+        "WRONG_VERSION_NUMBER",
+        "this client speaks TLS and the server plaintext: give the server AFLOWRL_TLS_DIR too "
+        "(grpc.tlsSecret in a cluster)",
+    ),
+)
+
+
+def explain_failure(exc: aio.AioRpcError, tls: tls_.ClientTls | None) -> tuple[str, bool]:
+    """A failed call's status and details, with what a TLS mismatch usually means, and
+    whether waiting can help (False for a certificate the client will never accept)."""
+    details = exc.details() or ""
+    message = f"{exc.code().name}: {details}"
+    for text, meaning in _TLS_FAILURES:
+        if text in details:
+            return f"{message} ({meaning})", False
+    if "Socket closed" in details or "Connection reset" in details:
+        # What a TLS server does to a plaintext client, or an mTLS server to a client with no
+        # certificate: indistinguishable from a server restarting, so keep waiting.
+        if tls is None:
+            return f"{message} (if the server uses TLS, set AFLOWRL_TLS_DIR here too)", True
+        if tls.certificate_chain is None:
+            return f"{message} (if the server requires mutual TLS, set grpc.mtls here too)", True
+    return message, True
+
+
 async def wait_until_serving(
-    channel: aio.Channel, service: str = "", timeout_s: float = 60.0
+    channel: aio.Channel,
+    service: str = "",
+    timeout_s: float = 60.0,
+    *,
+    tls: tls_.ClientTls | None = None,
 ) -> None:
     """Poll the health service until ``service`` is SERVING.
 
-    Raises :class:`DeadlineExceededError` after ``timeout_s`` (the last status in the message).
+    Raises :class:`DeadlineExceededError` after ``timeout_s`` (the last status in the message),
+    or :class:`PermanentError` at once when the server's certificate is refused (``tls`` is
+    the channel's TLS, for the explanation).
     """
     stub = health_pb2_grpc.HealthStub(channel)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     last = "no answer"
     delay = 0.05
+    refused = 0
     while loop.time() < deadline:
         try:
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2.0)
             if reply.status == health_pb2.HealthCheckResponse.SERVING:
                 return
             last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            refused = 0
         except aio.AioRpcError as exc:
-            last = f"{exc.code().name}: {exc.details()}"
+            last, transient = explain_failure(exc, tls)
+            refused = 0 if transient else refused + 1
+            if refused >= 3:  # seen thrice in a row: not a server still starting
+                raise PermanentError(f"service {service or '(server)'}: {last}") from None
         await asyncio.sleep(delay)
         delay = min(delay * 2, 1.0)
     raise DeadlineExceededError(

@@ -38,7 +38,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from aflowrl import envs
-from aflowrl.common.client import ChannelOptions, make_channel
+from aflowrl.common.client import ChannelOptions, explain_failure, make_channel
 from aflowrl.local.errors import ServiceStartError
 
 logger = logging.getLogger(__name__)
@@ -155,8 +155,12 @@ class ProcessGroup:
                         return
                     last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
                 except aio.AioRpcError as exc:
-                    # The details say why a handshake failed (CA, certificate, name...).
-                    last = f"{exc.code().name}: {exc.details()}"
+                    last, transient = explain_failure(exc, self.channel_options.tls)
+                    if not transient:
+                        raise ServiceStartError(
+                            f"{child.name} refused: {last}; the end of {child.log}:\n"
+                            f"{child.log_tail()}"
+                        ) from None
                 await asyncio.sleep(0.25)
         raise ServiceStartError(
             f"{child.name} was not serving after {timeout_s:.0f}s ({last}); the end of "

@@ -18,7 +18,7 @@ from aflowrl.common.client import ChannelOptions, make_channel, target_host, wai
 from aflowrl.common.metrics import MetricsHttpServer
 from aflowrl.common.run_status import RunStatusReporter
 from aflowrl.config import RunSpec
-from aflowrl.errors import DeadlineExceededError
+from aflowrl.errors import DeadlineExceededError, PermanentError
 from aflowrl.trainer.acting import Actor
 from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutClient, replica_targets
 from aflowrl.trainer.loop import RunResult, Services, Trainer
@@ -87,9 +87,11 @@ async def wait_for_services(
     async def one(flag: str, address: str, server_name: str | None) -> None:
         channel = make_channel(address, options, server_name=server_name)
         try:
-            await wait_until_serving(channel, timeout_s=timeout_s)
+            await wait_until_serving(channel, timeout_s=timeout_s, tls=options.tls)
         except DeadlineExceededError as exc:
             raise DeadlineExceededError(f"{flag} {address}: {exc}") from None
+        except PermanentError as exc:
+            raise PermanentError(f"{flag} {address}: {exc}") from None
         finally:
             await channel.close()
 
