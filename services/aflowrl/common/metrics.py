@@ -120,17 +120,21 @@ class ComponentMetrics:
             raise ValueError(f"unknown metrics component {component!r}")
         self.component = component
         self.registry = registry if registry is not None else new_registry()
+        self.label_names: dict[str, tuple[str, ...]] = {}
+        """Label names of every metric made here, by name (what dashboards may group by)."""
 
-    def _name(self, what: str) -> str:
-        return check_metric_name(f"aflowrl_{self.component}_{what}")
+    def _name(self, what: str, labels: Sequence[str]) -> str:
+        name = check_metric_name(f"aflowrl_{self.component}_{what}")
+        self.label_names[name] = tuple(labels)
+        return name
 
     def counter(self, what: str, doc: str, labels: Sequence[str] = ()) -> Counter:
         """A counter; ``what`` ends in ``_total`` (prometheus_client strips and re-adds it)."""
-        name = self._name(what)
+        name = self._name(what, labels)
         return Counter(name.removesuffix("_total"), doc, list(labels), registry=self.registry)
 
     def gauge(self, what: str, doc: str, labels: Sequence[str] = ()) -> Gauge:
-        return Gauge(self._name(what), doc, list(labels), registry=self.registry)
+        return Gauge(self._name(what, labels), doc, list(labels), registry=self.registry)
 
     def histogram(
         self,
@@ -140,7 +144,7 @@ class ComponentMetrics:
         buckets: Sequence[float] = LATENCY_BUCKETS,
     ) -> Histogram:
         return Histogram(
-            self._name(what), doc, list(labels), buckets=buckets, registry=self.registry
+            self._name(what, labels), doc, list(labels), buckets=buckets, registry=self.registry
         )
 
 
@@ -172,6 +176,14 @@ class GrpcServerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         labels = list(self.LABELS)
+        self.label_names: dict[str, tuple[str, ...]] = {
+            "grpc_server_started_total": self.LABELS,
+            "grpc_server_handled_total": (*self.LABELS, "grpc_code"),
+            "grpc_server_msg_received_total": self.LABELS,
+            "grpc_server_msg_sent_total": self.LABELS,
+            "grpc_server_handling_seconds": self.LABELS,
+        }
+        """Label names of each metric, by name (as :attr:`ComponentMetrics.label_names`)."""
         self.started = Counter(
             "grpc_server_started",
             "Total number of RPCs started on the server.",
