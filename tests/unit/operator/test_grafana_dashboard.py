@@ -3,45 +3,25 @@
 Every panel query is read for the metric names it selects, the label names it matches, groups by
 (``by``, ``without``, ``on``, ``ignoring``) and shows in its legend (``{{label}}``); each must be a
 label of a metric in the query, ``le`` of a histogram's buckets, or a target label the run's
-PodMonitor puts on every series. tests/integration/test_dashboard_prometheus.py runs the same
-queries against a real Prometheus scraping a local run.
+PodMonitor puts on every series (tests/dashboard.py reads the queries).
+tests/integration/test_dashboard_prometheus.py runs the same queries against a real Prometheus
+scraping a local run.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 
 from aflowrl.common.metrics import GrpcServerMetrics, exported_metric_names, new_registry
 from aflowrl.envsvc.metrics import EnvironmentMetrics
 from aflowrl.learner.metrics import LearnerMetrics
 from aflowrl.rollout.metrics import RolloutMetrics
 from aflowrl.trainer.metrics import TrainerMetrics
-
-DASHBOARD = Path(__file__).resolve().parents[3] / "manifests" / "grafana" / "aflow-rl.json"
-
-TARGET_LABELS = frozenset(
-    {
-        # prometheus-operator's PodMonitor targets
-        "namespace",
-        "pod",
-        "container",
-        "endpoint",
-        "job",
-        "instance",
-        # the run's PodMonitor podTargetLabels: aflowrl.io/run, app.kubernetes.io/component
-        "aflowrl_io_run",
-        "app_kubernetes_io_component",
-    }
-)
-"""Labels Prometheus adds to every series of a run's pods (operator's ``pod_monitor``)."""
+from dashboard import TARGET_LABELS, legend_labels, load, panel_queries, variable_queries
 
 _SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{([^}]*)\}")
 _MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)\s*\"")
 _GROUPING = re.compile(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)")
-_LEGEND = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
-_LABEL_VALUES = re.compile(r"label_values\((.*),\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)$")
 _SAMPLE_SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created")
 
 
@@ -96,37 +76,22 @@ def problems(expr: str, legend: str, families: dict[str, frozenset[str]]) -> lis
     outer = set.intersection(*grouped) if grouped else available
     found += [
         f"legend {{{{{label}}}}} is not a label of the result"
-        for label in _LEGEND.findall(legend)
+        for label in legend_labels(legend)
         if label not in outer
     ]
     return found
 
 
-def _queries(dashboard: dict) -> list[tuple[str, str, str]]:
-    """(panel title, expression, legend) of every panel query."""
-    return [
-        (panel["title"], target["expr"], target.get("legendFormat", ""))
-        for panel in dashboard["panels"]
-        for target in panel.get("targets", [])
-    ]
-
-
 def test_every_query_uses_exported_metrics_and_their_labels():
-    dashboard = json.loads(DASHBOARD.read_text())
+    dashboard = load()
     families = catalogue()
     used = set()
     failures = []
-    for title, expr, legend in _queries(dashboard):
-        used |= {name for name, _ in _SELECTOR.findall(expr)}
-        failures += [f"{title}: {problem}" for problem in problems(expr, legend, families)]
-    for variable in dashboard["templating"]["list"]:
-        if "definition" in variable:
-            match = _LABEL_VALUES.match(variable["definition"])
-            assert match is not None, variable["definition"]
-            failures += [
-                f"${variable['name']}: {problem}"
-                for problem in problems(match.group(1), f"{{{{{match.group(2)}}}}}", families)
-            ]
+    for query in panel_queries(dashboard) + variable_queries(dashboard):
+        used |= {name for name, _ in _SELECTOR.findall(query.expr)}
+        failures += [
+            f"{query.where}: {problem}" for problem in problems(query.expr, query.legend, families)
+        ]
     assert failures == []
     assert len(used) >= 40
     for standard in ("grpc_server_handled_total", "grpc_server_handling_seconds_bucket"):
@@ -161,7 +126,7 @@ def test_the_check_catches_a_missing_metric_or_label():
 
 
 def test_the_dashboard_has_the_panels_a_run_needs():
-    dashboard = json.loads(DASHBOARD.read_text())
+    dashboard = load()
     titles = {p["title"] for p in dashboard["panels"]}
     for title in (
         "Reward and best score",
@@ -185,7 +150,7 @@ def test_the_dashboard_has_the_panels_a_run_needs():
         assert title in titles
     variables = [v["name"] for v in dashboard["templating"]["list"]]
     assert variables == ["datasource", "namespace", "run"]
-    for _title, expr, _legend in _queries(dashboard):
-        assert 'aflowrl_io_run="$run"' in expr, expr  # every series is the selected run's
+    for query in panel_queries(dashboard):
+        assert 'aflowrl_io_run="$run"' in query.expr, query  # every series is the selected run's
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
