@@ -131,3 +131,22 @@ def test_the_embedded_default_run_is_the_tiny_surrogate_humaneval_run():
     assert spec.environment.replicas.min == 2 and spec.rollout.engine == "hf"
     assert spec.environment.search.max_admissible_actions <= 9  # one-digit replies
     preflight.check_local_run(spec)
+
+
+def test_tls_asked_for_without_certificates_here_is_refused(monkeypatch, tmp_path):
+    monkeypatch.delenv("AFLOWRL_TLS_DIR", raising=False)
+    with pytest.raises(PreflightError, match="set AFLOWRL_TLS_DIR") as info:
+        preflight.check_tls(_spec(grpc={"tlsSecret": "grpc-tls"}))
+    assert info.value.field == "spec.grpc.tlsSecret"
+    with pytest.raises(PreflightError, match="mutual TLS needs TLS") as info:
+        preflight.check_tls(_spec(grpc={"mtls": True}))
+    assert info.value.field == "spec.grpc.mtls"
+    (tmp_path / "tls.crt").write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+    monkeypatch.setenv("AFLOWRL_TLS_DIR", str(tmp_path))
+    with pytest.raises(PreflightError, match=r"tls\.key is missing") as info:
+        preflight.check_tls(_spec(grpc={"tlsSecret": "grpc-tls"}))
+    assert info.value.field == "AFLOWRL_TLS_DIR"
+    with pytest.raises(PreflightError, match=r"tls\.key is missing"):
+        preflight.check_tls(_spec())  # AFLOWRL_TLS_DIR alone turns TLS on: its files are checked
+    monkeypatch.delenv("AFLOWRL_TLS_DIR")
+    preflight.check_tls(_spec())  # plaintext
