@@ -144,14 +144,20 @@ class _Prometheus:
         return result
 
     async def last_time_all_up(self, session: aiohttp.ClientSession, start: float) -> float:
-        """The last evaluation second at which every target's latest scrape succeeded."""
+        """The last second at which every target's latest scrape had succeeded.
+
+        A scrape that fails (a busy learner answering after the 1 s timeout) makes that
+        target's series stale until the next success: queries at such a moment see none.
+        """
         params = {"query": "up", "start": f"{start:.0f}", "end": f"{time.time():.0f}", "step": "1"}
         async with session.get(f"{self.url}/api/v1/query_range", params=params) as reply:
             body = await reply.json()
         series = body["data"]["result"]
         assert len(series) == len(COMPONENTS) + 2, series  # two env replicas and the trainer
-        last_up = [max(float(t) for t, v in s["values"] if v == "1") for s in series]
-        return min(last_up)
+        up = [{float(t) for t, v in s["values"] if v == "1"} for s in series]
+        common = set.intersection(*up)
+        assert common, f"no moment with every target up: {[s['metric']['pod'] for s in series]}"
+        return max(common)
 
     def stop(self) -> None:
         self.process.terminate()

@@ -20,6 +20,7 @@ is the only place that turns exceptions into gRPC status codes:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import hmac
@@ -252,6 +253,11 @@ class GrpcMetricsInterceptor(aio.ServerInterceptor):
             code = status_name(context.code())
         except aio.AbortError:
             code = status_name(context.code() or grpc.StatusCode.UNKNOWN)
+            raise
+        except asyncio.CancelledError:
+            # The client cancelled (or went away): gRPC cancels the handler's task, sometimes
+            # before ``context.cancelled()`` says so.
+            code = "CANCELLED"
             raise
         except BaseException:
             code = "CANCELLED" if context.cancelled() else "UNKNOWN"
