@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(TEST_EXTRAS))
 comma := ,
 PYTEST_ARGS ?=
 
-.PHONY: help install sandbox-tools test test-fast test-vllm lint format proto crd manifests images demo clean
+.PHONY: help install sandbox-tools monitoring-tools test test-fast test-vllm lint format proto crd manifests images demo clean
 
 help:
 	@echo "make demo    - install and run a local training run (tiny model, surrogate executor)"
@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml | $(PY)
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-install: $(STAMP) sandbox-tools
+install: $(STAMP) sandbox-tools monitoring-tools
 
 # Bubblewrap isolates generated code (aflowrl.sandbox). Installed when missing and we are root
 # with apt; elsewhere the sandbox falls back to rlimits and says so (AFLOWRL_SANDBOX).
@@ -43,11 +43,23 @@ sandbox-tools:
 			|| echo "warning: could not install bubblewrap; the sandbox will use its rlimits fallback"; \
 	fi
 
+# Prometheus runs the Grafana dashboard's queries against a local run's /metrics
+# (tests/integration/test_dashboard_prometheus.py). Installed when missing and we are root with
+# apt; elsewhere that test skips and says why. Debian's package starts no daemon without systemd.
+monitoring-tools:
+	@if ! command -v prometheus >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing prometheus for the dashboard test"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 \
+			|| { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1; } \
+			|| echo "warning: could not install prometheus; the dashboard's Prometheus test will skip"; \
+	fi
+
 # The README's test command: lint gates, then the whole suite.
-test: lint sandbox-tools
+test: lint sandbox-tools monitoring-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-fast: $(STAMP) sandbox-tools
+test-fast: $(STAMP) sandbox-tools monitoring-tools
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)

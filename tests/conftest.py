@@ -12,7 +12,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Tests never read the developer's own cache or secrets.
 os.environ.setdefault("AFLOWRL_CACHE_DIR", str(ROOT / ".pytest_cache" / "aflowrl"))
-for _name in ("AFLOWRL_EXECUTOR_API_KEY", "OPENAI_API_KEY", "AFLOWRL_AUTH_TOKEN_FILE"):
+for _name in (
+    "AFLOWRL_EXECUTOR_API_KEY",
+    "OPENAI_API_KEY",
+    "AFLOWRL_AUTH_TOKEN_FILE",
+    "AFLOWRL_TLS_DIR",
+    "AFLOWRL_TLS_CLIENT_DIR",
+):
     os.environ.pop(_name, None)
 
 if str(ROOT / "services") not in sys.path:  # running without an editable install

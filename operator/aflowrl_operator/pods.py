@@ -63,12 +63,17 @@ def resources(res: ResourceSpec) -> JsonDict:
     return {"requests": requests, "limits": limits}
 
 
-def grpc_probes(port: int) -> JsonDict:
+def grpc_probes(spec: RunSpec, port: int) -> JsonDict:
     """Startup, readiness and liveness on the standard gRPC health service.
 
     The startup probe allows 30 minutes (large models load slowly); readiness follows the
     service's SERVING / NOT_SERVING; liveness restarts a server that stops answering at all.
+    With TLS (``grpc.tlsSecret``) the probes go to ``grpc.healthPort``: the kubelet's ``grpc:``
+    probe speaks only plaintext, so the server also listens there, plaintext, serving nothing
+    but the health service (aflowrl.common.server).
     """
+    if spec.grpc.tls_secret is not None:
+        port = spec.grpc.health_port
     return {
         "startupProbe": {
             "grpc": {"port": port},

@@ -127,7 +127,7 @@ def _grpc_service(
         env=env,
         mounts=mounts,
         ports=[("grpc", port), ("metrics", metrics)],
-        probes=pods.grpc_probes(port),
+        probes=pods.grpc_probes(spec, port),
     )
     template = pods.pod_template(
         run,
@@ -234,7 +234,7 @@ def learner(run: RunRef, spec: RunSpec, *, spec_hash_: str) -> list[JsonDict]:
         env=pods.base_env(spec),
         mounts=mounts,
         ports=ports,
-        probes=pods.grpc_probes(ln.port) if ln.nodes == 1 else None,
+        probes=pods.grpc_probes(spec, ln.port) if ln.nodes == 1 else None,
     )
     template = pods.pod_template(
         run,

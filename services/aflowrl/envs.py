@@ -14,7 +14,8 @@ local runs from the shell.
 | AFLOWRL_EXECUTOR_API_KEY_FILE | file holding that key (a mounted Secret); wins over the variable |
 | AFLOWRL_EXECUTOR_BASE_URL | endpoint of the executor the run serves itself (spec executor.serve) |
 | AFLOWRL_AUTH_TOKEN_FILE | file holding the bearer token gRPC calls carry (a mounted Secret) |
-| AFLOWRL_TLS_DIR | directory with tls.crt, tls.key (and ca.crt) for gRPC TLS |
+| AFLOWRL_TLS_DIR | directory with tls.crt, tls.key and ca.crt: gRPC TLS is on when set |
+| AFLOWRL_TLS_CLIENT_DIR | certificate clients present with grpc.mtls; default AFLOWRL_TLS_DIR |
 | AFLOWRL_SPEC_FILE | path of the resolved RunSpec (the run's ConfigMap, mounted in pods) |
 | AFLOWRL_RUN_NAME / AFLOWRL_RUN_NAMESPACE | the TrainingRun a trainer pod reports status to |
 | AFLOWRL_POD_NAME | the pod's name (downward API); default: the host name |
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     AFLOWRL_EXECUTOR_BASE_URL: str | None
     AFLOWRL_AUTH_TOKEN: str | None
     AFLOWRL_TLS_DIR: str | None
+    AFLOWRL_TLS_CLIENT_DIR: str | None
     AFLOWRL_SPEC_FILE: str | None
     AFLOWRL_RUN_NAME: str | None
     AFLOWRL_RUN_NAMESPACE: str | None
@@ -85,6 +87,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "AFLOWRL_EXECUTOR_BASE_URL": lambda: os.environ.get("AFLOWRL_EXECUTOR_BASE_URL") or None,
     "AFLOWRL_AUTH_TOKEN": lambda: _read_secret("AFLOWRL_AUTH_TOKEN_FILE", ()),
     "AFLOWRL_TLS_DIR": lambda: os.environ.get("AFLOWRL_TLS_DIR") or None,
+    "AFLOWRL_TLS_CLIENT_DIR": lambda: os.environ.get("AFLOWRL_TLS_CLIENT_DIR") or None,
     "AFLOWRL_SPEC_FILE": lambda: os.environ.get("AFLOWRL_SPEC_FILE") or None,
     "AFLOWRL_RUN_NAME": lambda: os.environ.get("AFLOWRL_RUN_NAME") or None,
     "AFLOWRL_RUN_NAMESPACE": lambda: os.environ.get("AFLOWRL_RUN_NAMESPACE") or None,

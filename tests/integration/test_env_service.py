@@ -424,7 +424,7 @@ async def test_metrics_are_exported(replicas):
     values = {
         line.split(" ")[0]: float(line.split(" ")[-1])
         for line in text.splitlines()
-        if line.startswith("aflowrl_environment_")
+        if line.startswith(("aflowrl_environment_", "grpc_server_", "process_"))
     }
     for name in (
         'aflowrl_environment_evaluations_total{benchmark="gsm8k"}',
@@ -438,7 +438,10 @@ async def test_metrics_are_exported(replicas):
         "aflowrl_environment_step_duration_seconds_count",
         'aflowrl_environment_resets_total{task="gsm8k"}',
         "aflowrl_environment_state_size_bytes_count",
-        'aflowrl_environment_rpc_requests_total{code="OK",method="Step"}',
+        'grpc_server_handled_total{grpc_type="unary",grpc_service="aflowrl.v1.EnvironmentService",'
+        'grpc_method="Step",grpc_code="OK"}',
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
     ):
         assert values.get(name, 0.0) > 0, name
     assert 0.0 < values["aflowrl_environment_cache_hit_ratio"] < 1.0

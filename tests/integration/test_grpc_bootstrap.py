@@ -15,6 +15,7 @@ import grpc
 import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from aflowrl._proto.v1 import rollout_pb2, rollout_pb2_grpc
 from aflowrl.common.client import ChannelOptions, error_from_rpc, make_channel, wait_until_serving
@@ -51,6 +52,19 @@ async def _scrape(port: int) -> str:
     ):
         assert response.status == 200
         return await response.text()
+
+
+def _key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(labels.items()))
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a /metrics page, by name and labels."""
+    return {
+        (sample.name, _key(sample.labels)): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 async def test_health_sigterm_grace_errors_and_metrics():
@@ -90,13 +104,16 @@ async def test_health_sigterm_grace_errors_and_metrics():
         )
         assert ok.weight_version == 7
 
-        metrics = await _scrape(ports["metrics_port"])
-        assert (
-            'aflowrl_rollout_rpc_requests_total{code="INVALID_ARGUMENT",method="Generate"} 1.0'
-            in metrics
-        )
-        assert 'aflowrl_rollout_rpc_requests_total{code="OK",method="Generate"} 1.0' in metrics
-        assert 'aflowrl_rollout_rpc_duration_seconds_count{method="Generate"} 2.0' in metrics
+        samples = _samples(await _scrape(ports["metrics_port"]))
+        generate = {"grpc_type": "unary", "grpc_service": SERVICE, "grpc_method": "Generate"}
+        assert samples[("grpc_server_started_total", _key(generate))] == 2
+        assert samples[("grpc_server_msg_received_total", _key(generate))] == 2
+        assert samples[("grpc_server_msg_sent_total", _key(generate))] == 1  # the OK reply
+        for code, count in (("OK", 1), ("INVALID_ARGUMENT", 1), ("INTERNAL", 0)):
+            handled = _key({**generate, "grpc_code": code})
+            assert samples[("grpc_server_handled_total", handled)] == count, code
+        assert samples[("grpc_server_handling_seconds_count", _key(generate))] == 2
+        assert samples[("process_resident_memory_bytes", ())] > 0
 
         # An in-flight call (1.5 s) survives SIGTERM; the health flips to NOT_SERVING at once.
         slow = asyncio.ensure_future(

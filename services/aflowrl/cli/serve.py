@@ -23,7 +23,7 @@ SERVICES: dict[str, str] = {
     "rollout": "aflowrl.rollout.server",
     "learner": "aflowrl.learner.server",
 }
-"""Service name -> module with ``async serve(spec, *, host, port, metrics_port)``."""
+"""Service name -> module with ``async serve(spec, *, host, port, metrics_port, health_port)``."""
 
 _DEFAULT_PORTS = {
     "env": ("environment", "port"),
@@ -46,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="HTTP /metrics port (default: monitoring.metricsPort; 0 picks a free one)",
     )
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        help="with TLS on: plaintext port serving only gRPC health, for kubelet probes "
+        "(default: grpc.healthPort; 0 picks a free one)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,7 +72,15 @@ def run(args: argparse.Namespace) -> int:
     )
     module = importlib.import_module(SERVICES[args.service])
     try:
-        asyncio.run(module.serve(spec, host=args.host, port=port, metrics_port=metrics_port))
+        asyncio.run(
+            module.serve(
+                spec,
+                host=args.host,
+                port=port,
+                metrics_port=metrics_port,
+                health_port=args.health_port,
+            )
+        )
     except FailedPreconditionError as exc:  # e.g. a weight transport this machine cannot run
         print(f"aflowrl serve {args.service}: error: {exc}", file=sys.stderr)
         return 2

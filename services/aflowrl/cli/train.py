@@ -143,7 +143,9 @@ async def _train_local(spec: Any, run_dir: Path, log_file: Path, args: argparse.
     # The log goes to a file: without a bar, the iteration lines are printed here too.
     with _progress(spec, args, echo=True) as progress:
         try:
-            result = await run_local(spec, run_dir, progress=progress)
+            result = await run_local(
+                spec, run_dir, progress=progress, metrics_port=args.metrics_port
+            )
         except AflowRLError as exc:
             progress.close()
             print(f"aflowrl train: error: {exc}\n(see {log_file})", file=sys.stderr)

@@ -1,7 +1,8 @@
-"""Server interceptors: request ids, bearer-token auth, per-RPC metrics, domain-error mapping.
+"""Server interceptors: request ids, the standard gRPC metrics, bearer-token auth, error mapping.
 
-Each interceptor wraps the method handler's behaviour in an async context manager
-(:class:`AroundInterceptor`), so one helper covers the four RPC shapes (unary/stream in and out).
+Most interceptors wrap the method handler's behaviour in an async context manager
+(:class:`AroundInterceptor`), so one helper covers the four RPC shapes (unary/stream in and out);
+:class:`GrpcMetricsInterceptor` also counts the messages of streams, so it wraps them itself.
 Order in the server (outermost first): request id, metrics, auth, error mapping, request
 decoding. The error mapping is the only place that turns exceptions into gRPC status codes:
 
@@ -20,6 +21,7 @@ decoding. The error mapping is the only place that turns exceptions into gRPC st
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import hmac
@@ -35,7 +37,7 @@ from grpc import aio
 
 from aflowrl import errors
 from aflowrl.common.logging import request_id_var
-from aflowrl.common.metrics import ComponentMetrics
+from aflowrl.common.metrics import GRPC_TYPES, GrpcServerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -158,45 +160,112 @@ class AuthInterceptor(AroundInterceptor):
         yield
 
 
-class MetricsInterceptor(AroundInterceptor):
-    """Counts calls by method and status code, times them, tracks calls in flight."""
+def status_name(code: grpc.StatusCode | int | None) -> str:
+    """The name of a status code (``context.code()`` may give the raw integer, or None: OK)."""
+    if code is None:
+        return grpc.StatusCode.OK.name
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    return next((c.name for c in grpc.StatusCode if c.value[0] == code), "UNKNOWN")
 
-    def __init__(self, metrics: ComponentMetrics) -> None:
-        self.requests = metrics.counter(
-            "rpc_requests_total",
-            "gRPC calls handled, by method and status code.",
-            ["method", "code"],
-        )
-        self.latency = metrics.histogram(
-            "rpc_duration_seconds", "gRPC call handling time, by method.", ["method"]
-        )
-        self.in_flight = metrics.gauge("rpc_in_flight_requests", "gRPC calls being handled.")
 
-    def applies(self, method: str) -> bool:
-        return not method.startswith(UNAUTHENTICATED_SERVICES)
+class GrpcMetricsInterceptor(aio.ServerInterceptor):
+    """Records :class:`~aflowrl.common.metrics.GrpcServerMetrics` for every call.
+
+    As go-grpc-prometheus does: started when the handler runs; each request message received
+    (one for a unary request, each item of a request stream) and each response message sent
+    (one for a unary response that succeeded); handled with the final status code and its
+    handling time when the call ends. A response stream written with ``context.write`` instead of
+    ``yield`` is counted as handled, not per message.
+    """
+
+    def __init__(self, metrics: GrpcServerMetrics) -> None:
+        self.metrics = metrics
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
+        kind = GRPC_TYPES[(handler.request_streaming, handler.response_streaming)]
+        labels = (kind, service, method)
+        for attribute, factory, _streaming_response in _HANDLER_KINDS:
+            behavior = getattr(handler, attribute)
+            if behavior is not None:
+                wrapped: Handler = factory(
+                    self._wrap(behavior, labels, handler.request_streaming),
+                    request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer,
+                )
+                return wrapped
+        return handler
+
+    def _wrap(
+        self, behavior: Callable[..., Any], labels: tuple[str, str, str], request_streaming: bool
+    ) -> Callable[..., Any]:
+        metrics = self.metrics
+        received = metrics.msg_received.labels(*labels)
+        sent = metrics.msg_sent.labels(*labels)
+
+        async def counted(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+            async for request in requests:
+                received.inc()
+                yield request
+
+        def begin(request: Any) -> Any:
+            metrics.started.labels(*labels).inc()
+            if request_streaming:
+                return counted(request)
+            received.inc()
+            return request
+
+        if inspect.isasyncgenfunction(behavior):
+
+            @functools.wraps(behavior)
+            async def stream_wrapper(request: Any, context: Context) -> AsyncIterator[Any]:
+                async with self._handled(labels, context):
+                    async for item in behavior(begin(request), context):
+                        sent.inc()
+                        yield item
+
+            return stream_wrapper
+
+        @functools.wraps(behavior)
+        async def unary_wrapper(request: Any, context: Context) -> Any:
+            async with self._handled(labels, context):
+                response = await behavior(begin(request), context)
+            # ``context.write`` streams return None; a unary reply is one message sent.
+            if response is not None and status_name(context.code()) == "OK":
+                sent.inc()
+            return response
+
+        return unary_wrapper
 
     @contextlib.asynccontextmanager
-    async def around(self, method: str, context: Context) -> AsyncIterator[None]:
-        name = method.rsplit("/", 1)[-1]
+    async def _handled(self, labels: tuple[str, str, str], context: Context) -> AsyncIterator[None]:
         start = time.perf_counter()
-        self.in_flight.inc()
-        code = grpc.StatusCode.OK
+        code = "OK"
         try:
             yield
+            code = status_name(context.code())
         except aio.AbortError:
-            code = context.code() or grpc.StatusCode.UNKNOWN
+            code = status_name(context.code() or grpc.StatusCode.UNKNOWN)
+            raise
+        except asyncio.CancelledError:
+            # The client cancelled (or went away): gRPC cancels the handler's task, sometimes
+            # before ``context.cancelled()`` says so.
+            code = "CANCELLED"
             raise
         except BaseException:
-            code = grpc.StatusCode.CANCELLED if context.cancelled() else grpc.StatusCode.UNKNOWN
+            code = "CANCELLED" if context.cancelled() else "UNKNOWN"
             raise
         finally:
-            self.in_flight.dec()
-            if isinstance(code, int):  # context.code() may give the raw integer
-                code = next(
-                    (c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN
-                )
-            self.requests.labels(name, code.name).inc()
-            self.latency.labels(name).observe(time.perf_counter() - start)
+            self.metrics.handled.labels(*labels, code).inc()
+            self.metrics.handling.labels(*labels).observe(time.perf_counter() - start)
 
 
 def status_for(exc: BaseException) -> grpc.StatusCode:
@@ -336,10 +405,10 @@ def _checked(
 
 
 def server_interceptors(
-    metrics: ComponentMetrics, auth_token: str | None
+    metrics: GrpcServerMetrics, auth_token: str | None
 ) -> list[aio.ServerInterceptor]:
     """The interceptor chain every aflow-rl server uses, outermost first."""
-    chain: list[aio.ServerInterceptor] = [RequestIdInterceptor(), MetricsInterceptor(metrics)]
+    chain: list[aio.ServerInterceptor] = [RequestIdInterceptor(), GrpcMetricsInterceptor(metrics)]
     if auth_token:
         chain.append(AuthInterceptor(auth_token))
     chain.append(ErrorMappingInterceptor())

@@ -6,6 +6,12 @@ which enforces the pattern, so the Grafana dashboard can be checked against what
 (:func:`exported_metric_names`). Code records values into small stats objects and publishes them
 here, rather than scattering client calls (the vLLM pattern).
 
+Two families keep the names the ecosystem's dashboards and alerts already use, outside that
+pattern: ``process_*`` / ``python_*`` (prometheus_client's process, platform and GC collectors,
+in every registry :func:`new_registry` makes) and the standard gRPC server metrics of
+go-grpc-prometheus (:class:`GrpcServerMetrics`, recorded by
+:class:`aflowrl.common.interceptors.GrpcMetricsInterceptor`).
+
 :class:`MetricsHttpServer` serves ``/metrics`` (and ``/healthz``) over aiohttp.
 """
 
@@ -17,7 +23,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 logger = logging.getLogger(__name__)
@@ -86,6 +100,18 @@ def check_metric_name(name: str) -> str:
     return name
 
 
+def new_registry() -> CollectorRegistry:
+    """A registry with this process's ``process_*``, ``python_info`` and ``python_gc_*``.
+
+    The collectors read /proc and the interpreter when scraped, so a registry per server (or
+    per test) costs nothing until someone looks.
+    """
+    registry = CollectorRegistry()
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)
+    return registry
+
+
 class ComponentMetrics:
     """Factory of one component's metrics in a registry (a fresh registry per server/test)."""
 
@@ -93,18 +119,22 @@ class ComponentMetrics:
         if component not in COMPONENTS:
             raise ValueError(f"unknown metrics component {component!r}")
         self.component = component
-        self.registry = registry if registry is not None else CollectorRegistry()
+        self.registry = registry if registry is not None else new_registry()
+        self.label_names: dict[str, tuple[str, ...]] = {}
+        """Label names of every metric made here, by name (what dashboards may group by)."""
 
-    def _name(self, what: str) -> str:
-        return check_metric_name(f"aflowrl_{self.component}_{what}")
+    def _name(self, what: str, labels: Sequence[str]) -> str:
+        name = check_metric_name(f"aflowrl_{self.component}_{what}")
+        self.label_names[name] = tuple(labels)
+        return name
 
     def counter(self, what: str, doc: str, labels: Sequence[str] = ()) -> Counter:
         """A counter; ``what`` ends in ``_total`` (prometheus_client strips and re-adds it)."""
-        name = self._name(what)
+        name = self._name(what, labels)
         return Counter(name.removesuffix("_total"), doc, list(labels), registry=self.registry)
 
     def gauge(self, what: str, doc: str, labels: Sequence[str] = ()) -> Gauge:
-        return Gauge(self._name(what), doc, list(labels), registry=self.registry)
+        return Gauge(self._name(what, labels), doc, list(labels), registry=self.registry)
 
     def histogram(
         self,
@@ -114,8 +144,86 @@ class ComponentMetrics:
         buckets: Sequence[float] = LATENCY_BUCKETS,
     ) -> Histogram:
         return Histogram(
-            self._name(what), doc, list(labels), buckets=buckets, registry=self.registry
+            self._name(what, labels), doc, list(labels), buckets=buckets, registry=self.registry
         )
+
+
+GRPC_TYPES = {
+    # (request streams, response streams) -> grpc_type, as go-grpc-prometheus names them
+    (False, False): "unary",
+    (True, False): "client_stream",
+    (False, True): "server_stream",
+    (True, True): "bidi_stream",
+}
+
+GRPC_HANDLING_BUCKETS = (*LATENCY_BUCKETS, 1800.0, 3600.0)
+"""Seconds; up to the hour a large Train step or weight push may take."""
+
+
+class GrpcServerMetrics:
+    """The standard gRPC server metrics (go-grpc-prometheus / py-grpc-prometheus names).
+
+    ``grpc_server_started_total``, ``grpc_server_handled_total`` (with ``grpc_code``),
+    ``grpc_server_msg_received_total``, ``grpc_server_msg_sent_total`` and the
+    ``grpc_server_handling_seconds`` histogram, labelled ``grpc_type``, ``grpc_service`` and
+    ``grpc_method``. In flight = started - handled. :meth:`preregister` gives every method of a
+    service its zero series up front, as go-grpc-prometheus does, so rates and error ratios
+    exist from the first scrape instead of appearing with the first error.
+    """
+
+    LABELS = ("grpc_type", "grpc_service", "grpc_method")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        labels = list(self.LABELS)
+        self.label_names: dict[str, tuple[str, ...]] = {
+            "grpc_server_started_total": self.LABELS,
+            "grpc_server_handled_total": (*self.LABELS, "grpc_code"),
+            "grpc_server_msg_received_total": self.LABELS,
+            "grpc_server_msg_sent_total": self.LABELS,
+            "grpc_server_handling_seconds": self.LABELS,
+        }
+        """Label names of each metric, by name (as :attr:`ComponentMetrics.label_names`)."""
+        self.started = Counter(
+            "grpc_server_started",
+            "Total number of RPCs started on the server.",
+            labels,
+            registry=registry,
+        )
+        self.handled = Counter(
+            "grpc_server_handled",
+            "Total number of RPCs completed on the server, regardless of success or failure.",
+            [*labels, "grpc_code"],
+            registry=registry,
+        )
+        self.msg_received = Counter(
+            "grpc_server_msg_received",
+            "Total number of RPC stream messages received on the server.",
+            labels,
+            registry=registry,
+        )
+        self.msg_sent = Counter(
+            "grpc_server_msg_sent",
+            "Total number of gRPC stream messages sent by the server.",
+            labels,
+            registry=registry,
+        )
+        self.handling = Histogram(
+            "grpc_server_handling_seconds",
+            "Histogram of response latency (seconds) of gRPC that had been application-level "
+            "handled by the server.",
+            labels,
+            buckets=GRPC_HANDLING_BUCKETS,
+            registry=registry,
+        )
+
+    def preregister(self, methods: Sequence[tuple[str, str, str]], codes: Sequence[str]) -> None:
+        """Zero series for every ``(grpc_type, grpc_service, grpc_method)`` and status code."""
+        for method in methods:
+            for metric in (self.started, self.msg_received, self.msg_sent, self.handling):
+                metric.labels(*method)
+            for code in codes:
+                self.handled.labels(*method, code)
 
 
 def exported_metric_names(registry: CollectorRegistry) -> set[str]:

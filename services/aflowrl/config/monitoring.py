@@ -42,8 +42,26 @@ class GrpcSpec(SpecModel):
     shutdown_grace_s: float = Field(default=20.0, ge=0.0, le=3600.0)
     """Seconds in-flight calls get to finish on SIGTERM (keep below the pod's termination grace)."""
     tls_secret: str | None = Field(default=None, max_length=253)
-    """kubernetes.io/tls Secret with the servers' certificate (clients trust its ca.crt);
-    empty: plaintext."""
+    """kubernetes.io/tls Secret (keys tls.crt, tls.key, ca.crt) mounted in every pod: servers
+    present tls.crt, clients verify servers with ca.crt; empty: plaintext. Its certificate needs
+    DNS names for the Services the trainer dials (``<run>-env.<namespace>.svc``,
+    ``<run>-rollout.<namespace>.svc``, ``*.<run>-learner.<namespace>.svc``) or the one name set
+    in ``tlsServerName``. Locally, ``AFLOWRL_TLS_DIR`` names such a directory instead."""
+    mtls: bool = False
+    """Mutual TLS: servers require a client certificate signed by the Secret's ca.crt, and
+    clients present the Secret's tls.crt (issue it with both server and client auth usages).
+    Needs TLS (``tlsSecret``, or ``AFLOWRL_TLS_DIR`` locally)."""
+    tls_server_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+    )
+    """Name every client verifies on every server's certificate, whatever address it dials;
+    empty: the Service DNS name dialled (the host of the target, also for the pod IPs resolved
+    from a headless Service)."""
+    health_port: Port = 50050
+    """With TLS on: plaintext port serving only the gRPC health service, for the kubelet's
+    ``grpc:`` probes (which cannot speak TLS); nothing else is served on it."""
     auth_token_secret: SecretKeyRef | None = None
     """Secret with a shared bearer token every call must carry; empty: no token."""
     max_concurrent_rpcs: int = Field(default=1024, ge=1, le=100000)

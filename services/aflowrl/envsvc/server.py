@@ -176,7 +176,12 @@ async def open_environment(
 
 @contextlib.asynccontextmanager
 async def running_server(
-    spec: RunSpec, *, host: str, port: int, metrics_port: int | None
+    spec: RunSpec,
+    *,
+    host: str,
+    port: int,
+    metrics_port: int | None,
+    health_port: int | None = None,
 ) -> AsyncIterator[GrpcServer]:
     """The environment service, SERVING once warm; everything closed on the way out."""
     check_spec(spec)
@@ -188,7 +193,12 @@ async def running_server(
             servicer.attach(await stack.enter_async_context(open_environment(spec, metrics)))
 
         options = ServerOptions.from_spec(
-            "environment", spec.grpc, port=port, metrics_port=metrics_port, host=host
+            "environment",
+            spec.grpc,
+            port=port,
+            metrics_port=metrics_port,
+            host=host,
+            health_port=health_port,
         )
         registration = ServiceRegistration(
             servicer, environment_pb2_grpc.add_EnvironmentServiceServicer_to_server, SERVICE_NAME
@@ -199,7 +209,16 @@ async def running_server(
             yield server
 
 
-async def serve(spec: RunSpec, *, host: str, port: int, metrics_port: int | None) -> None:
+async def serve(
+    spec: RunSpec,
+    *,
+    host: str,
+    port: int,
+    metrics_port: int | None,
+    health_port: int | None = None,
+) -> None:
     """Serve until SIGTERM / SIGINT (what ``aflowrl serve env`` runs)."""
-    async with running_server(spec, host=host, port=port, metrics_port=metrics_port) as server:
+    async with running_server(
+        spec, host=host, port=port, metrics_port=metrics_port, health_port=health_port
+    ) as server:
         await server.serve_until_signal()

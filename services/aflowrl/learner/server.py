@@ -45,7 +45,14 @@ def _stop_followers(learner: worker.Learner) -> None:
         distributed.shutdown()
 
 
-async def serve(spec: RunSpec, *, host: str, port: int, metrics_port: int | None) -> None:
+async def serve(
+    spec: RunSpec,
+    *,
+    host: str,
+    port: int,
+    metrics_port: int | None,
+    health_port: int | None = None,
+) -> None:
     """Run this rank until rank 0 is told to stop (SIGTERM / SIGINT)."""
     transport.check_weight_transport(spec)
     ctx = distributed.init_distributed()
@@ -62,7 +69,12 @@ async def serve(spec: RunSpec, *, host: str, port: int, metrics_port: int | None
     servicer = LearnerServicer(learner, metrics, default_chunk_bytes=_chunk_bytes(spec))
     metrics.policy_version.set(learner.state.policy_version)
     options = ServerOptions.from_spec(
-        "learner", spec.grpc, port=port, metrics_port=metrics_port, host=host
+        "learner",
+        spec.grpc,
+        port=port,
+        metrics_port=metrics_port,
+        host=host,
+        health_port=health_port,
     )
     registration = ServiceRegistration(
         servicer, learner_pb2_grpc.add_LearnerServiceServicer_to_server, SERVICE_NAME

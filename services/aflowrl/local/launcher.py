@@ -8,7 +8,10 @@
 - the learner (``aflowrl serve learner``; under torchrun when it has several ranks),
 
 all from the run's resolved spec file, waits until every one is SERVING, and yields their
-targets. On leaving (success, error, Ctrl-C, SIGTERM) every child is stopped
+targets (gRPC, and the ``/metrics`` endpoint of each, what a PodMonitor would scrape in a
+cluster). The launcher's health checks are clients like the trainer: with TLS on
+(``AFLOWRL_TLS_DIR``) they verify the children's certificates (and present one with
+``grpc.mtls``). On leaving (success, error, Ctrl-C, SIGTERM) every child is stopped
 (:mod:`aflowrl.local.processes`). Paths of the spec that point at a cluster volume
 (``trainer.checkpointDir`` and the filesystem weight transport's path under it, by default
 ``/checkpoints``) are moved into the run directory by :func:`local_spec`.
@@ -23,6 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from aflowrl.common.client import ChannelOptions
 from aflowrl.config import FilesystemTransportSpec, RunSpec, TrainerSpec
 from aflowrl.local.processes import ProcessGroup, free_ports
 
@@ -46,6 +50,8 @@ class LocalTargets:
     env: list[str]
     rollout: list[str]
     learner: str
+    metrics: dict[str, str]
+    """``host:port`` of each child's ``/metrics``, by child name (``env-0``, ``learner``...)."""
 
 
 def local_spec(spec: RunSpec, run_dir: Path) -> RunSpec:
@@ -84,10 +90,16 @@ def torchrun(ranks: int, rendezvous: str, run_id: str, args: list[str]) -> list[
     ]
 
 
-def service_commands(spec: RunSpec, spec_file: Path, ports: dict[str, int]) -> dict[str, list[str]]:
-    """The command line of every child, by name (``env-0``..., ``rollout-0``..., ``learner``)."""
+def service_commands(
+    spec: RunSpec, spec_file: Path, ports: dict[str, int], metrics_ports: dict[str, int]
+) -> dict[str, list[str]]:
+    """The command line of every child, by name (``env-0``..., ``rollout-0``..., ``learner``).
 
-    def serve(service: str, port: int) -> list[str]:
+    Each child gets its gRPC and metrics port; the plaintext health port that TLS adds for
+    kubelet probes is left to the system (no kubelet probes a local run).
+    """
+
+    def serve(service: str, name: str) -> list[str]:
         return [
             "-m",
             "aflowrl",
@@ -98,23 +110,25 @@ def service_commands(spec: RunSpec, spec_file: Path, ports: dict[str, int]) -> d
             "--host",
             "127.0.0.1",
             "--port",
-            str(port),
+            str(ports[name]),
             "--metrics-port",
+            str(metrics_ports[name]),
+            "--health-port",
             "0",
         ]
 
     commands: dict[str, list[str]] = {}
     ranks = spec.learner.world_size
-    learner = serve("learner", ports["learner"])
+    learner = serve("learner", "learner")
     if ranks > 1:
         endpoint = f"127.0.0.1:{ports['rendezvous']}"
         commands["learner"] = torchrun(ranks, endpoint, "aflowrl-local", learner)
     else:
         commands["learner"] = [sys.executable, *learner]
-    for name, port in ports.items():
+    for name in ports:
         if name.startswith(("env-", "rollout-")):
             service = "env" if name.startswith("env-") else "rollout"
-            commands[name] = [sys.executable, *serve(service, port)]
+            commands[name] = [sys.executable, *serve(service, name)]
     return commands
 
 
@@ -132,11 +146,14 @@ async def local_services(
         from aflowrl.trainer.records import RunDirectory
 
         RunDirectory(run_dir).write_spec(spec)
-    names = [f"env-{i}" for i in range(spec.environment.replicas.min)]
-    names += [f"rollout-{i}" for i in range(spec.rollout.replicas)]
-    names += ["learner", "rendezvous"]
-    ports = dict(zip(names, free_ports(len(names)), strict=True))
-    commands = service_commands(spec, spec_file, ports)
+    services = [f"env-{i}" for i in range(spec.environment.replicas.min)]
+    services += [f"rollout-{i}" for i in range(spec.rollout.replicas)]
+    services += ["learner"]
+    names = [*services, "rendezvous", *(f"{name}/metrics" for name in services)]
+    free = dict(zip(names, free_ports(len(names)), strict=True))
+    ports = {name: free[name] for name in [*services, "rendezvous"]}
+    metrics_ports = {name: free[f"{name}/metrics"] for name in services}
+    commands = service_commands(spec, spec_file, ports, metrics_ports)
     # A few processes share the cores of one machine: one BLAS/OpenMP thread each unless the
     # user chose otherwise.
     thread_env = {"OMP_NUM_THREADS": str(threads_per_service)}
@@ -145,7 +162,8 @@ async def local_services(
     if "OMP_NUM_THREADS" in envs.child_environment():
         thread_env = {}
     grace = spec.grpc.shutdown_grace_s + 5.0
-    with ProcessGroup(run_dir / "logs", grace_s=grace) as group:
+    health_checks = ChannelOptions.from_spec(spec.grpc, timeout_s=10.0)
+    with ProcessGroup(run_dir / "logs", grace_s=grace, channel_options=health_checks) as group:
         # Learner and rollout first: they load torch, the slowest start.
         for name in ["learner", *(n for n in commands if n != "learner")]:
             group.start(name, commands[name], ports[name], env=thread_env)
@@ -154,5 +172,6 @@ async def local_services(
             env=[c.target for c in group.children if c.name.startswith("env-")],
             rollout=[c.target for c in group.children if c.name.startswith("rollout-")],
             learner=next(c.target for c in group.children if c.name == "learner"),
+            metrics={name: f"127.0.0.1:{port}" for name, port in metrics_ports.items()},
         )
         yield targets, group

@@ -11,7 +11,9 @@ checks look at what the spec points to:
 - the executor: an ``openai`` endpoint must answer HTTP at ``baseUrl`` (any status will do: it
   proves something listens); ``serve`` exists only on Kubernetes;
 - the policy: a model directory must hold a ``config.json``; ``tiny`` is built on first use;
-- the weight transport: ``nccl`` is not implemented.
+- the weight transport: ``nccl`` is not implemented;
+- gRPC TLS: ``grpc.tlsSecret`` is a Kubernetes Secret, so a local run takes the directory of
+  ``AFLOWRL_TLS_DIR`` instead, and its certificate files must load (``grpc.mtls`` needs TLS).
 
 Used by :mod:`aflowrl.cli.train` for local runs (a cluster's pods check their own inputs).
 """
@@ -24,8 +26,9 @@ import urllib.request
 from pathlib import Path
 
 from aflowrl import envs
+from aflowrl.common import tls
 from aflowrl.config import BUILT_IN_MODELS, OpenAIExecutorSpec, RunSpec
-from aflowrl.errors import AflowRLError
+from aflowrl.errors import AflowRLError, InvalidInputError
 from aflowrl.local.errors import PreflightError
 
 logger = logging.getLogger(__name__)
@@ -103,8 +106,27 @@ def check_transport(spec: RunSpec) -> None:
         )
 
 
+def check_tls(spec: RunSpec) -> None:
+    """TLS asked for has its certificates here (module docstring)."""
+    if spec.grpc.tls_secret is not None and envs.AFLOWRL_TLS_DIR is None:
+        raise PreflightError(
+            f"{spec.grpc.tls_secret!r} is a Kubernetes Secret, which a local run cannot mount: "
+            "set AFLOWRL_TLS_DIR to a directory holding its tls.crt, tls.key and ca.crt",
+            field="spec.grpc.tlsSecret",
+        )
+    try:
+        tls.server_tls_from_spec(spec.grpc)
+        tls.client_tls_from_spec(spec.grpc)
+    except InvalidInputError as exc:
+        field = exc.field or "grpc"
+        if field.startswith("grpc"):  # a spec field, else the variable naming the directory
+            field = f"spec.{field}"
+        raise PreflightError(exc.reason, field=field) from None
+
+
 def check_local_run(spec: RunSpec) -> None:
     """Every check of the module docstring, cheapest first."""
+    check_tls(spec)
     check_transport(spec)
     check_policy(spec)
     check_executor(spec)

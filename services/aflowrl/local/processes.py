@@ -38,6 +38,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from aflowrl import envs
+from aflowrl.common.client import ChannelOptions, explain_failure, make_channel
 from aflowrl.local.errors import ServiceStartError
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ class ProcessGroup:
     log_dir: Path
     grace_s: float = 25.0
     """Seconds a child gets after SIGTERM before SIGKILL."""
+    channel_options: ChannelOptions = field(default_factory=ChannelOptions)
+    """How health checks reach the children: the run's TLS and token (the run's clients')."""
     children: list[Child] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -137,7 +140,7 @@ class ProcessGroup:
     async def _wait_one(self, child: Child, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         last = "no answer"
-        async with aio.insecure_channel(child.target) as channel:
+        async with make_channel(child.target, self.channel_options) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
                 if not child.alive():
@@ -152,7 +155,12 @@ class ProcessGroup:
                         return
                     last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
                 except aio.AioRpcError as exc:
-                    last = exc.code().name
+                    last, transient = explain_failure(exc, self.channel_options.tls)
+                    if not transient:
+                        raise ServiceStartError(
+                            f"{child.name} refused: {last}; the end of {child.log}:\n"
+                            f"{child.log_tail()}"
+                        ) from None
                 await asyncio.sleep(0.25)
         raise ServiceStartError(
             f"{child.name} was not serving after {timeout_s:.0f}s ({last}); the end of "

@@ -29,8 +29,12 @@ async def run_local(
     on_started: Callable[[LocalTargets, ProcessGroup], None] | None = None,
     actor: Actor | None = None,
     train_policy: bool = True,
+    metrics_port: int | None = None,
 ) -> RunResult:
-    """Start the services of ``spec`` (resolved with ``local_spec``), train, stop them."""
+    """Start the services of ``spec`` (resolved with ``local_spec``), train, stop them.
+
+    ``metrics_port``: serve the trainer's ``/metrics`` there (0: a free port); None: not served.
+    """
     async with local_services(spec, run_dir, startup_timeout_s=startup_timeout_s) as started:
         targets, group = started
         if on_started is not None:
@@ -39,6 +43,12 @@ async def run_local(
             spec, env=targets.env, rollout=targets.rollout, learner=targets.learner
         )
         result = await app.train(
-            spec, services, run_dir, progress=progress, actor=actor, train_policy=train_policy
+            spec,
+            services,
+            run_dir,
+            progress=progress,
+            actor=actor,
+            train_policy=train_policy,
+            metrics_port=metrics_port,
         )
     return result

@@ -6,6 +6,9 @@ from prometheus_client import CollectorRegistry
 
 from aflowrl.common.metrics import ComponentMetrics
 
+REFUSAL_REASONS = ("stale", "partial", "corrupt", "mismatch", "interrupted")
+"""The ``reason`` label of ``weight_updates_refused_total`` (see the servicer's ``_refused``)."""
+
 
 class RolloutMetrics(ComponentMetrics):
     """Metrics of one rollout replica."""
@@ -37,3 +40,5 @@ class RolloutMetrics(ComponentMetrics):
             "Weight updates refused (stale, partial, corrupt).",
             ["reason"],
         )
+        for reason in REFUSAL_REASONS:  # zero series from the start: a refusal rate exists
+            self.weight_updates_refused.labels(reason)

@@ -53,7 +53,14 @@ def build_servicer(
     )
 
 
-async def serve(spec: RunSpec, *, host: str, port: int, metrics_port: int | None) -> None:
+async def serve(
+    spec: RunSpec,
+    *,
+    host: str,
+    port: int,
+    metrics_port: int | None,
+    health_port: int | None = None,
+) -> None:
     """Serve until SIGTERM / SIGINT; the engine is closed on every path."""
     transport.check_weight_transport(spec)
     engine = build_engine(spec)
@@ -69,7 +76,12 @@ async def serve(spec: RunSpec, *, host: str, port: int, metrics_port: int | None
                 await servicer.load_directory(str(latest[0]), latest[1])
 
     options = ServerOptions.from_spec(
-        "rollout", spec.grpc, port=port, metrics_port=metrics_port, host=host
+        "rollout",
+        spec.grpc,
+        port=port,
+        metrics_port=metrics_port,
+        host=host,
+        health_port=health_port,
     )
     registration = ServiceRegistration(
         servicer,

@@ -14,12 +14,11 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from aflowrl import envs
-from aflowrl.common.client import MIB, ChannelOptions, make_channel, wait_until_serving
+from aflowrl.common.client import ChannelOptions, make_channel, target_host, wait_until_serving
 from aflowrl.common.metrics import MetricsHttpServer
 from aflowrl.common.run_status import RunStatusReporter
 from aflowrl.config import RunSpec
-from aflowrl.errors import DeadlineExceededError
+from aflowrl.errors import DeadlineExceededError, PermanentError
 from aflowrl.trainer.acting import Actor
 from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutClient, replica_targets
 from aflowrl.trainer.loop import RunResult, Services, Trainer
@@ -40,12 +39,12 @@ def _addresses(target: str | Sequence[str]) -> list[str]:
 
 
 def channel_options(spec: RunSpec, timeout_s: float) -> ChannelOptions:
-    """Channel options of the run (message size, auth token from a mounted Secret)."""
-    return ChannelOptions(
-        timeout_s=timeout_s,
-        max_message_bytes=spec.grpc.max_message_mib * MIB,
-        auth_token=envs.AFLOWRL_AUTH_TOKEN,
-    )
+    """Channel options of the run (message size, TLS, auth token from the mounted Secrets)."""
+    return ChannelOptions.from_spec(spec.grpc, timeout_s=timeout_s)
+
+
+def _host(target: str | Sequence[str]) -> str | None:
+    return target_host(target) if isinstance(target, str) else None
 
 
 def connect(
@@ -67,7 +66,7 @@ def connect(
         ),
         rollout=RolloutClient(_target(rollout), options=channel_options(spec, 1800.0)),
         learner=LearnerClient(learner, options=channel_options(spec, 3600.0)),
-        weights=make_weight_sync(spec, learner, rollouts),
+        weights=make_weight_sync(spec, learner, rollouts, rollout_server_name=_host(rollout)),
     )
 
 
@@ -81,21 +80,24 @@ async def wait_for_services(
     learner_needed: bool = True,
 ) -> None:
     """Wait until every replica of every service is SERVING; the error names the flag."""
-    checks: list[tuple[str, str]] = [("--env", a) for a in _addresses(env)]
-    checks += [("--rollout", a) for a in _addresses(rollout)]
+    checks = [("--env", a, _host(env)) for a in _addresses(env)]
+    checks += [("--rollout", a, _host(rollout)) for a in _addresses(rollout)]
     if learner_needed:
-        checks.append(("--learner", learner))
+        checks.append(("--learner", learner, None))
+    options = channel_options(spec, 10.0)
 
-    async def one(flag: str, address: str) -> None:
-        channel = make_channel(address, channel_options(spec, 10.0))
+    async def one(flag: str, address: str, server_name: str | None) -> None:
+        channel = make_channel(address, options, server_name=server_name)
         try:
-            await wait_until_serving(channel, timeout_s=timeout_s)
+            await wait_until_serving(channel, timeout_s=timeout_s, tls=options.tls)
         except DeadlineExceededError as exc:
             raise DeadlineExceededError(f"{flag} {address}: {exc}") from None
+        except PermanentError as exc:
+            raise PermanentError(f"{flag} {address}: {exc}") from None
         finally:
             await channel.close()
 
-    await asyncio.gather(*(one(flag, address) for flag, address in checks))
+    await asyncio.gather(*(one(*check) for check in checks))
 
 
 async def train(

@@ -21,7 +21,10 @@
 
 The weight transports (:mod:`aflowrl.trainer.weight_sync`) use the channels of a
 :class:`LearnerClient` and a :class:`RolloutClient`. Channels come from
-:func:`aflowrl.common.client.make_channel`. Used by :mod:`aflowrl.trainer.app` and the loop.
+:func:`aflowrl.common.client.make_channel`. With TLS, a channel to a replica's IP verifies the
+server certificate against the Service name the IP was resolved from (``server_name``), so
+certificates carry Service DNS names, never pod IPs. Used by :mod:`aflowrl.trainer.app` and the
+loop.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from aflowrl._proto.v1 import (
     rollout_pb2,
     rollout_pb2_grpc,
 )
-from aflowrl.common.client import ChannelOptions, error_from_rpc, make_channel
+from aflowrl.common.client import ChannelOptions, error_from_rpc, make_channel, target_host
 from aflowrl.errors import InvalidInputError
 from aflowrl.search import encoding
 from aflowrl.trainer.errors import NoReplicaError
@@ -59,6 +62,12 @@ from aflowrl.trainer.rows import Decision
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def _server_name(target: str | Sequence[str], server_name: str | None) -> str | None:
+    if server_name is not None or not isinstance(target, str):
+        return server_name
+    return target_host(target)
 
 
 def replica_targets(target: str) -> list[str]:
@@ -86,9 +95,12 @@ class RolloutClient:
         *,
         options: ChannelOptions | None = None,
         resolve: Callable[[str], list[str]] = replica_targets,
+        server_name: str | None = None,
     ) -> None:
         self.target = target
         self.options = options or ChannelOptions(timeout_s=600.0)
+        self.server_name = _server_name(target, server_name)
+        """Name verified on the replicas' certificates; default: the host of ``target``."""
         self._resolve = resolve
         self._stubs: dict[str, Any] = {}
         self._channels: dict[str, aio.Channel] = {}
@@ -99,7 +111,7 @@ class RolloutClient:
         addresses = sorted(set(targets))
         for address in addresses:
             if address not in self._stubs:
-                channel = make_channel(address, self.options)
+                channel = make_channel(address, self.options, server_name=self.server_name)
                 self._channels[address] = channel
                 self._stubs[address] = rollout_pb2_grpc.RolloutServiceStub(channel)
         return addresses
@@ -250,9 +262,12 @@ class EnvironmentClient:
         step_timeout_s: float = 1800.0,
         cooldown_s: float = 10.0,
         resolve: Callable[[str], list[str]] = replica_targets,
+        server_name: str | None = None,
     ) -> None:
         self.target = target
         self.options = options or ChannelOptions(timeout_s=60.0)
+        self.server_name = _server_name(target, server_name)
+        """Name verified on the replicas' certificates; default: the host of ``target``."""
         self.step_timeout_s = step_timeout_s
         self.cooldown_s = cooldown_s
         self._resolve = resolve
@@ -272,7 +287,7 @@ class EnvironmentClient:
         addresses = sorted(set(await asyncio.to_thread(self._addresses)))  # DNS may block
         for address in addresses:
             if address not in self._replicas:
-                channel = make_channel(address, self.options)
+                channel = make_channel(address, self.options, server_name=self.server_name)
                 stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
                 self._replicas[address] = _Replica(address, channel, stub)
         for address in [a for a in self._replicas if a not in addresses]:

@@ -104,9 +104,17 @@ class WeightSync(abc.ABC):
 class _Replicas:
     """The learner and every rollout replica, through the trainer's clients."""
 
-    def __init__(self, learner: str, rollouts: Sequence[str], options: ChannelOptions) -> None:
+    def __init__(
+        self,
+        learner: str,
+        rollouts: Sequence[str],
+        options: ChannelOptions,
+        rollout_server_name: str | None = None,
+    ) -> None:
         self.learner = LearnerClient(learner, options=options)
-        self.rollout = RolloutClient(list(rollouts), options=options)
+        self.rollout = RolloutClient(
+            list(rollouts), options=options, server_name=rollout_server_name
+        )
         self.targets = list(rollouts)
 
     async def versions(self) -> list[int | str]:
@@ -130,8 +138,11 @@ class GrpcWeightSync(WeightSync):
         dtype: str = "",
         queue_chunks: int = 4,
         options: ChannelOptions | None = None,
+        rollout_server_name: str | None = None,
     ) -> None:
-        self._replicas = _Replicas(learner, rollouts, options or ChannelOptions(timeout_s=600.0))
+        self._replicas = _Replicas(
+            learner, rollouts, options or ChannelOptions(timeout_s=600.0), rollout_server_name
+        )
         self.chunk_bytes = chunk_bytes
         self.dtype = dtype
         self.queue_chunks = queue_chunks
@@ -276,9 +287,16 @@ class FilesystemWeightSync(WeightSync):
     """Export on the shared volume, then ``LoadWeights`` on every replica."""
 
     def __init__(
-        self, learner: str, rollouts: Sequence[str], *, options: ChannelOptions | None = None
+        self,
+        learner: str,
+        rollouts: Sequence[str],
+        *,
+        options: ChannelOptions | None = None,
+        rollout_server_name: str | None = None,
     ) -> None:
-        self._replicas = _Replicas(learner, rollouts, options or ChannelOptions(timeout_s=600.0))
+        self._replicas = _Replicas(
+            learner, rollouts, options or ChannelOptions(timeout_s=600.0), rollout_server_name
+        )
 
     async def push(self) -> PushReport:
         started = time.perf_counter()
@@ -339,15 +357,22 @@ def wire_dtype(spec: RunSpec) -> str:
     return "bfloat16" if spec.rollout.resources.gpus > 0 else "float32"
 
 
-def make_weight_sync(spec: RunSpec, learner: str, rollouts: Sequence[str]) -> WeightSync:
+def make_weight_sync(
+    spec: RunSpec,
+    learner: str,
+    rollouts: Sequence[str],
+    *,
+    rollout_server_name: str | None = None,
+) -> WeightSync:
     """The :class:`WeightSync` of ``spec.weightTransport`` between ``learner`` and ``rollouts``.
 
     ``rollouts`` lists every replica (see :func:`aflowrl.trainer.clients.replica_targets` for a
-    headless Service).
+    headless Service); with TLS their certificates are verified against
+    ``rollout_server_name`` (that Service's DNS name). Channels carry the run's TLS and token.
     """
     transport = spec.weight_transport
     max_message = spec.grpc.max_message_mib * _MIB
-    options = ChannelOptions(timeout_s=600.0, max_message_bytes=max_message)
+    options = ChannelOptions.from_spec(spec.grpc, timeout_s=600.0)
     if transport.type == "grpc":
         return GrpcWeightSync(
             learner,
@@ -355,9 +380,12 @@ def make_weight_sync(spec: RunSpec, learner: str, rollouts: Sequence[str]) -> We
             chunk_bytes=min(transport.chunk_mib * _MIB, max_message - 64 * 1024),
             dtype=wire_dtype(spec),
             options=options,
+            rollout_server_name=rollout_server_name,
         )
     if transport.type == "filesystem":
-        return FilesystemWeightSync(learner, rollouts, options=options)
+        return FilesystemWeightSync(
+            learner, rollouts, options=options, rollout_server_name=rollout_server_name
+        )
     return NcclWeightSync()
 
 

@@ -1,4 +1,4 @@
-"""Every component's metric catalogue builds and follows the naming rule."""
+"""Every component's metric catalogue builds, follows the naming rule and has process metrics."""
 
 from __future__ import annotations
 
@@ -17,5 +17,9 @@ from aflowrl.trainer.metrics import TrainerMetrics
 def test_catalogue_builds_in_its_own_registry(factory):
     first, second = factory(), factory()  # separate registries: no duplicate-name clash
     names = exported_metric_names(first.registry)
-    assert names and all(name.startswith(f"aflowrl_{first.component}_") for name in names)
+    own = {name for name in names if not name.startswith(("process_", "python_"))}
+    assert own and all(name.startswith(f"aflowrl_{first.component}_") for name in own)
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes"} <= names
+    # The label catalogue names what is exported (a counter's family drops its "_total").
+    assert {name.removesuffix("_total") for name in first.label_names} <= names
     assert exported_metric_names(second.registry) == names

@@ -121,13 +121,18 @@ def test_cluster_paths_move_into_the_run_directory(tmp_path):
 def test_service_commands_start_learner_ranks_under_torchrun():
     spec = _spec(learner={"procsPerNode": 2})
     ports = {"env-0": 1, "env-1": 2, "rollout-0": 3, "learner": 4, "rendezvous": 5}
-    commands = service_commands(spec, Path("/run/spec.yaml"), ports)
+    metrics = {"env-0": 11, "env-1": 12, "rollout-0": 13, "learner": 14}
+    commands = service_commands(spec, Path("/run/spec.yaml"), ports, metrics)
     assert sorted(commands) == ["env-0", "env-1", "learner", "rollout-0"]
     learner = commands["learner"]
     assert learner[1:3] == ["-m", "torch.distributed.run"]
     assert learner[learner.index("--nproc-per-node") + 1] == "2"
-    assert learner[-10:-6] == ["serve", "learner", "--spec", "/run/spec.yaml"]
-    assert commands["env-1"][3:5] == ["serve", "env"] and "2" in commands["env-1"]
+    assert learner[-12:-8] == ["serve", "learner", "--spec", "/run/spec.yaml"]
+    assert learner[-4:] == ["--metrics-port", "14", "--health-port", "0"]
+    env_1 = commands["env-1"]
+    assert env_1[3:5] == ["serve", "env"]
+    assert env_1[env_1.index("--port") + 1] == "2"
+    assert env_1[env_1.index("--metrics-port") + 1] == "12"
 
 
 def test_the_embedded_default_run_is_the_tiny_surrogate_humaneval_run():
@@ -139,3 +144,22 @@ def test_the_embedded_default_run_is_the_tiny_surrogate_humaneval_run():
     assert spec.environment.replicas.min == 2 and spec.rollout.engine == "hf"
     assert spec.environment.search.max_admissible_actions <= 9  # one-digit replies
     preflight.check_local_run(spec)
+
+
+def test_tls_asked_for_without_certificates_here_is_refused(monkeypatch, tmp_path):
+    monkeypatch.delenv("AFLOWRL_TLS_DIR", raising=False)
+    with pytest.raises(PreflightError, match="set AFLOWRL_TLS_DIR") as info:
+        preflight.check_tls(_spec(grpc={"tlsSecret": "grpc-tls"}))
+    assert info.value.field == "spec.grpc.tlsSecret"
+    with pytest.raises(PreflightError, match="mutual TLS needs TLS") as info:
+        preflight.check_tls(_spec(grpc={"mtls": True}))
+    assert info.value.field == "spec.grpc.mtls"
+    (tmp_path / "tls.crt").write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+    monkeypatch.setenv("AFLOWRL_TLS_DIR", str(tmp_path))
+    with pytest.raises(PreflightError, match=r"tls\.key is missing") as info:
+        preflight.check_tls(_spec(grpc={"tlsSecret": "grpc-tls"}))
+    assert info.value.field == "AFLOWRL_TLS_DIR"
+    with pytest.raises(PreflightError, match=r"tls\.key is missing"):
+        preflight.check_tls(_spec())  # AFLOWRL_TLS_DIR alone turns TLS on: its files are checked
+    monkeypatch.delenv("AFLOWRL_TLS_DIR")
+    preflight.check_tls(_spec())  # plaintext

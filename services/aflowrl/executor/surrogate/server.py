@@ -37,7 +37,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from aflowrl.common.metrics import ComponentMetrics, metrics_handler, start_http
+from aflowrl.common.metrics import ComponentMetrics, metrics_handler, new_registry, start_http
 from aflowrl.errors import InvalidInputError
 from aflowrl.executor.surrogate.executor import Completion, SurrogateExecutor
 from aflowrl.executor.surrogate.protocol import (
@@ -119,7 +119,7 @@ class SurrogateServer:
         self.host = host
         self.port = port
         self.models = names or (executor.model,)
-        self.registry = registry if registry is not None else CollectorRegistry()
+        self.registry = registry if registry is not None else new_registry()
         self.metrics = _Metrics(self.registry)
         self.created = int(time.time())
         self._runner: web.AppRunner | None = None
