@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from aflowrl.config import API_GROUP, API_VERSION, KIND
+from aflowrl.config.run import MAX_RUN_NAME
 
 RUN_LABEL = "aflowrl.io/run"
 """Label every child of a run carries: the run's name."""
@@ -29,9 +30,7 @@ SPEC_HASH = "aflowrl.io/spec-hash"
 TEMPLATE_HASH = "aflowrl.io/template-hash"
 """Job annotation: hash of the trainer pod template the Job was created with."""
 
-MAX_RUN_NAME = 40
-"""Longest TrainingRun name: children append suffixes such as ``-executor`` and StatefulSet pods
-get ``-learner-<ordinal>`` plus a revision hash in a 63-character label."""
+__all__ = ["MAX_RUN_NAME"]  # re-exported: the config owns the rule, the CRD enforces it
 
 
 @dataclasses.dataclass(frozen=True)

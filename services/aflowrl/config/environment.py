@@ -6,8 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from aflowrl.config._base import DnsLabel, Port, SpecModel
-from aflowrl.config.resources import ResourceSpec, SecretKeyRef
+from aflowrl.config._base import CelRule, DnsLabel, FieldRuleError, Port, ShortText, SpecModel
+from aflowrl.config.resources import ImageRef, ResourceSpec, SecretKeyRef
+from aflowrl.config.scheduling import PodOverrides
 
 Benchmark = Literal["gsm8k", "math", "humaneval", "mbpp", "hotpotqa", "drop"]
 """The six benchmarks of the AFlow paper."""
@@ -50,9 +51,9 @@ class ServedExecutorSpec(SpecModel):
         default_factory=lambda: ResourceSpec(cpu="4", memory="32Gi", gpus=1)
     )
     """Resources of one executor server pod."""
-    image: str = "vllm/vllm-openai:v0.11.0"
+    image: ImageRef = "vllm/vllm-openai:v0.11.0"
     """vLLM OpenAI-server image."""
-    extra_args: list[str] = Field(default_factory=list, max_length=64)
+    extra_args: list[ShortText] = Field(default_factory=list, max_length=64)
     """Extra command-line arguments of the vLLM server."""
 
 
@@ -61,7 +62,7 @@ class OpenAIExecutorSpec(SpecModel):
 
     type: Literal["openai"] = "openai"
     """Executor discriminator."""
-    base_url: str | None = Field(default=None, max_length=2048)
+    base_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s]+$")
     """Endpoint root, e.g. "https://api.openai.com/v1"; empty when ``serve`` is set."""
     model: str = Field(default="gpt-4o-mini", min_length=1, max_length=256)
     """Model name sent in requests (also keys the price table and the evaluation cache)."""
@@ -82,12 +83,22 @@ class OpenAIExecutorSpec(SpecModel):
     price: PriceSpec | None = None
     """Price of ``model``; empty uses the built-in price table (unknown models: cost unknown)."""
 
+    cel_rules = (
+        CelRule(
+            "{?baseUrl} != {?serve}",
+            "set exactly one of baseUrl (an existing endpoint) and serve (the operator serves "
+            "the model)",
+            "baseUrl",
+        ),
+    )
+
     @model_validator(mode="after")
     def _one_endpoint(self) -> OpenAIExecutorSpec:
         if (self.base_url is None) == (self.serve is None):
-            raise ValueError(
+            raise FieldRuleError(
+                "baseUrl",
                 "set exactly one of baseUrl (an existing endpoint) and serve (the operator "
-                "serves the model)"
+                "serves the model)",
             )
         return self
 
@@ -119,10 +130,12 @@ class ReplicaSpec(SpecModel):
     target_cpu_utilization: int = Field(default=70, ge=1, le=100)
     """HorizontalPodAutoscaler CPU target (percent of requests)."""
 
+    cel_rules = (CelRule("{min} <= {max}", "min exceeds max", "min"),)
+
     @model_validator(mode="after")
     def _min_le_max(self) -> ReplicaSpec:
         if self.min > self.max:
-            raise ValueError(f"min={self.min} exceeds max={self.max}")
+            raise FieldRuleError("min", f"min={self.min} exceeds max={self.max}")
         return self
 
 
@@ -204,11 +217,23 @@ class EnvironmentSpec(SpecModel):
     """The tree search of an episode."""
     port: Port = 50051
     """gRPC port of the environment service."""
+    pod: PodOverrides = Field(default_factory=PodOverrides)
+    """Labels, annotations and placement of the environment pods (``runtimeClassName`` gives
+    the code sandbox a stronger isolation boundary, e.g. gVisor)."""
+
+    cel_rules = (
+        CelRule(
+            "!{?data.persistentVolumeClaim} || {?data.dir}",
+            "data.dir must be set when data.persistentVolumeClaim is (it is the mount path)",
+            "data.dir",
+        ),
+    )
 
     @model_validator(mode="after")
     def _data_for_benchmark(self) -> EnvironmentSpec:
         if self.data.persistent_volume_claim is not None and self.data.dir is None:
-            raise ValueError(
-                "data.dir must be set when data.persistentVolumeClaim is (it is the mount path)"
+            raise FieldRuleError(
+                "data.dir",
+                "data.dir must be set when data.persistentVolumeClaim is (it is the mount path)",
             )
         return self
