@@ -10,6 +10,7 @@ creates them): the replica with the highest ``--priority`` works, the others sta
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import logging
 import socket
@@ -73,6 +74,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-format", choices=["text", "json"], default="text", help="log line format"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    tasks = parser.add_mutually_exclusive_group()
+    tasks.add_argument(
+        "--install-crd",
+        action="store_true",
+        help="server-side apply the TrainingRun CRD this operator was built with, wait until it "
+        "is established, and exit (the chart's pre-upgrade hook: `helm upgrade` never updates "
+        "crds/)",
+    )
+    tasks.add_argument(
+        "--check",
+        metavar="NAMESPACE/DEPLOYMENT",
+        help="check that the TrainingRun CRD is established and serves this operator's schema "
+        "and that the operator Deployment has a ready pod, then exit (the chart's `helm test`)",
+    )
     return parser
 
 
@@ -88,6 +103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.resync_interval <= 0:
         print("aflowrl-operator: error: --resync-interval must be positive", file=sys.stderr)
         return 2
+
+    if args.install_crd or args.check:
+        from aflowrl_operator import install
+
+        task = install.install_crd() if args.install_crd else install.check(args.check)
+        ok, message = asyncio.run(task)
+        print(f"aflowrl-operator: {message}", file=sys.stdout if ok else sys.stderr)
+        return 0 if ok else 1
 
     import kopf
     import prometheus_client

@@ -166,7 +166,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
     async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await _reconcile(body, memo, strict=True, delay=config.retry_delay_s)
 
-    @kopf.index(*resource, registry=registry)
+    @kopf.index(*resource, id="runs", registry=registry)
     def runs(namespace: str, name: str, uid: str, **_: Any) -> dict[Any, dict[str, Any]]:
         ref = {"metadata": {"name": name, "namespace": namespace, "uid": uid}}
         return {uid: ref, (namespace, name): ref}

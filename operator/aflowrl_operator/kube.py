@@ -66,6 +66,12 @@ KINDS: dict[str, Kind] = {
         Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
         Kind("v1", "Pod", "pods"),
         Kind("v1", "Node", "nodes", namespaced=False),
+        Kind(
+            "apiextensions.k8s.io/v1",
+            "CustomResourceDefinition",
+            "customresourcedefinitions",
+            namespaced=False,
+        ),
         Kind("apps/v1", "Deployment", "deployments"),
         Kind("apps/v1", "StatefulSet", "statefulsets"),
         Kind("batch/v1", "Job", "jobs"),
