@@ -302,6 +302,8 @@ def build(run: RunRef, spec: RunSpec, scale: Scale, *, monitoring_api: bool) -> 
         absent.append(("PodMonitor", run.name))
     if spec.scheduling.gang is not None and gpu_pods(spec):
         children.append(Child(pod_group(run, spec)))
+    else:
+        absent.append(("PodGroup", run.pod_group))
     job = trainer(
         run,
         spec,

@@ -64,6 +64,15 @@ RESOURCES: dict[str, tuple[str, bool, bool]] = {
     "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True, False),
 }
 MONITORING = {"monitoring.coreos.com/v1/podmonitors": ("PodMonitor", True, False)}
+KUEUE = {
+    "kueue.x-k8s.io/v1beta1/workloads": ("Workload", True, True),
+    "kueue.x-k8s.io/v1beta1/resourceflavors": ("ResourceFlavor", False, False),
+}
+COSCHEDULING = {"scheduling.x-k8s.io/v1alpha1/podgroups": ("PodGroup", True, True)}
+PEERING = {
+    "kopf.dev/v1/clusterkopfpeerings": ("ClusterKopfPeering", False, False),
+    "kopf.dev/v1/kopfpeerings": ("KopfPeering", True, False),
+}
 
 _VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -177,9 +186,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
     changed: list[tuple[str, str | None, str]] = attrs.field(factory=list, init=False)
     """Every write that changed an existing object: (plural, namespace, name)."""
 
-    def fail_next(self, method: str, plural: str, status: int = 500) -> None:
-        """Answer the next ``method`` request on ``plural`` (e.g. "POST", "jobs") with an error."""
-        self._failures.append((method.upper(), plural, status))
+    def fail_next(self, method: str, plural: str, status: int = 500, *, times: int = 1) -> None:
+        """Answer the next ``times`` ``method`` requests on ``plural`` (e.g. "POST", "jobs")
+        with an error."""
+        self._failures += [(method.upper(), plural, status)] * times
+
+    def clear_failures(self) -> None:
+        """Forget the failures still to inject."""
+        self._failures.clear()
 
     def count_created(self, plural: str, name: str | None = None) -> int:
         """How many times an object of ``plural`` (and ``name``) was created."""

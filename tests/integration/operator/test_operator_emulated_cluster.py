@@ -16,7 +16,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from kube_emulator import RESOURCES, KubeEmulator
+from kube_emulator import COSCHEDULING, KUEUE, MONITORING, RESOURCES, KubeEmulator
 from operator_harness import NAMESPACE, RESYNC_S, RUNS, Cluster
 
 from aflowrl.common.run_status import RunStatusReporter
@@ -484,10 +484,12 @@ async def test_deleting_a_run_removes_its_children_for_good(cluster: Cluster):
 
 
 async def test_an_operator_restart_mid_pass_creates_nothing_twice(cluster: Cluster):
-    cluster.emulator.fail_next("POST", "jobs")  # the first pass dies before the Job
+    # Passes die before the Job (child events start more passes than one: keep failing).
+    cluster.emulator.fail_next("POST", "jobs", times=10_000)
     await cluster.create_run("demo", TINY)
     await cluster.eventually(lambda: cluster.child(HPAS, "demo-env"), what="a partial pass")
     await cluster.stop_operator()
+    cluster.emulator.clear_failures()
     assert cluster.child(JOBS, "demo-trainer") is None
     await cluster.emulator.delete_object(SERVICES, NAMESPACE, "demo-env")  # drift meanwhile
     changes_before = len([w for w in cluster.emulator.changed if w[0] != "trainingruns"])
@@ -544,7 +546,11 @@ async def test_more_gpus_per_pod_than_any_node_offers_is_unschedulable(cluster: 
 def test_the_emulator_declares_every_kind_the_operator_uses():
     from aflowrl_operator.kube import KINDS
 
-    declared = {kind for kind, _, _ in RESOURCES.values()} | {"PodMonitor"}
+    declared = {
+        kind
+        for table in (RESOURCES, MONITORING, KUEUE, COSCHEDULING)
+        for kind, _, _ in table.values()
+    }
     assert set(KINDS) <= declared
     assert isinstance(KubeEmulator, type)
 
