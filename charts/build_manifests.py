@@ -70,9 +70,7 @@ def is_hook(text: str) -> bool:
     return "helm.sh/hook" in ((doc.get("metadata") or {}).get("annotations") or {})
 
 
-def rendered_documents(
-    values: dict | None = None, *, hooks: bool = True
-) -> list[tuple[str, str]]:
+def rendered_documents(values: dict | None = None, *, hooks: bool = True) -> list[tuple[str, str]]:
     """(source path, YAML text) of every object the chart renders, CRDs first, Helm's order."""
     chart = helm.Chart.load(CHART)
     docs: list[tuple[str, str]] = [
@@ -83,9 +81,7 @@ def rendered_documents(
     for path in sorted(rendered):
         if not path.endswith(".yaml"):
             continue  # NOTES.txt
-        templates += [
-            (path, body) for body in _split(rendered[path]) if hooks or not is_hook(body)
-        ]
+        templates += [(path, body) for body in _split(rendered[path]) if hooks or not is_hook(body)]
 
     def rank(item: tuple[str, str]) -> int:
         kind = yaml.safe_load(item[1]).get("kind", "")
@@ -95,9 +91,7 @@ def rendered_documents(
 
 
 def install_yaml() -> str:
-    parts = [
-        f"---\n# Source: {path}\n{body}\n" for path, body in rendered_documents(hooks=False)
-    ]
+    parts = [f"---\n# Source: {path}\n{body}\n" for path, body in rendered_documents(hooks=False)]
     return HEADER + "".join(parts)
 
 

@@ -100,7 +100,9 @@ async def scale(api: KubeApi, live: JsonDict, replicas: int) -> bool:
         "spec": {"replicas": replicas},
     }
     await api.apply(body, field_manager=SCALE_MANAGER)
-    logger.info("scaled %s %s/%s to %d", live["kind"], meta.get("namespace"), meta["name"], replicas)
+    logger.info(
+        "scaled %s %s/%s to %d", live["kind"], meta.get("namespace"), meta["name"], replicas
+    )
     return True
 
 

@@ -241,7 +241,9 @@ def kueue_workload(
         if child.kind in {"Deployment", "StatefulSet"} and counts.get(component):
             template = child.manifest["spec"]["template"]
             pod_sets.append({"name": component, "count": counts[component], "template": template})
-    pod_sets.append({"name": "trainer", "count": 1, "template": desired.trainer_job["spec"]["template"]})
+    pod_sets.append(
+        {"name": "trainer", "count": 1, "template": desired.trainer_job["spec"]["template"]}
+    )
     shape = [
         (ps["name"], ps["count"], [c["resources"] for c in ps["template"]["spec"]["containers"]])
         for ps in pod_sets

@@ -167,18 +167,14 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         await _reconcile(body, memo, strict=True, delay=config.retry_delay_s)
 
     @kopf.index(*resource, id="runs", registry=registry)
-    def runs(namespace: str, name: str, uid: str, **_: Any) -> dict[Any, dict[str, Any]]:
+    def runs(namespace: str | None, name: str, uid: str, **_: Any) -> dict[Any, dict[str, Any]]:
         ref = {"metadata": {"name": name, "namespace": namespace, "uid": uid}}
         return {uid: ref, (namespace, name): ref}
 
     async def child_changed(
-        labels: kopf.Labels,
-        meta: kopf.Meta,
-        namespace: str | None,
-        runs: kopf.Index[Any, dict[str, Any]],
-        memo: kopf.Memo,
-        **_: Any,
+        labels: kopf.Labels, meta: kopf.Meta, namespace: str | None, memo: kopf.Memo, **kwargs: Any
     ) -> None:
+        runs: kopf.Index[Any, dict[str, Any]] = kwargs["runs"]  # the index above
         owners = [
             ref["uid"]
             for ref in meta.get("ownerReferences") or []

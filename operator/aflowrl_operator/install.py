@@ -12,21 +12,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 from aflowrl.config.crd import training_run_crd
 from aflowrl_operator.errors import ApiRejectedError, ApiUnavailableError
 from aflowrl_operator.kube import KubeApi, load_configuration
 
+JsonDict = dict[str, Any]
+
 CRD_MANAGER = "aflowrl-crd-installer"
 """Field manager of the CRD's fields (``kubectl apply --server-side`` users may share them)."""
 
 
-def _established(crd: dict | None) -> bool:
+def _established(crd: JsonDict | None) -> bool:
     conditions = ((crd or {}).get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
 
-def _same_schema(crd: dict | None) -> bool:
+def _same_schema(crd: JsonDict | None) -> bool:
     wanted = training_run_crd()["spec"]["versions"]
     served = ((crd or {}).get("spec") or {}).get("versions") or []
     schema = [v.get("schema") for v in served]
@@ -49,7 +52,10 @@ async def install_crd(*, api: KubeApi | None = None, timeout_s: float = 60.0) ->
             if _established(live):
                 return True, f"CustomResourceDefinition {name} applied and established"
             if loop.time() > deadline:
-                return False, f"CustomResourceDefinition {name} is not established after {timeout_s:.0f} s"
+                return (
+                    False,
+                    f"CustomResourceDefinition {name} is not established after {timeout_s:.0f} s",
+                )
             await asyncio.sleep(1.0)
     except (ApiRejectedError, ApiUnavailableError) as exc:
         return False, f"cannot apply CustomResourceDefinition {name}: {exc}"

@@ -74,7 +74,9 @@ def resources(res: ResourceSpec) -> JsonDict:
     return {"requests": requests, "limits": limits}
 
 
-def accelerator_env(spec: RunSpec, res: ResourceSpec, *, engine: str | None = None) -> list[JsonDict]:
+def accelerator_env(
+    spec: RunSpec, res: ResourceSpec, *, engine: str | None = None
+) -> list[JsonDict]:
     """NCCL settings of a learner or rollout pod (``spec.nccl``), and on GPUs the CUDA caching
     allocator's expandable segments (less fragmentation across varying sequence lengths).
 

@@ -301,7 +301,11 @@ class Reconciler:
                 self._record(actions, kind, name, "deleted")
         try:
             job_live = await self._ensure_job(
-                run, desired.trainer_job, job_live, suspended=scale.trainer_suspended, actions=actions
+                run,
+                desired.trainer_job,
+                job_live,
+                suspended=scale.trainer_suspended,
+                actions=actions,
             )
         except ChildConflictError as exc:
             problems.append(("ChildConflict", str(exc)))
@@ -357,10 +361,9 @@ class Reconciler:
         idle = trainer.active == 0 and not any(
             w.ready for w in (observed.rollout, observed.learner, observed.environment)
         )
-        if admission.evicted and idle:
-            # Held and every pod gone: release the quota and queue again with a new Workload.
-            if await remove(self.api, run, "Workload", run.workload):
-                self._record(actions, "Workload", run.workload, "deleted")
+        # Held and every pod gone: release the quota and queue again with a new Workload.
+        if admission.evicted and idle and await remove(self.api, run, "Workload", run.workload):
+            self._record(actions, "Workload", run.workload, "deleted")
         return observed
 
     async def _flavor_labels(self, admitted: kueue.Admission) -> dict[str, dict[str, str]]:

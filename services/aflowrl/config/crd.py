@@ -274,7 +274,8 @@ def immutable_rules() -> list[JsonDict]:
             if leaf.presence_only:
                 same = f"{{?{leaf.path}}} == {{old:?{leaf.path}}}"
             elif leaf.optional:
-                same = f"{{?{leaf.path}}} == {{old:?{leaf.path}}} && (!{{?{leaf.path}}} || {{!{leaf.path}}} == {{old:!{leaf.path}}})"
+                p = leaf.path
+                same = f"{{?{p}}} == {{old:?{p}}} && (!{{?{p}}} || {{!{p}}} == {{old:!{p}}})"
             else:
                 same = f"{{{leaf.path}}} == {{old:{leaf.path}}}"
             template = f"!({' && '.join(guards)}) || ({same})" if guards else same

@@ -24,8 +24,8 @@ from aflowrl.config.learner import GiGPOSpec, GRPOSpec, LearnerSpec, PPOSpec
 from aflowrl.config.monitoring import GrpcSpec, MonitoringSpec
 from aflowrl.config.policy import PolicySpec
 from aflowrl.config.resources import ImageSpec
-from aflowrl.config.scheduling import NcclSpec, SchedulingSpec
 from aflowrl.config.rollout import RolloutSpec
+from aflowrl.config.scheduling import NcclSpec, SchedulingSpec
 from aflowrl.config.trainer import TrainerSpec
 from aflowrl.config.transport import GrpcTransportSpec, WeightTransportSpec
 
@@ -128,7 +128,8 @@ class RunSpec(SpecModel):
         ),
         CelRule(
             "{rollout.engine} != 'vllm' "
-            "|| {rollout.vllm.maxModelLen} >= {policy.maxPromptTokens} + {policy.maxResponseTokens}",
+            "|| {rollout.vllm.maxModelLen} >= "
+            "{policy.maxPromptTokens} + {policy.maxResponseTokens}",
             "rollout.vllm.maxModelLen is below policy.maxPromptTokens + policy.maxResponseTokens",
             "rollout.vllm.maxModelLen",
         ),
@@ -172,7 +173,8 @@ class RunSpec(SpecModel):
                 (
                     "trainer.groupSize",
                     f"trainer.groupSize={self.trainer.group_size} is too small for "
-                    f"learner.algorithm.type={algo.type!r}: group advantages need at least 2 episodes",
+                    f"learner.algorithm.type={algo.type!r}: group advantages need at least 2 "
+                    "episodes",
                 )
             )
         if self.rollout.sampling.max_tokens > self.policy.max_response_tokens:
@@ -207,7 +209,8 @@ class RunSpec(SpecModel):
             broken.append(
                 (
                     "learner.loss.miniBatchSize",
-                    f"learner.loss.miniBatchSize={learner.loss.mini_batch_size} exceeds the rows of "
+                    f"learner.loss.miniBatchSize={learner.loss.mini_batch_size} exceeds the rows "
+                    "of "
                     f"one iteration (trainer.tasksPerIteration x trainer.groupSize x "
                     f"environment.search.maxSteps = {rows * env.search.max_steps})",
                 )

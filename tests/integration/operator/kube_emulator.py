@@ -500,7 +500,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         old, new = _leaves(before), _leaves(after)
         changed = {p for p in new if old.get(p, _ABSENT) != new[p]}
         owners = self._owners.setdefault(key, {})
-        for other, (op, fields) in list(owners.items()):
+        for _, fields in list(owners.values()):
             fields -= {p for p in fields if any(_related(p, c) for c in changed)}
             fields -= {p for p in fields if p not in new}
         op, fields = owners.get(manager, ("Update", set()))

@@ -213,6 +213,7 @@ async def test_two_peering_replicas_work_one_at_a_time(cluster: Cluster):
         "kopf.dev/v1/clusterkopfpeerings",
         {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "aflow"}},
     )
+
     def peers() -> int:
         peering = cluster.emulator.read("kopf.dev/v1/clusterkopfpeerings", None, "aflow") or {}
         return len(peering.get("status") or {})

@@ -19,7 +19,6 @@ K8S_VERSION = "1.30.0"
 sys.path.insert(0, str(ROOT / "charts"))
 import build_manifests  # noqa: E402
 
-
 CUSTOM_KINDS = {
     "ServiceMonitor": "monitoring.coreos.com/v1",
     "ClusterKopfPeering": "kopf.dev/v1",

@@ -6,6 +6,8 @@ CRD's CEL rules with a CEL interpreter). Updates exercise the transition rules (
 fields) against the operator's own immutability check.
 """
 
+# ruff: noqa: E501  (the tables keep one document per line)
+
 from __future__ import annotations
 
 import copy
