@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from crd_admission import admit
 
 from aflowrl.cli import main
 from aflowrl.config import RunSpec
 from aflowrl.config.run import immutable_changes
+from crd_admission import admit
 
 ROOT = Path(__file__).resolve().parents[3]
 

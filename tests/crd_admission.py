@@ -76,7 +76,10 @@ def _path(parts) -> str:
 
 @functools.cache
 def _validator() -> jsonschema.Draft7Validator:
-    return jsonschema.Draft7Validator(to_jsonschema(root_schema()))
+    schema = to_jsonschema(root_schema())
+    # ObjectMeta is the server's own: the CRD may only constrain name and generateName.
+    schema["properties"]["metadata"]["additionalProperties"] = True
+    return jsonschema.Draft7Validator(schema)
 
 
 def _schema_errors(obj: Json) -> set[str]:
