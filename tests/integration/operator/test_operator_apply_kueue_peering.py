@@ -242,3 +242,58 @@ async def test_two_peering_replicas_work_one_at_a_time(cluster: Cluster):
     )
     await cluster.eventually(lambda: second.passes() > 0, what="the second replica's passes")
     assert cluster.emulator.count_created("deployments", "demo-rollout") == 1
+
+
+async def test_the_chart_hooks_install_the_crd_and_check_the_install(cluster: Cluster):
+    import asyncio
+
+    import kubernetes
+
+    from aflowrl.config.crd import training_run_crd
+    from aflowrl_operator import install
+    from aflowrl_operator.kube import KubeApi
+
+    crds = "apiextensions.k8s.io/v1/customresourcedefinitions"
+    configuration = kubernetes.client.Configuration()
+    configuration.host = cluster.url
+    api = KubeApi(configuration)
+    try:
+        ok, message = await install.check("aflow-rl/aflow-rl-operator", api=api)
+        assert not ok and "missing or not established" in message
+        task = asyncio.create_task(install.install_crd(api=api, timeout_s=30))
+        crd = await cluster.eventually(
+            lambda: cluster.emulator.read(crds, None, "trainingruns.aflowrl.io"), what="the CRD"
+        )
+        assert crd["spec"] == training_run_crd()["spec"]
+        managers = cluster.emulator.managers(crds, None, "trainingruns.aflowrl.io")
+        assert set(managers) == {"aflowrl-crd-installer"}
+        await cluster.emulator.set_status(
+            crds,
+            None,
+            "trainingruns.aflowrl.io",
+            {"conditions": [{"type": "Established", "status": "True"}]},
+        )
+        ok, message = await task
+        assert ok, message
+        ok, message = await install.check("aflow-rl/aflow-rl-operator", api=api)
+        assert not ok and "no ready operator pod" in message
+        await cluster.emulator.put_object(
+            DEPLOYMENTS,
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "aflow-rl-operator", "namespace": "aflow-rl"},
+                "spec": {},
+                "status": {"readyReplicas": 1},
+            },
+        )
+        ok, message = await install.check("aflow-rl/aflow-rl-operator", api=api)
+        assert ok, message
+        # An older CRD (another schema) is reported as not this operator's.
+        await cluster.emulator.patch_object(
+            crds, None, "trainingruns.aflowrl.io", {"spec": {"versions": []}}
+        )
+        ok, message = await install.check("aflow-rl/aflow-rl-operator", api=api)
+        assert not ok and "is not this operator's" in message
+    finally:
+        api.close()
