@@ -188,7 +188,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
                         run, memo, strict=False, delay=config.retry_delay_s, coalesce=True
                     )
                 except kopf.TemporaryError as exc:  # the timer or the next event retries
-                    logging.getLogger(__name__).warning("pass after a child event: %s", exc)
+                    kwargs["logger"].warning("pass after a child event: %s", exc)
                 return
 
     for group, version, plural in WATCHED_CHILDREN:

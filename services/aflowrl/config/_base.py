@@ -18,7 +18,6 @@ in CEL (:class:`CelRule` in ``cel_rules``), which the CRD carries as ``x-kuberne
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -103,7 +102,6 @@ QUANTITY_PATTERN = (
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 """A non-negative Kubernetes resource quantity (the API server's own grammar, sign '-' left out)."""
-_QUANTITY = re.compile(QUANTITY_PATTERN)
 
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
 """A non-negative Kubernetes resource quantity such as ``"500m"``, ``"4"`` or ``"16Gi"``."""
@@ -140,20 +138,3 @@ Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
 ShortText = Annotated[str, Field(max_length=1024)]
 """A string of at most 1024 characters (list items, map values)."""
-
-_UNITS = {
-    "n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-    "P": 1e15, "E": 1e18, "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40,
-    "Pi": 2.0**50, "Ei": 2.0**60,
-}  # fmt: skip
-
-
-def quantity_value(text: str) -> float:
-    """The number a quantity stands for (``"16Gi"`` -> 17179869184.0, ``"500m"`` -> 0.5)."""
-    match = re.fullmatch(r"\+?([0-9.]+)(?:([eE][-+]?[0-9.]+)|([a-zA-Z]*))", text)
-    if not _QUANTITY.match(text) or match is None:
-        raise ValueError(f"{text!r} is not a Kubernetes quantity")
-    number, exponent, suffix = match.groups()
-    if exponent:
-        return float(number + exponent)
-    return float(number) * _UNITS[suffix or ""]

@@ -15,7 +15,7 @@ class ServiceMonitorSpec(SpecModel):
 
     enabled: bool = False
     """Create a PodMonitor for the run (needs the monitoring.coreos.com API)."""
-    interval: str = Field(default="15s", pattern=r"^[0-9]+(ms|s|m|h)$")
+    interval: str = Field(default="15s", pattern=r"^[0-9]+(ms|s|m|h)$", max_length=16)
     """Scrape interval (e.g. "15s")."""
     additional_labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=32)
     """Labels your Prometheus selects monitors by (e.g. ``release: prometheus``)."""

@@ -64,7 +64,7 @@ object covers each of its fields."""
 class StorageSpec(SpecModel):
     """Persistent storage for checkpoints, weights (filesystem transport) and artifacts."""
 
-    size: str | None = Field(default=None, pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
+    size: str | None = Field(default=None, pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$", max_length=32)
     """Create a PersistentVolumeClaim of this size for trainer.checkpointDir (e.g. "50Gi");
     empty: an emptyDir (checkpoints do not survive the pod)."""
     storage_class_name: DnsSubdomain | None = None
