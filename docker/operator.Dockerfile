@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# The aflow-rl operator (kopf): `aflowrl-operator`, run by the Helm chart's Deployment.
+# The aflow-rl operator (kopf): `aflowrl-operator`, run by the Helm chart's Deployment and its
+# hooks (`--install-crd` before an upgrade, `--check` for `helm test`).
 # Build from the repository root:  docker build -f docker/operator.Dockerfile -t aflow-rl-operator .
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 

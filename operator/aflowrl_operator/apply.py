@@ -1,58 +1,39 @@
-"""Create-or-patch of a run's children: idempotent, minimal writes, safe across restarts.
+"""Server-side apply of a run's children: idempotent, minimal writes, safe across restarts.
 
-Each child carries the JSON the operator last wrote to it (annotation ``aflowrl.io/last-applied``),
-``kubectl apply``'s client-side three-way merge base. A pass then:
+Every child is written with server-side apply under the field manager ``aflowrl-operator``: the
+API server keeps which fields the operator set, merges them with fields others own (defaults,
+other controllers' annotations), removes fields the operator set before and no longer wants,
+and takes back a field someone changed by hand (``force``). A pass:
 
-- creates a missing child (a 409 from a concurrent or earlier creation is read back and patched);
-- does nothing when the desired manifest equals the last applied one (the common case, so a
-  resync costs one GET per child and no write);
-- otherwise sends one JSON merge patch (RFC 7386): the desired fields, plus ``null`` for each
-  field the operator set before and no longer wants, leaving fields others own (defaults, the
-  HPA's replica count, other controllers' annotations) alone.
+- skips the write when the child already carries the hash of this exact manifest (annotation
+  ``aflowrl.io/applied-hash``), so a resync costs one GET per child and no write;
+- otherwise applies the manifest (which also creates a missing child).
 
 A child whose name is taken by an object the run does not control raises
-:class:`ChildConflictError` and is never touched. Workload replica counts are applied apart
-(:func:`scale`), because the environment's count belongs to its HPA between the spec's bounds.
+:class:`ChildConflictError` and is never touched. The environment Deployment's ``replicas``
+belongs to its HorizontalPodAutoscaler: it is left out of the applied manifest and set under a
+field manager of its own (``aflowrl-operator-scale``) only when the operator must move it
+(creation, suspend, the spec's bounds), so the HPA's count is never fought over.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from typing import Any
 
 from aflowrl_operator.errors import ChildConflictError
 from aflowrl_operator.kube import KubeApi
-from aflowrl_operator.names import LAST_APPLIED, RunRef
+from aflowrl_operator.names import APPLIED_HASH, RunRef, digest
 
 logger = logging.getLogger(__name__)
 
 JsonDict = dict[str, Any]
 
-
-def merge_patch(before: Any, after: Any) -> Any:
-    """The RFC 7386 merge patch turning ``before`` (last applied) into ``after`` (desired).
-
-    Keys only in ``before`` become ``None`` (deleted); objects recurse; anything else that
-    differs (scalars, lists) is replaced whole.
-    """
-    if not isinstance(before, dict) or not isinstance(after, dict):
-        return after
-    patch: JsonDict = {}
-    for key, value in after.items():
-        if key not in before:
-            patch[key] = value
-        elif before[key] != value:
-            patch[key] = merge_patch(before[key], value)
-    for key in before:
-        if key not in after:
-            patch[key] = None
-    return patch
-
-
-def _canonical(manifest: JsonDict) -> str:
-    return json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+FIELD_MANAGER = "aflowrl-operator"
+"""Field manager of every field the operator applies to a child."""
+SCALE_MANAGER = "aflowrl-operator-scale"
+"""Field manager of the replica counts the operator sets on a workload its HPA also scales."""
 
 
 def controlled_by(obj: JsonDict, run: RunRef) -> bool:
@@ -61,75 +42,67 @@ def controlled_by(obj: JsonDict, run: RunRef) -> bool:
     return any(ref.get("uid") == run.uid and ref.get("controller") for ref in refs)
 
 
-def _with_annotation(manifest: JsonDict, value: str) -> JsonDict:
+def _annotation(obj: JsonDict | None, key: str) -> str | None:
+    return (((obj or {}).get("metadata") or {}).get("annotations") or {}).get(key)
+
+
+def applied(manifest: JsonDict) -> JsonDict:
+    """The manifest as applied: with the hash of its own content in ``aflowrl.io/applied-hash``."""
     out = copy.deepcopy(manifest)
-    out["metadata"].setdefault("annotations", {})[LAST_APPLIED] = value
+    out["metadata"].setdefault("annotations", {})[APPLIED_HASH] = digest(manifest)
     return out
 
 
-def _last_applied(live: JsonDict) -> JsonDict | None:
-    text = ((live.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED)
-    if not text:
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
 async def ensure(
-    api: KubeApi, run: RunRef, manifest: JsonDict, *, replicas: int | None = None
+    api: KubeApi,
+    run: RunRef,
+    manifest: JsonDict,
+    *,
+    replicas: int | None = None,
+    autoscaled: bool = False,
 ) -> tuple[JsonDict, str]:
-    """Create or patch one child; returns (live object, "created" | "patched" | "unchanged").
+    """Apply one child; returns (live object, "created" | "patched" | "unchanged").
 
-    ``replicas``, for workloads, is set on creation and by :func:`scale` afterwards; it is not
-    part of the last-applied manifest.
+    ``replicas``, for workloads, is part of the applied manifest, unless ``autoscaled`` (an HPA
+    scales the workload): then it is set by :func:`scale` when the count differs.
     """
     kind, name = manifest["kind"], manifest["metadata"]["name"]
     namespace = manifest["metadata"].get("namespace")
-    applied = _canonical(manifest)
+    body = copy.deepcopy(manifest)
+    if replicas is not None and not autoscaled:
+        body["spec"]["replicas"] = replicas
+    body = applied(body)
     live = await api.get(kind, namespace, name)
-    if live is None:
-        body = _with_annotation(manifest, applied)
-        if replicas is not None:
-            body["spec"]["replicas"] = replicas
-        created = await api.create(body)
-        if created is not None:
-            logger.info("created %s %s/%s", kind, namespace, name)
-            return created, "created"
-        live = await api.get(kind, namespace, name)  # lost a race with another writer
-        if live is None:
-            raise ChildConflictError(f"{kind} {name} exists but cannot be read back")
-    if not controlled_by(live, run):
+    if live is not None and not controlled_by(live, run):
         raise ChildConflictError(
             f"{kind} {name} already exists and is not controlled by TrainingRun {run.name}; "
             "rename the run or delete that object"
         )
-    before = _last_applied(live)
     outcome = "unchanged"
-    if before is None or _canonical(before) != applied:
-        patch = merge_patch(before if before is not None else {}, manifest)
-        patch.setdefault("metadata", {}).setdefault("annotations", {})[LAST_APPLIED] = applied
-        patched = await api.patch(kind, namespace, name, patch)
-        if patched is None:  # deleted meanwhile: the next pass creates it again
-            return live, "unchanged"
-        logger.info("patched %s %s/%s", kind, namespace, name)
-        live, outcome = patched, "patched"
-    if replicas is not None and await scale(api, kind, live, replicas):
+    if live is None or _annotation(live, APPLIED_HASH) != _annotation(body, APPLIED_HASH):
+        outcome = "created" if live is None else "patched"
+        live = await api.apply(body, field_manager=FIELD_MANAGER)
+        logger.info("%s %s %s/%s", outcome, kind, namespace, name)
+    if replicas is not None and autoscaled and await scale(api, live, replicas):
         outcome = "patched" if outcome == "unchanged" else outcome
     return live, outcome
 
 
-async def scale(api: KubeApi, kind: str, live: JsonDict, replicas: int) -> bool:
-    """Set a workload's ``spec.replicas`` unless it already has that count; True if written."""
+async def scale(api: KubeApi, live: JsonDict, replicas: int) -> bool:
+    """Set an autoscaled workload's ``spec.replicas`` unless it has that count; True if written."""
     if (live.get("spec") or {}).get("replicas") == replicas:
         return False
     meta = live["metadata"]
-    patch = {"spec": {"replicas": replicas}}
-    if await api.patch(kind, meta.get("namespace"), meta["name"], patch) is None:
-        return False
-    logger.info("scaled %s %s/%s to %d", kind, meta.get("namespace"), meta["name"], replicas)
+    body = {
+        "apiVersion": live["apiVersion"],
+        "kind": live["kind"],
+        "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
+        "spec": {"replicas": replicas},
+    }
+    await api.apply(body, field_manager=SCALE_MANAGER)
+    logger.info(
+        "scaled %s %s/%s to %d", live["kind"], meta.get("namespace"), meta["name"], replicas
+    )
     return True
 
 

@@ -11,7 +11,14 @@ One call of :func:`build` gives every child of a run, in the order they are appl
 - ``<run>-env`` Deployment + headless Service + HorizontalPodAutoscaler, and the
   ``<run>-env-egress`` NetworkPolicy (DNS and the executor only);
 - ``<run>-trainer`` Job (``aflowrl train``; restarts resume from the checkpoint directory);
-- ``<run>`` PodMonitor when ``monitoring.serviceMonitor.enabled`` and the API exists.
+- ``<run>`` PodMonitor when ``monitoring.serviceMonitor.enabled`` and the API exists;
+- ``<run>-gpu`` PodGroup (scheduler-plugins coscheduling) when ``scheduling.gang`` is set: its
+  ``minMember`` is every GPU pod, so none binds until all can;
+- ``<run>-kueue`` Workload (``kueue.x-k8s.io/v1beta1``) when the run carries the
+  ``kueue.x-k8s.io/queue-name`` label (:func:`kueue_workload`): one pod set per component, so
+  Kueue admits the whole run at once or not at all. Until it is admitted the run is held (every
+  component at zero, the trainer Job suspended), and its pods get the node labels of the
+  flavors it was admitted on.
 
 Pods run the entry points of CONTRACTS.md. Workload replica counts are returned apart from the
 manifests (:attr:`Child.replicas`) because the HPA owns the environment's count between its
@@ -29,7 +36,7 @@ from typing import Any
 import yaml
 
 from aflowrl.config import API_GROUP, PLURAL, OpenAIExecutorSpec, RunSpec
-from aflowrl_operator.names import COMPONENT_LABEL, RUN_LABEL, RunRef, digest
+from aflowrl_operator.names import COMPONENT_LABEL, PODSETS_HASH, RUN_LABEL, RunRef, digest
 from aflowrl_operator.workloads import environment, executor, learner, rollout, trainer
 
 JsonDict = dict[str, Any]
@@ -63,14 +70,17 @@ class Child:
 class Scale:
     """How much of the run should be running.
 
-    ``services``: the rollout, learner, environment and executor run (false when suspended or
-    finished). ``environment_replicas``: the environment's count (the HPA's, clamped to the
-    spec's bounds). ``trainer_suspended``: the trainer Job is suspended.
+    ``services``: the rollout, learner, environment and executor run (false when suspended,
+    finished or waiting for Kueue). ``environment_replicas``: the environment's count (the
+    HPA's, clamped to the spec's bounds). ``trainer_suspended``: the trainer Job is suspended.
+    ``node_labels``: per component, the node labels of the Kueue flavors the run was admitted
+    on.
     """
 
     services: bool
     environment_replicas: int
     trainer_suspended: bool
+    node_labels: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,10 +193,85 @@ def pod_monitor(run: RunRef, spec: RunSpec) -> JsonDict:
     }
 
 
+def gpu_pods(spec: RunSpec) -> dict[str, int]:
+    """Pods per GPU component when the run is running (what a gang must place at once)."""
+    counts = {}
+    if spec.rollout.resources.gpus:
+        counts["rollout"] = spec.rollout.replicas
+    if spec.learner.resources.gpus:
+        counts["learner"] = spec.learner.nodes
+    exe = spec.environment.executor
+    if isinstance(exe, OpenAIExecutorSpec) and exe.serve is not None and exe.serve.resources.gpus:
+        counts["executor"] = exe.serve.replicas
+    return counts
+
+
+def pod_group(run: RunRef, spec: RunSpec) -> JsonDict:
+    """The coscheduling PodGroup of the GPU pods (scheduler-plugins, ``scheduling.gang``)."""
+    assert spec.scheduling.gang is not None
+    return {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": run.metadata(run.pod_group, "scheduling"),
+        "spec": {
+            "minMember": sum(gpu_pods(spec).values()),
+            "scheduleTimeoutSeconds": spec.scheduling.gang.schedule_timeout_seconds,
+        },
+    }
+
+
+def kueue_workload(
+    run: RunRef, spec: RunSpec, desired: Desired, *, queue: str, priority: str | None
+) -> JsonDict:
+    """The run's Kueue Workload: one pod set per component with its pod template and the count
+    it runs with (the environment's autoscaler ceiling), admitted all at once.
+
+    The Workload is created once per shape (:data:`PODSETS_HASH` of counts and requests) and
+    replaced when the shape changes: Kueue does not let an admitted Workload change.
+    """
+    counts = {
+        "executor": _serve_replicas(spec),
+        "rollout": spec.rollout.replicas,
+        "learner": spec.learner.nodes,
+        "environment": spec.environment.replicas.max,
+    }
+    pod_sets = []
+    for child in desired.children:
+        component = child.manifest["metadata"]["labels"].get(COMPONENT_LABEL, "")
+        if child.kind in {"Deployment", "StatefulSet"} and counts.get(component):
+            template = child.manifest["spec"]["template"]
+            pod_sets.append({"name": component, "count": counts[component], "template": template})
+    pod_sets.append(
+        {"name": "trainer", "count": 1, "template": desired.trainer_job["spec"]["template"]}
+    )
+    shape = [
+        (ps["name"], ps["count"], [c["resources"] for c in ps["template"]["spec"]["containers"]])
+        for ps in pod_sets
+    ]
+    meta = run.metadata(run.workload, "scheduling")
+    meta["annotations"] = {PODSETS_HASH: digest(shape)}
+    workload: JsonDict = {
+        "apiVersion": "kueue.x-k8s.io/v1beta1",
+        "kind": "Workload",
+        "metadata": meta,
+        "spec": {"queueName": queue, "podSets": pod_sets},
+    }
+    if priority:
+        workload["spec"]["priorityClassName"] = priority
+        workload["spec"]["priorityClassSource"] = "kueue.x-k8s.io/workloadpriorityclass"
+    return workload
+
+
+def _serve_replicas(spec: RunSpec) -> int:
+    exe = spec.environment.executor
+    return exe.serve.replicas if isinstance(exe, OpenAIExecutorSpec) and exe.serve else 0
+
+
 def build(run: RunRef, spec: RunSpec, scale: Scale, *, monitoring_api: bool) -> Desired:
     """Every child of the run for this spec and scale (see the module docstring)."""
     spec_digest = spec_hash(spec)
     services = scale.services
+    labels = scale.node_labels
     children: list[Child] = [Child(config_map(run, spec))]
     children += [Child(obj) for obj in trainer_rbac(run)]
     absent: list[tuple[str, str]] = []
@@ -194,22 +279,40 @@ def build(run: RunRef, spec: RunSpec, scale: Scale, *, monitoring_api: bool) -> 
         children.append(Child(checkpoint_claim(run, spec)))
     exe = spec.environment.executor
     if isinstance(exe, OpenAIExecutorSpec) and exe.serve is not None:
-        deployment, service = executor(run, spec, spec_hash_=spec_digest)
+        deployment, service = executor(
+            run, spec, spec_hash_=spec_digest, node_labels=labels.get("executor")
+        )
         children += [Child(deployment, exe.serve.replicas if services else 0), Child(service)]
     else:
         absent += [("Deployment", run.executor), ("Service", run.executor)]
-    deployment, service = rollout(run, spec, spec_hash_=spec_digest)
+    deployment, service = rollout(
+        run, spec, spec_hash_=spec_digest, node_labels=labels.get("rollout")
+    )
     children += [Child(deployment, spec.rollout.replicas if services else 0), Child(service)]
-    statefulset, service = learner(run, spec, spec_hash_=spec_digest)
+    statefulset, service = learner(
+        run, spec, spec_hash_=spec_digest, node_labels=labels.get("learner")
+    )
     children += [Child(statefulset, spec.learner.nodes if services else 0), Child(service)]
-    deployment, *others = environment(run, spec, spec_hash_=spec_digest)
+    deployment, *others = environment(
+        run, spec, spec_hash_=spec_digest, node_labels=labels.get("environment")
+    )
     children += [Child(deployment, scale.environment_replicas if services else 0)]
     children += [Child(obj) for obj in others]
     if spec.monitoring.service_monitor.enabled and monitoring_api:
         children.append(Child(pod_monitor(run, spec)))
     elif monitoring_api:
         absent.append(("PodMonitor", run.name))
-    job = trainer(run, spec, spec_hash_=spec_digest, suspended=scale.trainer_suspended)
+    if spec.scheduling.gang is not None and gpu_pods(spec):
+        children.append(Child(pod_group(run, spec)))
+    else:
+        absent.append(("PodGroup", run.pod_group))
+    job = trainer(
+        run,
+        spec,
+        spec_hash_=spec_digest,
+        suspended=scale.trainer_suspended,
+        node_labels=labels.get("trainer"),
+    )
     return Desired(children=children, trainer_job=job, absent=absent)
 
 

@@ -1,11 +1,18 @@
 """The kopf handlers of the operator, registered on a registry built per configuration.
 
 One reconcile function (:class:`aflowrl_operator.reconcile.Reconciler`) serves every trigger:
-creation, spec updates and operator start-up (``resume``) run it and answer a rejected spec with
-``kopf.PermanentError`` (kopf logs it and posts a Warning event); a timer runs it every
-``resync_interval_s`` to follow the children and keep them in step. Passes of one run are
-serialised by a lock in the run's memo, and each writes the run's status itself before
-releasing it, so a timer never races an update.
+creation, spec and label updates and operator start-up (``resume``) run it and answer a
+rejected spec with ``kopf.PermanentError`` (kopf logs it and posts a Warning event). Children
+are watched, not polled: an event on any object labelled ``aflowrl.io/run`` (a workload, its
+pods, a Service, the Kueue Workload...) runs a pass of the run it belongs to, found by its
+owner reference or its label in an index of the runs. A timer every ``resync_interval_s`` is
+only a safety net. Passes of one run are serialised by a lock and coalesced (a burst of child
+events while a pass waits makes one more pass, not one per event); each pass writes the run's
+status itself before releasing the lock, so nothing races.
+
+With ``peering`` set, kopf's peering (``ClusterKopfPeering`` or ``KopfPeering`` objects, which
+the chart creates) lets several operator replicas run: the one with the highest priority
+works, the others stand by and take over when its heartbeat stops.
 
 kopf's own bookkeeping lives in ``aflowrl.io/*`` annotations, not in ``status`` (the CRD's status
 schema is pruned). No finalizer is added: children are garbage-collected through their owner
@@ -25,10 +32,11 @@ from typing import Any
 import kopf
 import kubernetes
 
-from aflowrl.config import API_GROUP, API_VERSION, PLURAL
+from aflowrl.config import API_GROUP, API_VERSION, KIND, PLURAL
 from aflowrl_operator.errors import ApiUnavailableError
 from aflowrl_operator.kube import KubeApi, load_configuration
 from aflowrl_operator.metrics import OperatorMetrics
+from aflowrl_operator.names import RUN_LABEL
 from aflowrl_operator.reconcile import Reconciler
 
 LoginFn = Callable[..., kopf.ConnectionInfo | None]
@@ -38,8 +46,9 @@ LoginFn = Callable[..., kopf.ConnectionInfo | None]
 class OperatorConfig:
     """Settings of one operator process."""
 
-    resync_interval_s: float = 15.0
-    """Seconds between two passes over a run (children's status, drift repair)."""
+    resync_interval_s: float = 120.0
+    """Seconds between two passes over a run when nothing happens (a safety net: children are
+    watched, so their changes run a pass at once)."""
     request_timeout_s: float = 30.0
     """Timeout of one API request (seconds)."""
     cluster_cache_s: float = 60.0
@@ -52,6 +61,9 @@ class OperatorConfig:
     """How kopf authenticates (the same kubeconfig or ServiceAccount by default)."""
     metrics: OperatorMetrics = dataclasses.field(default_factory=OperatorMetrics)
     """The operator's Prometheus metrics."""
+    peering_lifetime_s: int = 60
+    """How long a silent peer counts as alive (seconds): a stand-by replica takes over this
+    long after the active one stops."""
 
 
 def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -72,12 +84,43 @@ def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) 
     # On shutdown, a timer in the middle of a pass gets this long to finish it (kopf's default
     # of a few loop cycles would abandon it mid-request).
     settings.background.instant_exit_timeout = 5.0
+    settings.peering.lifetime = config.peering_lifetime_s
+    settings.peering.stealth = True  # no "peering freeze" events on every run
 
 
-async def _reconcile(body: kopf.Body, memo: kopf.Memo, *, strict: bool, delay: float) -> None:
+# Children whose events run a pass of their run: (group, version, plural).
+WATCHED_CHILDREN: tuple[tuple[str, str, str], ...] = (
+    ("apps", "v1", "deployments"),
+    ("apps", "v1", "statefulsets"),
+    ("batch", "v1", "jobs"),
+    ("", "v1", "pods"),
+    ("", "v1", "services"),
+    ("", "v1", "configmaps"),
+    ("autoscaling", "v2", "horizontalpodautoscalers"),
+    ("kueue.x-k8s.io", "v1beta1", "workloads"),
+)
+"""Every child kind whose changes the status or the run depends on (labelled by the run)."""
+
+
+@dataclasses.dataclass
+class _RunLoop:
+    """Serialises and coalesces the passes of one run."""
+
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    waiting: bool = False
+
+
+async def _reconcile(
+    body: Any, memo: kopf.Memo, *, strict: bool, delay: float, coalesce: bool = False
+) -> None:
     reconciler: Reconciler = memo["reconciler"]
-    lock: asyncio.Lock = memo.setdefault("sync_lock", asyncio.Lock())
-    async with lock:  # read, apply and write status as one step per run
+    loops: dict[str, _RunLoop] = memo["run_loops"]
+    loop = loops.setdefault(body["metadata"]["uid"], _RunLoop())
+    if coalesce and loop.waiting:
+        return  # a pass that has not started yet will see this change too
+    loop.waiting = True
+    async with loop.lock:  # read, apply and write status as one step per run
+        loop.waiting = False
         try:
             outcome = await reconciler.sync(copy.deepcopy(dict(body)))
         except ApiUnavailableError as exc:
@@ -108,6 +151,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         memo["reconciler"] = Reconciler(
             api, metrics=config.metrics, cluster_cache_s=config.cluster_cache_s
         )
+        memo["run_loops"] = {}
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
@@ -118,8 +162,44 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
     @kopf.on.create(*resource, id="reconcile", registry=registry)
     @kopf.on.resume(*resource, id="reconcile", registry=registry)
     @kopf.on.update(*resource, id="reconcile", field="spec", registry=registry)
+    @kopf.on.update(*resource, id="relabel", field="metadata.labels", registry=registry)
     async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await _reconcile(body, memo, strict=True, delay=config.retry_delay_s)
+
+    @kopf.index(*resource, id="runs", registry=registry)
+    def runs(namespace: str | None, name: str, uid: str, **_: Any) -> dict[Any, dict[str, Any]]:
+        ref = {"metadata": {"name": name, "namespace": namespace, "uid": uid}}
+        return {uid: ref, (namespace, name): ref}
+
+    async def child_changed(
+        labels: kopf.Labels, meta: kopf.Meta, namespace: str | None, memo: kopf.Memo, **kwargs: Any
+    ) -> None:
+        runs: kopf.Index[Any, dict[str, Any]] = kwargs["runs"]  # the index above
+        owners = [
+            ref["uid"]
+            for ref in meta.get("ownerReferences") or []
+            if ref.get("kind") == KIND and ref.get("controller")
+        ]
+        keys: list[Any] = owners or [(namespace, labels.get(RUN_LABEL))]
+        for key in keys:
+            for run in runs.get(key, ()):
+                try:
+                    await _reconcile(
+                        run, memo, strict=False, delay=config.retry_delay_s, coalesce=True
+                    )
+                except kopf.TemporaryError as exc:  # the timer or the next event retries
+                    kwargs["logger"].warning("pass after a child event: %s", exc)
+                return
+
+    for group, version, plural in WATCHED_CHILDREN:
+        kopf.on.event(
+            group,
+            version,
+            plural,
+            id="child",
+            labels={RUN_LABEL: kopf.PRESENT},
+            registry=registry,
+        )(child_changed)
 
     @kopf.timer(
         *resource,

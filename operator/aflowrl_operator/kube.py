@@ -3,8 +3,13 @@
 Requests go through the official ``kubernetes`` client's ``ApiClient`` (authentication from the
 pod's ServiceAccount or a kubeconfig, TLS, token refresh), run in a worker thread so the kopf
 event loop never blocks. Paths come from a fixed table of kinds (:data:`KINDS`), so no discovery
-round-trips are needed. Used by :mod:`aflowrl_operator.apply` and
-:mod:`aflowrl_operator.reconcile`.
+round-trips are needed. Children are written with server-side apply (:meth:`KubeApi.apply`).
+Used by :mod:`aflowrl_operator.apply` and :mod:`aflowrl_operator.reconcile`.
+
+Why not kr8s or kubernetes_asyncio: kr8s 0.20 has no server-side apply (merge and JSON patches
+only), and kubernetes_asyncio would bring a second generated client and its own configuration
+loading next to the ``kubernetes`` package kopf's login already uses; either would replace the
+few lines of request plumbing here, not the kind table or the error typing around them.
 """
 
 from __future__ import annotations
@@ -61,6 +66,12 @@ KINDS: dict[str, Kind] = {
         Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
         Kind("v1", "Pod", "pods"),
         Kind("v1", "Node", "nodes", namespaced=False),
+        Kind(
+            "apiextensions.k8s.io/v1",
+            "CustomResourceDefinition",
+            "customresourcedefinitions",
+            namespaced=False,
+        ),
         Kind("apps/v1", "Deployment", "deployments"),
         Kind("apps/v1", "StatefulSet", "statefulsets"),
         Kind("batch/v1", "Job", "jobs"),
@@ -69,11 +80,15 @@ KINDS: dict[str, Kind] = {
         Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
         Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
         Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
+        Kind("scheduling.x-k8s.io/v1alpha1", "PodGroup", "podgroups"),
+        Kind("kueue.x-k8s.io/v1beta1", "Workload", "workloads"),
+        Kind("kueue.x-k8s.io/v1beta1", "ResourceFlavor", "resourceflavors", namespaced=False),
     )
 }
 """Every kind the operator reads or writes, by ``kind``."""
 
 MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
 
 
 def load_configuration() -> kubernetes.client.Configuration:
@@ -195,6 +210,24 @@ class KubeApi:
         status, payload = await self._call("PATCH", path, body=patch, content_type=MERGE_PATCH)
         if status == 404:
             return None
+        result: JsonDict = self._check("PATCH", path, status, payload)
+        return result
+
+    async def apply(
+        self, manifest: JsonDict, *, field_manager: str, force: bool = True
+    ) -> JsonDict:
+        """Server-side apply: create the object or make ``field_manager``'s fields these.
+
+        Fields the manager applied before and left out now are removed (unless another manager
+        owns them too); ``force`` takes fields another manager changed (a controller's fields
+        are its own). Returns the object as stored.
+        """
+        meta = manifest["metadata"]
+        path = KINDS[manifest["kind"]].path(meta.get("namespace"), meta["name"])
+        query = [("fieldManager", field_manager), ("force", "true" if force else "false")]
+        status, payload = await self._call(
+            "PATCH", path, query=query, body=json.dumps(manifest), content_type=APPLY_PATCH
+        )
         result: JsonDict = self._check("PATCH", path, status, payload)
         return result
 

@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from aflowrl.config import API_GROUP, API_VERSION, KIND
+from aflowrl.config.run import MAX_RUN_NAME
 
 RUN_LABEL = "aflowrl.io/run"
 """Label every child of a run carries: the run's name."""
@@ -22,16 +23,23 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY = "aflowrl-operator"
 """Value of ``app.kubernetes.io/managed-by`` on every child."""
 
-LAST_APPLIED = "aflowrl.io/last-applied"
-"""Annotation holding the JSON the operator last wrote to a child (its three-way merge base)."""
+APPLIED_HASH = "aflowrl.io/applied-hash"
+"""Annotation: hash of the manifest the operator last applied to a child (an equal hash skips
+the write)."""
 SPEC_HASH = "aflowrl.io/spec-hash"
 """Pod-template annotation: hash of the spec the pods were started from (changes roll them)."""
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+"""Label joining a pod to a coscheduling PodGroup (scheduler-plugins)."""
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+"""Label of a TrainingRun naming the Kueue LocalQueue the run is admitted through."""
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+"""Label of a TrainingRun naming its Kueue WorkloadPriorityClass."""
+PODSETS_HASH = "aflowrl.io/podsets-hash"
+"""Kueue Workload annotation: hash of its pod sets' counts and requests (a change replaces it)."""
 TEMPLATE_HASH = "aflowrl.io/template-hash"
 """Job annotation: hash of the trainer pod template the Job was created with."""
 
-MAX_RUN_NAME = 40
-"""Longest TrainingRun name: children append suffixes such as ``-executor`` and StatefulSet pods
-get ``-learner-<ordinal>`` plus a revision hash in a 63-character label."""
+__all__ = ["MAX_RUN_NAME"]  # re-exported: the config owns the rule, the CRD enforces it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +81,16 @@ class RunRef:
     @property
     def checkpoints(self) -> str:
         return self.child("checkpoints")
+
+    @property
+    def pod_group(self) -> str:
+        """The coscheduling PodGroup of the GPU pods (and the Kueue Workload's name)."""
+        return self.child("gpu")
+
+    @property
+    def workload(self) -> str:
+        """The Kueue Workload of the run."""
+        return self.child("kueue")
 
     @property
     def env_egress(self) -> str:

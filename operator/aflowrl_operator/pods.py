@@ -1,9 +1,13 @@
-"""Pod-level building blocks shared by every workload of a run: security, volumes, env, probes.
+"""Pod-level building blocks shared by every workload of a run: security, volumes, env, probes,
+placement.
 
 Every pod runs as a non-root user with a read-only root filesystem, no privilege escalation, all
-capabilities dropped and the RuntimeDefault seccomp profile; writable paths are emptyDirs (/tmp,
-the cache) or volumes. The run's resolved spec is mounted from its ConfigMap at
-``/etc/aflowrl/spec.yaml`` (CONTRACTS.md). Used by :mod:`aflowrl_operator.children`.
+capabilities dropped (IPC_LOCK added back for RDMA, which pins memory) and the RuntimeDefault
+seccomp profile; writable paths are emptyDirs (/tmp, the cache, a sized memory-backed
+``/dev/shm``) or volumes. The run's resolved spec is mounted from its ConfigMap at
+``/etc/aflowrl/spec.yaml`` (CONTRACTS.md). Placement merges ``spec.scheduling`` (GPU pods), the
+component's ``pod`` overrides, gang scheduling and the node labels of a Kueue admission
+(:func:`placement`). Used by :mod:`aflowrl_operator.workloads`.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ import math
 from typing import Any
 
 from aflowrl.config import ResourceSpec, RunSpec
-from aflowrl_operator.names import SPEC_HASH, RunRef
+from aflowrl.config.scheduling import PodOverrides
+from aflowrl_operator.names import POD_GROUP_LABEL, SPEC_HASH, RunRef
 
 SPEC_DIR = "/etc/aflowrl"
 SPEC_FILE = f"{SPEC_DIR}/spec.yaml"
@@ -43,24 +48,51 @@ def pod_security_context() -> JsonDict:
     }
 
 
-def container_security_context() -> JsonDict:
-    """Container-level security: read-only root, no escalation, every capability dropped."""
+def container_security_context(*, ipc_lock: bool = False) -> JsonDict:
+    """Container-level security: read-only root, no escalation, every capability dropped but
+    IPC_LOCK when ``ipc_lock`` (RDMA registers and pins memory)."""
+    capabilities: JsonDict = {"drop": ["ALL"]}
+    if ipc_lock:
+        capabilities["add"] = ["IPC_LOCK"]
     return {
         "runAsNonRoot": True,
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"]},
+        "capabilities": capabilities,
     }
 
 
 def resources(res: ResourceSpec) -> JsonDict:
-    """Requests from the spec; memory and GPUs also as limits (CPU is not capped: no throttling)."""
+    """Requests from the spec; memory, GPUs and RDMA devices also as limits (CPU is not capped:
+    no throttling)."""
     requests: dict[str, str] = {"cpu": res.cpu, "memory": res.memory}
     limits: dict[str, str] = {"memory": res.memory}
-    if res.gpus:
-        requests[res.gpu_resource_name] = str(res.gpus)
-        limits[res.gpu_resource_name] = str(res.gpus)
+    for name, count in ((res.gpu_resource_name, res.gpus), (res.rdma_resource_name, res.rdma)):
+        if count:
+            requests[name] = str(count)
+            limits[name] = str(count)
     return {"requests": requests, "limits": limits}
+
+
+def accelerator_env(
+    spec: RunSpec, res: ResourceSpec, *, engine: str | None = None
+) -> list[JsonDict]:
+    """NCCL settings of a learner or rollout pod (``spec.nccl``), and on GPUs the CUDA caching
+    allocator's expandable segments (less fragmentation across varying sequence lengths).
+
+    vLLM pods do not get ``PYTORCH_CUDA_ALLOC_CONF``: vLLM's own memory pool (sleep mode, the
+    CuMem allocator) refuses expandable segments.
+    """
+    nccl = spec.nccl
+    env: list[JsonDict] = [{"name": "NCCL_DEBUG", "value": nccl.debug}]
+    if nccl.socket_ifname is not None:
+        env.append({"name": "NCCL_SOCKET_IFNAME", "value": nccl.socket_ifname})
+    if nccl.ib_hca is not None:
+        env.append({"name": "NCCL_IB_HCA", "value": nccl.ib_hca})
+    env += [{"name": key, "value": value} for key, value in sorted(nccl.env.items())]
+    if res.gpus and engine != "vllm":
+        env.append({"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"})
+    return env
 
 
 def grpc_probes(spec: RunSpec, port: int) -> JsonDict:
@@ -153,10 +185,11 @@ def base_volumes(run: RunRef, spec: RunSpec) -> tuple[list[JsonDict], list[JsonD
     return volumes, mounts
 
 
-def shm_volume() -> tuple[JsonDict, JsonDict]:
-    """A memory-backed /dev/shm (torch and vLLM exchange tensors through it)."""
+def shm_volume(res: ResourceSpec) -> tuple[JsonDict, JsonDict]:
+    """A memory-backed /dev/shm of ``res.shmSize`` (else the memory request): torch, NCCL and
+    vLLM exchange tensors through it, and what they write counts against the memory limit."""
     return (
-        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size or res.memory}},
         {"name": "dshm", "mountPath": "/dev/shm"},
     )
 
@@ -181,6 +214,51 @@ def checkpoint_volume(run: RunRef, spec: RunSpec) -> tuple[JsonDict, JsonDict]:
     return volume, {"name": "checkpoints", "mountPath": spec.trainer.checkpoint_dir}
 
 
+def placement(
+    run: RunRef,
+    spec: RunSpec,
+    component: str,
+    *,
+    gpu: bool,
+    overrides: PodOverrides | None,
+    admitted_node_labels: dict[str, str] | None = None,
+) -> JsonDict:
+    """The pod-spec fields that place a pod: ``spec.scheduling`` (GPU pods; its priority class
+    for every pod), then the component's overrides (node selector entries, tolerations added;
+    affinity, priority class, runtime class replaced), the node labels of the Kueue flavor the
+    run was admitted on, and the gang scheduler."""
+    sched = spec.scheduling
+    over = overrides or PodOverrides()
+    node_selector = dict(sched.node_selector) if gpu else {}
+    node_selector.update(over.node_selector)
+    node_selector.update(admitted_node_labels or {})
+    tolerations = list(sched.tolerations) if gpu else []
+    tolerations += over.tolerations
+    out: JsonDict = {}
+    if node_selector:
+        out["nodeSelector"] = node_selector
+    if tolerations:
+        out["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in tolerations]
+    if over.affinity is not None:
+        out["affinity"] = over.affinity.model_dump(by_alias=True, exclude_defaults=True)
+    if over.topology_spread_constraints:
+        constraints = []
+        for tsc in over.topology_spread_constraints:
+            doc = tsc.model_dump(by_alias=True, exclude_defaults=True)
+            # Without a selector a constraint counts no pod at all: count the component's own.
+            doc.setdefault("labelSelector", {"matchLabels": run.selector(component)})
+            constraints.append(doc)
+        out["topologySpreadConstraints"] = constraints
+    priority = over.priority_class_name or sched.priority_class_name
+    if priority:
+        out["priorityClassName"] = priority
+    if over.runtime_class_name:
+        out["runtimeClassName"] = over.runtime_class_name
+    if gpu and sched.gang is not None:
+        out["schedulerName"] = sched.gang.scheduler_name
+    return out
+
+
 def pod_template(
     run: RunRef,
     spec: RunSpec,
@@ -191,15 +269,19 @@ def pod_template(
     volumes: list[JsonDict],
     gpu: bool,
     metrics_port: int | None,
+    overrides: PodOverrides | None = None,
+    admitted_node_labels: dict[str, str] | None = None,
     service_account: str | None = None,
     restart_policy: str | None = None,
 ) -> JsonDict:
     """A pod template with the run's labels, security, placement and scrape annotations.
 
-    ``gpu`` pods get ``spec.scheduling`` node selector and tolerations; every pod gets its
-    priority class. Only pods with a ``service_account`` get an API token mounted.
+    Placement comes from :func:`placement`; the component's override labels and annotations are
+    added under the operator's own. A GPU pod of a gang-scheduled run joins the run's PodGroup.
+    Only pods with a ``service_account`` get an API token mounted.
     """
-    annotations = {SPEC_HASH: spec_hash}
+    over = overrides or PodOverrides()
+    annotations = {**over.annotations, SPEC_HASH: spec_hash}
     if metrics_port is not None:
         annotations.update(
             {
@@ -208,6 +290,9 @@ def pod_template(
                 "prometheus.io/path": "/metrics",
             }
         )
+    labels = {**over.labels, **run.labels(component)}
+    if gpu and spec.scheduling.gang is not None:
+        labels[POD_GROUP_LABEL] = run.pod_group
     pod: JsonDict = {
         "securityContext": pod_security_context(),
         "automountServiceAccountToken": service_account is not None,
@@ -222,19 +307,17 @@ def pod_template(
         pod["restartPolicy"] = restart_policy
     if spec.images.pull_secrets:
         pod["imagePullSecrets"] = [{"name": name} for name in spec.images.pull_secrets]
-    if spec.scheduling.priority_class_name:
-        pod["priorityClassName"] = spec.scheduling.priority_class_name
-    if gpu:
-        if spec.scheduling.node_selector:
-            pod["nodeSelector"] = dict(spec.scheduling.node_selector)
-        if spec.scheduling.tolerations:
-            pod["tolerations"] = [
-                t.model_dump(by_alias=True, exclude_none=True) for t in spec.scheduling.tolerations
-            ]
-    return {
-        "metadata": {"labels": run.labels(component), "annotations": annotations},
-        "spec": pod,
-    }
+    pod.update(
+        placement(
+            run,
+            spec,
+            component,
+            gpu=gpu,
+            overrides=over,
+            admitted_node_labels=admitted_node_labels,
+        )
+    )
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
 
 
 def container(
@@ -261,7 +344,7 @@ def container(
             for port_name, port in ports
         ],
         "resources": resources(res),
-        "securityContext": container_security_context(),
+        "securityContext": container_security_context(ipc_lock=res.rdma > 0),
         "volumeMounts": mounts,
     }
     if probes:

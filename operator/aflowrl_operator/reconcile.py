@@ -7,11 +7,15 @@ operator in the middle of a pass repeats nothing and duplicates nothing. The pas
 1. validates the spec (:mod:`aflowrl_operator.validation`) and reads the *accepted* spec from
    the run's ConfigMap; a spec that is invalid or changes an immutable field is rejected, and
    the children keep following the accepted spec;
-2. builds the children (:mod:`aflowrl_operator.children`) for the spec and the scale (suspended,
-   finished, the HPA's environment count) and creates or patches each (:mod:`.apply`);
-3. handles the trainer Job apart: its pod template is immutable, so only ``suspend`` is patched,
+2. under Kueue (the run's ``kueue.x-k8s.io/queue-name`` label), keeps the run's Workload and
+   holds the run (everything at zero, the trainer suspended) until Kueue admits it, placing the
+   pods on the admitted flavors' nodes; an evicted run is held, and once its pods are gone its
+   Workload is replaced so it queues again (:mod:`aflowrl_operator.kueue`);
+3. builds the children (:mod:`aflowrl_operator.children`) for the spec and the scale (suspended,
+   finished, queued, the HPA's environment count) and applies each (:mod:`.apply`);
+4. handles the trainer Job apart: its pod template is immutable, so only ``suspend`` is patched,
    and a suspended Job with an outdated template is replaced (it resumes from its checkpoint);
-4. reads pods and nodes to explain what is not running, computes the status
+5. reads pods and nodes to explain what is not running, computes the status
    (:mod:`aflowrl_operator.status`) and writes it to the status subresource when it changed.
 
 A pass reads the run itself from the API server (not kopf's cached copy), so it always starts
@@ -30,12 +34,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from aflowrl.config import KIND, ConfigError, RunSpec
-from aflowrl_operator import capacity, children, status
+from aflowrl_operator import capacity, children, kueue, status
 from aflowrl_operator.apply import controlled_by, ensure, remove
 from aflowrl_operator.errors import ApiRejectedError, ChildConflictError
 from aflowrl_operator.kube import KubeApi
 from aflowrl_operator.metrics import OperatorMetrics
-from aflowrl_operator.names import COMPONENT_LABEL, RUN_LABEL, TEMPLATE_HASH, RunRef
+from aflowrl_operator.names import (
+    COMPONENT_LABEL,
+    KUEUE_PRIORITY_LABEL,
+    KUEUE_QUEUE_LABEL,
+    PODSETS_HASH,
+    RUN_LABEL,
+    TEMPLATE_HASH,
+    RunRef,
+)
 from aflowrl_operator.validation import Rejection, immutable_changes, validate
 
 logger = logging.getLogger(__name__)
@@ -208,7 +220,15 @@ class Reconciler:
         if spec is None:
             observation = status.Observation(spec=None, rejection=rejection)
         else:
-            observation = await self._apply_and_observe(run, spec, rejection, actions)
+            labels = current_meta.get("labels") or {}
+            observation = await self._apply_and_observe(
+                run,
+                spec,
+                rejection,
+                actions,
+                queue=labels.get(KUEUE_QUEUE_LABEL),
+                priority=labels.get(KUEUE_PRIORITY_LABEL),
+            )
         new_status = status.compute(observation, current.get("status"), generation, _now())
         written = status.changed(new_status, current.get("status"))
         if written:
@@ -218,7 +238,14 @@ class Reconciler:
         return Outcome(status=new_status, rejection=rejection, status_written=written)
 
     async def _apply_and_observe(
-        self, run: RunRef, spec: RunSpec, rejection: Rejection | None, actions: list[str]
+        self,
+        run: RunRef,
+        spec: RunSpec,
+        rejection: Rejection | None,
+        actions: list[str],
+        *,
+        queue: str | None = None,
+        priority: str | None = None,
     ) -> status.Observation:
         ns = run.namespace
         job_live = await self.api.get("Job", ns, run.trainer)
@@ -227,9 +254,17 @@ class Reconciler:
         env_replicas = children.environment_replicas(
             spec, (env_live or {}).get("spec", {}).get("replicas") if env_live else None
         )
-        services = not spec.suspend and not finished
+        wants_admission = queue is not None and not spec.suspend and not finished
+        workload_live = await self.api.get("Workload", ns, run.workload) if queue else None
+        admission = kueue.admission(workload_live) if wants_admission else kueue.Admission()
+        node_labels = await self._flavor_labels(admission) if admission.admitted else {}
+        held = wants_admission and not admission.admitted
+        services = not spec.suspend and not finished and not held
         scale = children.Scale(
-            services=services, environment_replicas=env_replicas, trainer_suspended=spec.suspend
+            services=services,
+            environment_replicas=env_replicas,
+            trainer_suspended=spec.suspend or held,
+            node_labels=node_labels,
         )
         monitoring_api = await self._has_monitoring()
         wants_monitor = spec.monitoring.service_monitor.enabled
@@ -247,8 +282,11 @@ class Reconciler:
         problems: list[status.Problem] = []
         live: dict[tuple[str, str], JsonDict] = {}
         for child in desired.children:
+            autoscaled = (child.kind, child.name) == ("Deployment", run.environment)
             try:
-                obj, action = await ensure(self.api, run, child.manifest, replicas=child.replicas)
+                obj, action = await ensure(
+                    self.api, run, child.manifest, replicas=child.replicas, autoscaled=autoscaled
+                )
             except ChildConflictError as exc:
                 problems.append(("ChildConflict", str(exc)))
                 continue
@@ -263,13 +301,28 @@ class Reconciler:
                 self._record(actions, kind, name, "deleted")
         try:
             job_live = await self._ensure_job(
-                run, desired.trainer_job, job_live, suspended=spec.suspend, actions=actions
+                run,
+                desired.trainer_job,
+                job_live,
+                suspended=scale.trainer_suspended,
+                actions=actions,
             )
         except ChildConflictError as exc:
             problems.append(("ChildConflict", str(exc)))
             job_live = None
         except ApiRejectedError as exc:
             problems.append(("ChildRejected", f"Job {run.trainer}: {exc}"))
+
+        queued: str | None = None
+        if queue is not None:
+            queued = await self._sync_workload(
+                run,
+                children.kueue_workload(run, spec, desired, queue=queue, priority=priority),
+                workload_live,
+                admission,
+                wanted=wants_admission,
+                actions=actions,
+            )
 
         pod_problems: dict[str, list[status.Problem]] = {}
         for pod in await self.api.list("Pod", ns, {RUN_LABEL: run.name}):
@@ -292,14 +345,76 @@ class Reconciler:
         unschedulable = (
             capacity.unschedulable(spec, await self._cluster_nodes()) if services else []
         )
-        return status.Observation(
+        trainer = status.job_state(job_live, tuple(pod_problems.get("trainer", ())))
+        observed = status.Observation(
             spec=spec,
             rejection=rejection,
             suspended=spec.suspend,
+            queued=queued,
             rollout=workload("Deployment", run.rollout, "rollout"),
             learner=workload("StatefulSet", run.learner, "learner"),
             environment=environment,
-            trainer=status.job_state(job_live, tuple(pod_problems.get("trainer", ()))),
+            trainer=trainer,
             unschedulable=tuple(unschedulable),
             apply_problems=tuple(problems),
         )
+        idle = trainer.active == 0 and not any(
+            w.ready for w in (observed.rollout, observed.learner, observed.environment)
+        )
+        # Held and every pod gone: release the quota and queue again with a new Workload.
+        if admission.evicted and idle and await remove(self.api, run, "Workload", run.workload):
+            self._record(actions, "Workload", run.workload, "deleted")
+        return observed
+
+    async def _flavor_labels(self, admitted: kueue.Admission) -> dict[str, dict[str, str]]:
+        """Per pod set, the node labels of the ResourceFlavors Kueue admitted it on."""
+        objects: dict[str, JsonDict] = {}
+        for name in {f for flavors in admitted.flavors.values() for f in flavors.values()}:
+            try:
+                found = await self.api.get("ResourceFlavor", None, name)
+            except ApiRejectedError as exc:  # no RBAC for flavors: pods keep their placement
+                logger.warning("cannot read ResourceFlavor %s: %s", name, exc)
+                found = None
+            if found is not None:
+                objects[name] = found
+        return {
+            pod_set: kueue.node_labels(flavors, objects)
+            for pod_set, flavors in admitted.flavors.items()
+        }
+
+    async def _sync_workload(
+        self,
+        run: RunRef,
+        manifest: JsonDict,
+        live: JsonDict | None,
+        admitted: kueue.Admission,
+        *,
+        wanted: bool,
+        actions: list[str],
+    ) -> str | None:
+        """Keep the run's Kueue Workload; returns why the run is held, or None when admitted.
+
+        A suspended or finished run gives its quota back (its Workload is deleted); a Workload
+        whose pod sets no longer match the spec is replaced (Kueue refuses to change one).
+        """
+        if not wanted:
+            if live is not None and await remove(self.api, run, "Workload", run.workload):
+                self._record(actions, "Workload", run.workload, "deleted")
+            return None
+        queue = manifest["spec"]["queueName"]
+        if live is not None and _annotation(live, PODSETS_HASH) != _annotation(
+            manifest, PODSETS_HASH
+        ):
+            if await remove(self.api, run, "Workload", run.workload):
+                self._record(actions, "Workload", run.workload, "deleted")
+            live = None
+        if live is None:
+            _, action = await ensure(self.api, run, manifest)
+            self._record(actions, "Workload", run.workload, action)
+            return f"waiting for Kueue to admit the run (queue {queue})"
+        if admitted.admitted:
+            return None
+        why = f": {admitted.message}" if admitted.message else ""
+        if admitted.evicted:
+            return f"evicted by Kueue{why}; the run is held and queues again once its pods stop"
+        return f"waiting for Kueue to admit the run (queue {queue}){why}"

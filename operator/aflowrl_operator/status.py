@@ -28,7 +28,15 @@ Problem = tuple[str, str]
 
 # Component condition reasons that do not mean anything is wrong.
 _HEALTHY_REASONS = frozenset(
-    {"AllReplicasReady", "Starting", "Creating", "Suspended", "RunFinished", "InvalidSpec"}
+    {
+        "AllReplicasReady",
+        "Starting",
+        "Creating",
+        "Suspended",
+        "Queued",
+        "RunFinished",
+        "InvalidSpec",
+    }
 )
 # Pod container states worth reporting, in the order a reader should see them.
 _BAD_WAITING = (
@@ -96,12 +104,14 @@ class Observation:
     ``spec`` is the accepted spec the children follow (None when no spec was ever accepted);
     ``rejection`` why the current spec is not applied; ``environment`` folds in the served
     executor; ``unschedulable`` lists GPU requests no node can meet; ``apply_problems`` children
-    the operator could not write (name conflicts, API rejections).
+    the operator could not write (name conflicts, API rejections); ``queued`` why Kueue holds
+    the run (None when it is not queued).
     """
 
     spec: RunSpec | None
     rejection: Rejection | None = None
     suspended: bool = False
+    queued: str | None = None
     rollout: Workload = Workload()
     learner: Workload = Workload()
     environment: Workload = Workload()
@@ -232,6 +242,8 @@ def _component(
         return False, "RunFinished", f"the run has finished: the {label} is scaled to zero"
     if obs.suspended:
         return False, "Suspended", f"the run is suspended: the {label} is scaled to zero"
+    if obs.queued is not None:
+        return False, "Queued", f"{obs.queued}: the {label} is scaled to zero"
     if not work.exists:
         return False, "Creating", f"creating the {label}"
     count = f"{work.ready}/{work.desired} {label} pods ready"
@@ -265,6 +277,8 @@ def _trainer(obs: Observation) -> tuple[bool, str, str]:
         return False, "Failed", f"the trainer failed: {job.failure_message}"
     if not job.exists:
         return False, "Creating", "creating the trainer Job"
+    if obs.queued is not None and not obs.suspended:
+        return False, "Queued", f"{obs.queued}: the trainer is suspended"
     if obs.suspended or job.suspended:
         return False, "Suspended", "the run is suspended: the trainer is stopped"
     if job.ready > 0:
@@ -325,6 +339,9 @@ def compute(
     elif obs.suspended:
         ready = (False, "Suspended", "spec.suspend is true: every component is scaled to zero")
         progressing = (False, "Suspended", "spec.suspend is true")
+    elif obs.queued is not None:
+        ready = (False, "Queued", obs.queued)
+        progressing = (True, "Queued", obs.queued)
     elif running:
         ready = (True, "Training", progress)
         progressing = (True, "Training", progress)

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from aflowrl.config import OpenAIExecutorSpec, ResourceSpec, RunSpec
+from aflowrl.config.scheduling import PodOverrides
 from aflowrl_operator import pods
 from aflowrl_operator.names import TEMPLATE_HASH, RunRef, digest
 
@@ -114,6 +115,8 @@ def _grpc_service(
     volumes: list[JsonDict],
     mounts: list[JsonDict],
     spec_hash_: str,
+    overrides: PodOverrides,
+    node_labels: dict[str, str] | None,
 ) -> list[JsonDict]:
     """A Deployment of ``aflowrl serve <serve>`` pods + its headless Service (the clients
     resolve every pod and balance over them)."""
@@ -138,6 +141,8 @@ def _grpc_service(
         volumes=volumes,
         gpu=res.gpus > 0,
         metrics_port=metrics,
+        overrides=overrides,
+        admitted_node_labels=node_labels,
     )
     ports: list[tuple[str, int, str | None]] = [
         ("grpc", port, "grpc"),
@@ -149,10 +154,12 @@ def _grpc_service(
     ]
 
 
-def rollout(run: RunRef, spec: RunSpec, *, spec_hash_: str) -> list[JsonDict]:
+def rollout(
+    run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
+) -> list[JsonDict]:
     """Rollout Deployment + headless Service: ``aflowrl serve rollout``."""
     volumes, mounts = pods.base_volumes(run, spec)
-    shm, shm_mount = pods.shm_volume()
+    shm, shm_mount = pods.shm_volume(spec.rollout.resources)
     model_vols, model_mounts = _model_mount(spec)
     volumes += [shm, *model_vols]
     mounts += [shm_mount, *model_mounts]
@@ -169,10 +176,13 @@ def rollout(run: RunRef, spec: RunSpec, *, spec_hash_: str) -> list[JsonDict]:
         image=spec.images.gpu,
         res=spec.rollout.resources,
         port=spec.rollout.port,
-        env=pods.base_env(spec),
+        env=pods.base_env(spec)
+        + pods.accelerator_env(spec, spec.rollout.resources, engine=spec.rollout.engine),
         volumes=volumes,
         mounts=mounts,
         spec_hash_=spec_hash_,
+        overrides=spec.rollout.pod,
+        node_labels=node_labels,
     )
 
 
@@ -205,7 +215,9 @@ def learner_command(run: RunRef, spec: RunSpec) -> list[str]:
     ]
 
 
-def learner(run: RunRef, spec: RunSpec, *, spec_hash_: str) -> list[JsonDict]:
+def learner(
+    run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
+) -> list[JsonDict]:
     """Learner StatefulSet + headless Service: one pod per node, ``procsPerNode`` ranks each.
 
     Pods start in parallel (torchrun waits for all nodes) and the Service publishes not-ready
@@ -216,7 +228,7 @@ def learner(run: RunRef, spec: RunSpec, *, spec_hash_: str) -> list[JsonDict]:
     """
     ln = spec.learner
     volumes, mounts = pods.base_volumes(run, spec)
-    shm, shm_mount = pods.shm_volume()
+    shm, shm_mount = pods.shm_volume(ln.resources)
     model_vols, model_mounts = _model_mount(spec)
     ckpt_vols, ckpt_mounts = _weights_mount(run, spec)
     volumes += [shm, *model_vols, *ckpt_vols]
@@ -231,7 +243,7 @@ def learner(run: RunRef, spec: RunSpec, *, spec_hash_: str) -> list[JsonDict]:
         spec.images.gpu,
         command=learner_command(run, spec),
         res=ln.resources,
-        env=pods.base_env(spec),
+        env=pods.base_env(spec) + pods.accelerator_env(spec, ln.resources),
         mounts=mounts,
         ports=ports,
         probes=pods.grpc_probes(spec, ln.port) if ln.nodes == 1 else None,
@@ -245,6 +257,8 @@ def learner(run: RunRef, spec: RunSpec, *, spec_hash_: str) -> list[JsonDict]:
         volumes=volumes,
         gpu=ln.resources.gpus > 0,
         metrics_port=metrics,
+        overrides=ln.pod,
+        admitted_node_labels=node_labels,
     )
     statefulset = {
         "apiVersion": "apps/v1",
@@ -285,7 +299,9 @@ def _executor_env(run: RunRef, spec: RunSpec) -> list[JsonDict]:
     return env
 
 
-def environment(run: RunRef, spec: RunSpec, *, spec_hash_: str) -> list[JsonDict]:
+def environment(
+    run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
+) -> list[JsonDict]:
     """Environment Deployment + headless Service + HPA + egress NetworkPolicy."""
     envspec = spec.environment
     volumes, mounts = pods.base_volumes(run, spec)
@@ -317,6 +333,8 @@ def environment(run: RunRef, spec: RunSpec, *, spec_hash_: str) -> list[JsonDict
         volumes=volumes,
         mounts=mounts,
         spec_hash_=spec_hash_,
+        overrides=envspec.pod,
+        node_labels=node_labels,
     )
     replicas = envspec.replicas
     hpa = {
@@ -388,13 +406,15 @@ def environment_egress(run: RunRef, spec: RunSpec) -> JsonDict:
     }
 
 
-def executor(run: RunRef, spec: RunSpec, *, spec_hash_: str) -> list[JsonDict]:
+def executor(
+    run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
+) -> list[JsonDict]:
     """The served executor: vLLM's OpenAI-compatible server Deployment + Service on port 8000."""
     exe = spec.environment.executor
     assert isinstance(exe, OpenAIExecutorSpec) and exe.serve is not None
     serve = exe.serve
     tmp = {"name": "tmp", "emptyDir": {}}
-    shm, shm_mount = pods.shm_volume()
+    shm, shm_mount = pods.shm_volume(serve.resources)
     volumes: list[JsonDict] = [tmp, shm]
     mounts: list[JsonDict] = [{"name": "tmp", "mountPath": "/tmp"}, shm_mount]
     if serve.persistent_volume_claim is not None:
@@ -444,6 +464,7 @@ def executor(run: RunRef, spec: RunSpec, *, spec_hash_: str) -> list[JsonDict]:
         volumes=volumes,
         gpu=serve.resources.gpus > 0,
         metrics_port=None,
+        admitted_node_labels=node_labels,
     )
     ports: list[tuple[str, int, str | None]] = [("http", EXECUTOR_PORT, "http")]
     return [
@@ -470,7 +491,14 @@ def trainer_command(run: RunRef, spec: RunSpec) -> list[str]:
     ]
 
 
-def trainer(run: RunRef, spec: RunSpec, *, spec_hash_: str, suspended: bool) -> JsonDict:
+def trainer(
+    run: RunRef,
+    spec: RunSpec,
+    *,
+    spec_hash_: str,
+    suspended: bool,
+    node_labels: dict[str, str] | None = None,
+) -> JsonDict:
     """The trainer Job. Its container restarts in place (``OnFailure``), so even an emptyDir
     checkpoint directory survives a crash and the trainer resumes from its last checkpoint."""
     volumes, mounts = pods.base_volumes(run, spec)
@@ -503,6 +531,8 @@ def trainer(run: RunRef, spec: RunSpec, *, spec_hash_: str, suspended: bool) -> 
         volumes=volumes,
         gpu=False,
         metrics_port=metrics,
+        overrides=spec.trainer.pod,
+        admitted_node_labels=node_labels,
         service_account=run.trainer,
         restart_policy="OnFailure",
     )

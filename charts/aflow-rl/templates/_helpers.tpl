@@ -45,7 +45,17 @@ app.kubernetes.io/part-of: aflow-rl
 {{- end }}
 {{- end }}
 
-{{/* Rules on the objects of the namespaces the operator watches (see rbac.yaml). */}}
+{{/* Whether replicas coordinate through kopf's peering (more than one replica, or asked). */}}
+{{- define "aflow-rl.peering" -}}
+{{- if or .Values.peering.enabled (gt (int .Values.replicaCount) 1) }}true{{ end }}
+{{- end }}
+
+{{- define "aflow-rl.peeringName" -}}
+{{- default (include "aflow-rl.fullname" .) .Values.peering.name }}
+{{- end }}
+
+{{/* Rules on the objects of the namespaces the operator watches (see rbac.yaml). Children are
+written with server-side apply (patch, which also creates) and watched (list, watch). */}}
 {{- define "aflow-rl.namespacedRules" -}}
 - apiGroups: ["aflowrl.io"]
   resources: ["trainingruns"]
@@ -54,29 +64,26 @@ app.kubernetes.io/part-of: aflow-rl
   resources: ["trainingruns/status"]
   verbs: ["get", "patch"]
 - apiGroups: [""]
-  resources: ["configmaps", "serviceaccounts", "persistentvolumeclaims"]
+  resources: ["configmaps", "services"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["serviceaccounts", "persistentvolumeclaims"]
   verbs: ["get", "create", "patch"]
 - apiGroups: [""]
-  resources: ["services"]
-  verbs: ["get", "create", "patch", "delete"]
-- apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
 - apiGroups: ["apps"]
-  resources: ["deployments"]
-  verbs: ["get", "create", "patch", "delete"]
-- apiGroups: ["apps"]
-  resources: ["statefulsets"]
-  verbs: ["get", "create", "patch"]
+  resources: ["deployments", "statefulsets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "create", "patch"]
@@ -86,4 +93,58 @@ app.kubernetes.io/part-of: aflow-rl
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
   verbs: ["get", "create", "patch", "delete"]
+{{- if .Values.rbac.gangScheduling }}
+- apiGroups: ["scheduling.x-k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["get", "create", "patch", "delete"]
+{{- end }}
+{{- if .Values.rbac.kueue }}
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+{{- end }}
+{{- if include "aflow-rl.peering" . }}
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end }}
+
+{{/* The pod spec of a hook (CRD upgrade, helm test): the operator image running one task.
+Arguments: root (the chart's context), serviceAccount, args. */}}
+{{- define "aflow-rl.hookPod" -}}
+{{- $root := .root -}}
+serviceAccountName: {{ .serviceAccount }}
+automountServiceAccountToken: true
+{{- with $root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ if kindIs "string" . }}{{ . }}{{ else }}{{ .name }}{{ end }}
+  {{- end }}
+{{- end }}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 10001
+  runAsGroup: 10001
+  seccompProfile:
+    type: RuntimeDefault
+containers:
+  - name: task
+    image: "{{ $root.Values.image.repository }}:{{ $root.Values.image.tag | default $root.Chart.AppVersion }}"
+    imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+    command: ["aflowrl-operator"]
+    args:
+      {{- toYaml .args | nindent 6 }}
+    env:
+      - name: HOME
+        value: /tmp
+    resources:
+      requests: {cpu: 50m, memory: 128Mi}
+      limits: {memory: 256Mi}
+    securityContext:
+      runAsNonRoot: true
+      allowPrivilegeEscalation: false
+      readOnlyRootFilesystem: true
+      capabilities:
+        drop: ["ALL"]
 {{- end }}

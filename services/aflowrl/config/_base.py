@@ -1,18 +1,60 @@
 """Base class and shared field types of every configuration model.
 
 Models use camelCase keys (the Kubernetes convention, so a `TrainingRun` and a local run file are
-the same document) and also accept snake_case names from Python code. Unknown keys are errors, so
-typos never pass silently. Each field is documented by the docstring under it, which becomes its
+the same document). A *document* (a run file, a TrainingRun's spec) is read by
+:meth:`SpecModel.validate_document` exactly as the Kubernetes API server reads a custom resource
+under the generated CRD: one spelling per field (camelCase only), strict JSON types (``'5'`` and
+``true`` are not integers), unknown keys refused, ``null`` meaning "not set" and ``5.0`` the
+integer 5 (JSON has one number type). Python code may still construct models with snake_case
+keyword arguments. Each field is documented by the docstring under it, which becomes its
 description in the CRD's OpenAPI schema.
+
+Rules a field's type cannot state (cross-field checks) are written twice, on purpose: once in
+Python (a ``model_validator`` raising :class:`FieldRuleError`, which names the field) and once
+in CEL (:class:`CelRule` in ``cel_rules``), which the CRD carries as ``x-kubernetes-validations``.
+``tests/unit/config/test_validator_agreement.py`` checks that both refuse the same documents.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Annotated
+import dataclasses
+from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+
+
+class FieldRuleError(ValueError):
+    """Cross-field rules broken by a model; each of ``broken`` is (the camelCase path, relative
+    to the model, of the field the error is reported on, as a CEL rule's ``fieldPath`` names
+    it; the message). A model checks all its rules and raises them together, as the API server
+    reports every CEL rule that fails."""
+
+    def __init__(self, field: str, message: str, *more: tuple[str, str]) -> None:
+        self.broken = [(field, message), *more]
+        super().__init__("; ".join(msg for _, msg in self.broken))
+
+    @staticmethod
+    def raise_any(broken: list[tuple[str, str]]) -> None:
+        """Raise the rules in ``broken`` together, if there are any."""
+        if broken:
+            raise FieldRuleError(*broken[0], *broken[1:])
+
+
+@dataclasses.dataclass(frozen=True)
+class CelRule:
+    """A CEL validation rule of a model, for the CRD's ``x-kubernetes-validations``.
+
+    ``rule`` is a CEL expression over ``self`` (the model's object) in which ``{a.b}`` stands for
+    the value of field ``a.b`` *or its default* when absent, ``{?a.b}`` for "``a.b`` is set" and
+    ``{!a.b}`` for the field itself (use it only where it is known to be set); ``old:`` after the
+    brace (``{old:a.b}``) reads ``oldSelf``, which makes it a transition rule (updates only).
+    ``field`` is the camelCase path the error names (the rule's ``fieldPath``).
+    """
+
+    rule: str
+    message: str
+    field: str = ""
 
 
 class SpecModel(BaseModel):
@@ -27,37 +69,72 @@ class SpecModel(BaseModel):
         frozen=True,
         use_attribute_docstrings=True,
         validate_default=True,
+        allow_inf_nan=False,
     )
 
+    cel_rules: ClassVar[tuple[CelRule, ...]] = ()
+    """The CEL twins of this model's ``model_validator`` rules (see the module docstring)."""
 
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+    @classmethod
+    def validate_document(cls, doc: Any) -> Self:
+        """Validate a JSON/YAML document as the API server reads it (module docstring).
 
-
-def _check_quantity(value: str) -> str:
-    if not _QUANTITY.match(value):
-        raise ValueError(f"{value!r} is not a Kubernetes quantity (examples: '500m', '2', '16Gi')")
-    return value
-
-
-Quantity = Annotated[str, AfterValidator(_check_quantity)]
-"""A Kubernetes resource quantity such as ``"500m"``, ``"4"`` or ``"16Gi"``."""
-
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+        Raises pydantic's ``ValidationError``; :class:`aflowrl.config.ConfigError` formats it.
+        """
+        return cls.model_validate(json_document(doc), strict=True, by_alias=True, by_name=False)
 
 
-def _check_dns_label(value: str) -> str:
-    if len(value) > 63 or not _DNS_LABEL.match(value):
-        raise ValueError(
-            f"{value!r} is not a DNS-1123 label (lower-case letters, digits and '-', at most 63)"
-        )
-    return value
+def json_document(node: Any) -> Any:
+    """A document as the API server stores it: ``null`` mapping values dropped (the server
+    prunes nulls of non-nullable fields) and integral floats made integers (JSON has one number
+    type: ``5.0`` is a valid integer to the API server)."""
+    if isinstance(node, dict):
+        return {key: json_document(value) for key, value in node.items() if value is not None}
+    if isinstance(node, list):
+        return [json_document(item) for item in node]
+    if isinstance(node, float) and node.is_integer():
+        return int(node)
+    return node
 
 
-DnsLabel = Annotated[str, AfterValidator(_check_dns_label)]
+QUANTITY_PATTERN = (
+    r"^(\+)?([0-9]+(\.[0-9]*)?|\.[0-9]+)"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+"""A non-negative Kubernetes resource quantity (the API server's own grammar, sign '-' left out)."""
+
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
+"""A non-negative Kubernetes resource quantity such as ``"500m"``, ``"4"`` or ``"16Gi"``."""
+
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+DnsLabel = Annotated[str, Field(pattern=DNS_LABEL_PATTERN, min_length=1, max_length=63)]
 """A Kubernetes object name usable as a DNS label."""
+
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+DnsSubdomain = Annotated[str, Field(pattern=DNS_SUBDOMAIN_PATTERN, min_length=1, max_length=253)]
+"""A Kubernetes object name (DNS-1123 subdomain: Secrets, PriorityClasses, RuntimeClasses)."""
+
+QUALIFIED_NAME_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+"""A label or annotation key: an optional DNS-subdomain prefix and ``/``, then a name."""
+
+LabelKey = Annotated[str, Field(pattern=QUALIFIED_NAME_PATTERN, min_length=1, max_length=317)]
+"""A label, annotation or node-label key (``[prefix/]name``)."""
+
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+
+LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
+"""A label value (at most 63 characters; may be empty)."""
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 """A TCP port number."""
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 """A number in [0, 1]."""
+
+ShortText = Annotated[str, Field(max_length=1024)]
+"""A string of at most 1024 characters (list items, map values)."""

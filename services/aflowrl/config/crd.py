@@ -1,11 +1,22 @@
 """Generate the ``TrainingRun`` CustomResourceDefinition from the pydantic models.
 
-The CRD's OpenAPI v3 schema is derived from :class:`RunSpec` and :class:`TrainingRunStatus`, so the
-cluster and ``aflowrl train -f`` accept the same documents. Pydantic's JSON Schema is turned into
-a *structural* schema as Kubernetes requires: references are inlined, ``Optional`` becomes
-``nullable``, discriminated unions become one object whose ``type`` is an enum of the variants'
-tags (the pydantic model checks the variant's own rules; the operator runs it on every change),
-and JSON-Schema-2020 numeric bounds become OpenAPI v3.0 ones.
+The CRD's OpenAPI v3 schema is derived from :class:`RunSpec` and :class:`TrainingRunStatus`, so
+the cluster and ``aflowrl train -f`` / ``aflowrl spec validate`` refuse the same documents and
+name the same field. Pydantic's JSON Schema is turned into a *structural* schema as Kubernetes
+requires:
+
+- references are inlined; every bound, pattern, length and enum of a field is kept;
+- ``Optional`` fields of the spec are plain (the API server prunes a ``null`` as "not set", and
+  so does :meth:`SpecModel.validate_document`); the status keeps them ``nullable``;
+- a discriminated union becomes one object whose ``type`` is required and an enum of the tags,
+  with CEL rules that allow a variant's own fields only with its ``type``
+  (``{type: grpc, keepVersions: 3}`` is refused) and its rules only under its ``type``;
+- a map's key pattern (``propertyNames``, not allowed in structural schemas) becomes a CEL rule;
+- each model's ``cel_rules`` (twins of its Python cross-field checks) become
+  ``x-kubernetes-validations``; the spec also gets the cluster-only rules and one transition
+  rule per immutable field (:data:`aflowrl.config.run.IMMUTABLE_FIELDS`), which compare each
+  field, or its default, with ``oldSelf``'s;
+- status ``conditions`` is a list-map keyed by ``type``.
 """
 
 from __future__ import annotations
@@ -14,25 +25,71 @@ import copy
 import json
 from typing import Any
 
-from aflowrl.config.run import API_GROUP, API_VERSION, KIND, PLURAL, RunSpec
+from pydantic import BaseModel
+
+from aflowrl.config import _cel
+from aflowrl.config._base import CelRule, SpecModel
+from aflowrl.config.run import (
+    API_GROUP,
+    API_VERSION,
+    CLUSTER_RULES,
+    IMMUTABLE_FIELDS,
+    KIND,
+    MAX_RUN_NAME,
+    PLURAL,
+    RUN_NAME_PATTERN,
+    RunSpec,
+)
 from aflowrl.config.status import TrainingRunStatus
 
 JsonDict = dict[str, Any]
 
 _DROP_KEYS = {"title", "default", "discriminator", "$defs"}
+_VALIDATIONS = "x-kubernetes-validations"
 
 
-def _resolve(node: Any, defs: JsonDict) -> Any:
-    """Inline ``$ref``s (recursively)."""
+def _model_index(model: type[BaseModel], found: dict[str, type[BaseModel]]) -> None:
+    """Every model class reachable from ``model``, by the name pydantic gives its ``$defs``."""
+    found[model.__name__] = model
+    for info in model.model_fields.values():
+        for inner in _all_models(info.annotation):
+            if inner.__name__ not in found:
+                _model_index(inner, found)
+
+
+def _all_models(annotation: Any) -> list[type[BaseModel]]:
+    import typing
+
+    direct = _cel.model_classes(annotation)
+    if direct:
+        return direct
+    return [m for arg in typing.get_args(annotation) for m in _all_models(arg)]
+
+
+def _rules(model: type[BaseModel], rules: tuple[CelRule, ...]) -> list[JsonDict]:
+    out = []
+    for rule in rules:
+        entry: JsonDict = {"rule": _cel.expand(model, rule.rule), "message": rule.message}
+        if rule.field:
+            entry["fieldPath"] = "." + rule.field
+        out.append(entry)
+    return out
+
+
+def _resolve(node: Any, defs: JsonDict, models: dict[str, type[BaseModel]]) -> Any:
+    """Inline ``$ref``s (recursively), attaching each model's CEL rules to its object."""
     if isinstance(node, list):
-        return [_resolve(item, defs) for item in node]
+        return [_resolve(item, defs, models) for item in node]
     if not isinstance(node, dict):
         return node
     if "$ref" in node:
         name = node["$ref"].rsplit("/", 1)[-1]
         merged = {**copy.deepcopy(defs[name]), **{k: v for k, v in node.items() if k != "$ref"}}
-        return _resolve(merged, defs)
-    return {key: _resolve(value, defs) for key, value in node.items()}
+        model = models.get(name)
+        if model is not None and issubclass(model, SpecModel) and model.cel_rules:
+            merged[_VALIDATIONS] = _rules(model, model.cel_rules)
+        return _resolve(merged, defs, models)
+    return {key: _resolve(value, defs, models) for key, value in node.items()}
 
 
 def _describe_default(schema: JsonDict, default: Any) -> None:
@@ -44,48 +101,62 @@ def _describe_default(schema: JsonDict, default: Any) -> None:
         schema["description"] = f"{desc} Default: {text}.".strip()
 
 
-def _widen(key: str, a: JsonDict, b: JsonDict) -> JsonDict:
-    """One schema admitting what two variants' schemas for the same key admit."""
-    plain_a = {k: v for k, v in a.items() if k != "description"}
-    plain_b = {k: v for k, v in b.items() if k != "description"}
-    if plain_a.get("type") != plain_b.get("type"):
-        raise ValueError(f"union variants disagree on the type of {key!r}")
-    out = dict(plain_a)
-    for bound, pick in (("minimum", min), ("maximum", max)):
-        if bound in plain_a and bound in plain_b:
-            out[bound] = pick(plain_a[bound], plain_b[bound])
-        else:
-            out.pop(bound, None)
-    if plain_a.get("exclusiveMinimum") != plain_b.get("exclusiveMinimum"):
-        out.pop("exclusiveMinimum", None)
-    if plain_a.get("exclusiveMaximum") != plain_b.get("exclusiveMaximum"):
-        out.pop("exclusiveMaximum", None)
-    if a.get("description") == b.get("description"):
-        out["description"] = a.get("description", "")
-    else:
-        out["description"] = f"{a.get('description', '')} | {b.get('description', '')}"
-    return out
+def _plain(schema: JsonDict) -> JsonDict:
+    return {k: v for k, v in schema.items() if k not in {"description", _VALIDATIONS}}
+
+
+def _guarded(tag: str, rule: JsonDict) -> JsonDict:
+    return {**rule, "rule": f"self.type != {_cel.literal(tag)} || ({rule['rule']})"}
 
 
 def _merge_union(variants: list[JsonDict], description: str | None) -> JsonDict:
     """Merge the object variants of a discriminated union into one structural object.
 
-    A key several variants share keeps its type; bounds widen to admit every variant and the
-    descriptions are joined with the variant's tag. The pydantic model checks the exact rules.
+    A key several variants share must have the same schema in each (descriptions aside); a key
+    of some variants only is allowed with their tags (a CEL rule); each variant's rules apply
+    under its tag, and its required keys are required under its tag.
     """
     merged: dict[str, JsonDict] = {}
+    owners: dict[str, list[str]] = {}
     tags: list[str] = []
+    rules: list[JsonDict] = []
     for variant in variants:
         props = variant.get("properties", {})
         tag = props.get("type", {}).get("enum", ["?"])[0]
         tags.append(tag)
+        rules += [_guarded(tag, rule) for rule in variant.get(_VALIDATIONS, [])]
+        for key in variant.get("required", []):
+            if key != "type":
+                rules.append(
+                    {
+                        "rule": f"self.type != {_cel.literal(tag)} || has(self.{key})",
+                        "message": f"{key} is required with type {tag}",
+                        "fieldPath": f".{key}",
+                    }
+                )
         for key, prop in props.items():
             if key == "type":
                 continue
+            owners.setdefault(key, []).append(tag)
             tagged = {**prop, "description": f"[{tag}] {prop.get('description', '')}".strip()}
-            merged[key] = _widen(key, merged[key], tagged) if key in merged else tagged
+            if key not in merged:
+                merged[key] = tagged
+            elif _plain(merged[key]) != _plain(tagged):
+                raise ValueError(f"union variants disagree on the schema of {key!r}")
+            else:
+                merged[key]["description"] += f" | {tagged['description']}"
+    for key, key_tags in owners.items():
+        if len(key_tags) < len(tags):
+            rules.append(
+                {
+                    "rule": f"!has(self.{key}) || self.type in {_cel.literal(key_tags)}",
+                    "message": f"{key} is a field of type {' or '.join(key_tags)} only",
+                    "fieldPath": f".{key}",
+                }
+            )
     out: JsonDict = {
         "type": "object",
+        "required": ["type"],
         "properties": {
             "type": {
                 "type": "string",
@@ -95,12 +166,14 @@ def _merge_union(variants: list[JsonDict], description: str | None) -> JsonDict:
             **merged,
         },
     }
+    if rules:
+        out[_VALIDATIONS] = rules
     if description:
         out["description"] = description
     return out
 
 
-def _structural(node: JsonDict) -> JsonDict:
+def _structural(node: JsonDict, *, nullable: bool) -> JsonDict:
     """Convert one (resolved) pydantic JSON-Schema node to a structural OpenAPI v3.0 node."""
     node = dict(node)
     default = node.get("default")
@@ -108,15 +181,16 @@ def _structural(node: JsonDict) -> JsonDict:
 
     if "anyOf" in node:
         options = [opt for opt in node["anyOf"] if opt.get("type") != "null"]
-        nullable = len(options) < len(node["anyOf"])
+        has_null = len(options) < len(node["anyOf"])
+        rest = {k: v for k, v in node.items() if k != "anyOf"}
         if len(options) == 1:
-            inner = _structural({**options[0], **{k: v for k, v in node.items() if k != "anyOf"}})
-            if nullable:
+            inner = _structural({**options[0], **rest}, nullable=nullable)
+            if has_null and nullable:
                 inner["nullable"] = True
             return inner
-        node = {**{k: v for k, v in node.items() if k != "anyOf"}, "oneOf": options}
+        node = {**rest, "oneOf": options}
     if "oneOf" in node:
-        variants = [_structural(v) for v in node["oneOf"]]
+        variants = [_structural(v, nullable=nullable) for v in node["oneOf"]]
         if not all(v.get("type") == "object" for v in variants):
             raise ValueError("only unions of objects are supported in the CRD schema")
         merged = _merge_union(variants, description)
@@ -132,22 +206,48 @@ def _structural(node: JsonDict) -> JsonDict:
             out[bound] = True
     kind = out.get("type")
     if kind == "object":
+        patterns = out.pop("patternProperties", None)
+        if patterns:
+            ((key_pattern, value_schema),) = patterns.items()
+            out["additionalProperties"] = value_schema
+            names = out.setdefault("propertyNames", {})
+            names["pattern"] = key_pattern
         if "properties" in out:
-            out["properties"] = {k: _structural(v) for k, v in out["properties"].items()}
+            out["properties"] = {
+                k: _structural(v, nullable=nullable) for k, v in out["properties"].items()
+            }
             out.pop("additionalProperties", None)
         elif isinstance(out.get("additionalProperties"), dict):
-            out["additionalProperties"] = _structural(out["additionalProperties"])
+            out["additionalProperties"] = _structural(
+                out["additionalProperties"], nullable=nullable
+            )
         else:
             out.pop("additionalProperties", None)
             out["x-kubernetes-preserve-unknown-fields"] = True
+        names = out.pop("propertyNames", None)
+        if names:
+            checks = []
+            if "pattern" in names:
+                checks.append(f"k.matches({_cel.literal(names['pattern'])})")
+            if "maxLength" in names:
+                checks.append(f"size(k) <= {names['maxLength']}")
+            if "minLength" in names:
+                checks.append(f"size(k) >= {names['minLength']}")
+            out.setdefault(_VALIDATIONS, []).append(
+                {
+                    "rule": "self.all(k, " + " && ".join(checks) + ")",
+                    "message": "every key must be a valid name"
+                    + (f" ({names['pattern']})" if "pattern" in names else ""),
+                }
+            )
     elif kind == "array":
         if "prefixItems" in out:
-            items = [_structural(item) for item in out.pop("prefixItems")]
+            items = [_structural(item, nullable=nullable) for item in out.pop("prefixItems")]
             if any(item != items[0] for item in items):
                 raise ValueError("tuples of mixed types are not supported in the CRD schema")
             out["items"] = items[0]
         elif "items" in out:
-            out["items"] = _structural(out["items"])
+            out["items"] = _structural(out["items"], nullable=nullable)
     if "enum" in out and "type" not in out:
         out["type"] = "string"
     _describe_default(out, default)
@@ -157,8 +257,36 @@ def _structural(node: JsonDict) -> JsonDict:
 def model_openapi_schema(model: type[RunSpec] | type[TrainingRunStatus]) -> JsonDict:
     """The structural OpenAPI v3 schema of a configuration model (camelCase keys)."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
-    defs = raw.get("$defs", {})
-    return _structural(_resolve(raw, defs))
+    models: dict[str, type[BaseModel]] = {}
+    _model_index(model, models)
+    resolved = _resolve(raw, raw.get("$defs", {}), models)
+    if model.cel_rules:
+        resolved[_VALIDATIONS] = _rules(model, model.cel_rules)
+    return _structural(resolved, nullable=model is TrainingRunStatus)
+
+
+def immutable_rules() -> list[JsonDict]:
+    """One transition rule per immutable leaf field of the spec (``self`` is the spec)."""
+    out = []
+    for field, why in IMMUTABLE_FIELDS:
+        for leaf in _cel.leaves(RunSpec, field):
+            guards = [f"({{?{g}}} && {{old:?{g}}})" for g in leaf.guards]
+            if leaf.presence_only:
+                same = f"{{?{leaf.path}}} == {{old:?{leaf.path}}}"
+            elif leaf.optional:
+                p = leaf.path
+                same = f"{{?{p}}} == {{old:?{p}}} && (!{{?{p}}} || {{!{p}}} == {{old:!{p}}})"
+            else:
+                same = f"{{{leaf.path}}} == {{old:{leaf.path}}}"
+            template = f"!({' && '.join(guards)}) || ({same})" if guards else same
+            out.append(
+                {
+                    "rule": _cel.expand(RunSpec, template),
+                    "message": f"{leaf.path} cannot change once the run exists ({why})",
+                    "fieldPath": f".{leaf.path}",
+                }
+            )
+    return out
 
 
 PRINTER_COLUMNS: list[JsonDict] = [
@@ -182,12 +310,22 @@ PRINTER_COLUMNS: list[JsonDict] = [
 ]
 
 
-def training_run_crd() -> JsonDict:
-    """The TrainingRun CustomResourceDefinition (apiextensions.k8s.io/v1)."""
-    spec_schema = model_openapi_schema(RunSpec)
-    spec_schema["description"] = (
+def spec_schema() -> JsonDict:
+    """The CRD's ``spec`` schema: the model's, its rules, the cluster rules, immutability."""
+    schema = model_openapi_schema(RunSpec)
+    schema["description"] = (
         "A training run of a workflow-optimizer policy; see aflowrl.config.RunSpec."
     )
+    schema[_VALIDATIONS] = [
+        *schema.get(_VALIDATIONS, []),
+        *_rules(RunSpec, CLUSTER_RULES),
+        *immutable_rules(),
+    ]
+    return schema
+
+
+def training_run_crd() -> JsonDict:
+    """The TrainingRun CustomResourceDefinition (apiextensions.k8s.io/v1)."""
     status_schema = model_openapi_schema(TrainingRunStatus)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -223,11 +361,21 @@ def training_run_crd() -> JsonDict:
                             "description": (
                                 "TrainingRun trains an LLM with RL to design agentic workflows."
                             ),
+                            "required": ["spec"],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": spec_schema,
+                                "metadata": {
+                                    "type": "object",
+                                    "properties": {
+                                        "name": {
+                                            "type": "string",
+                                            "maxLength": MAX_RUN_NAME,
+                                            "pattern": RUN_NAME_PATTERN,
+                                        }
+                                    },
+                                },
+                                "spec": spec_schema(),
                                 "status": status_schema,
                             },
                         }

@@ -7,8 +7,9 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, model_validator
 
-from aflowrl.config._base import DnsLabel, Port, SpecModel
-from aflowrl.config.resources import ResourceSpec, SecretKeyRef
+from aflowrl.config._base import CelRule, DnsLabel, FieldRuleError, Port, ShortText, SpecModel
+from aflowrl.config.resources import ImageRef, ResourceSpec, SecretKeyRef
+from aflowrl.config.scheduling import PodOverrides
 
 Benchmark = Literal["gsm8k", "math", "humaneval", "mbpp", "hotpotqa", "drop"]
 """The six benchmarks of the AFlow paper."""
@@ -60,9 +61,9 @@ class ServedExecutorSpec(SpecModel):
         default_factory=lambda: ResourceSpec(cpu="4", memory="32Gi", gpus=1)
     )
     """Resources of one executor server pod."""
-    image: str = "vllm/vllm-openai:v0.11.0"
+    image: ImageRef = "vllm/vllm-openai:v0.11.0"
     """vLLM OpenAI-server image."""
-    extra_args: list[str] = Field(default_factory=list, max_length=64)
+    extra_args: list[ShortText] = Field(default_factory=list, max_length=64)
     """Extra command-line arguments of the vLLM server."""
 
 
@@ -71,7 +72,7 @@ class OpenAIExecutorSpec(SpecModel):
 
     type: Literal["openai"] = "openai"
     """Executor discriminator."""
-    base_url: str | None = Field(default=None, max_length=2048)
+    base_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s]+$")
     """Endpoint root, e.g. "https://api.openai.com/v1"; empty when ``serve`` is set."""
     model: str = Field(default="gpt-4o-mini", min_length=1, max_length=256)
     """Model name sent in requests (also keys the price table and the evaluation cache)."""
@@ -92,12 +93,22 @@ class OpenAIExecutorSpec(SpecModel):
     price: PriceSpec | None = None
     """Price of ``model``; empty uses the built-in price table (unknown models: cost unknown)."""
 
+    cel_rules = (
+        CelRule(
+            "{?baseUrl} != {?serve}",
+            "set exactly one of baseUrl (an existing endpoint) and serve (the operator serves "
+            "the model)",
+            "baseUrl",
+        ),
+    )
+
     @model_validator(mode="after")
     def _one_endpoint(self) -> OpenAIExecutorSpec:
         if (self.base_url is None) == (self.serve is None):
-            raise ValueError(
+            raise FieldRuleError(
+                "baseUrl",
                 "set exactly one of baseUrl (an existing endpoint) and serve (the operator "
-                "serves the model)"
+                "serves the model)",
             )
         return self
 
@@ -129,10 +140,12 @@ class ReplicaSpec(SpecModel):
     target_cpu_utilization: int = Field(default=70, ge=1, le=100)
     """HorizontalPodAutoscaler CPU target (percent of requests)."""
 
+    cel_rules = (CelRule("{min} <= {max}", "min exceeds max", "min"),)
+
     @model_validator(mode="after")
     def _min_le_max(self) -> ReplicaSpec:
         if self.min > self.max:
-            raise ValueError(f"min={self.min} exceeds max={self.max}")
+            raise FieldRuleError("min", f"min={self.min} exceeds max={self.max}")
         return self
 
 
@@ -275,6 +288,49 @@ class EnvironmentSpec(SpecModel):
     """The tree search of an episode."""
     port: Port = 50051
     """gRPC port of the environment service."""
+    pod: PodOverrides = Field(default_factory=PodOverrides)
+    """Labels, annotations and placement of the environment pods (``runtimeClassName`` gives
+    the code sandbox a stronger isolation boundary, e.g. gVisor)."""
+
+    cel_rules = (
+        CelRule(
+            "!{?data.persistentVolumeClaim} || {?data.dir}",
+            "data.dir must be set when data.persistentVolumeClaim is (it is the mount path)",
+            "data.dir",
+        ),
+        CelRule(
+            "{benchmarks}.all(b, {benchmarks}.exists_one(x, x == b))",
+            "benchmarks lists a benchmark more than once",
+            "benchmarks",
+        ),
+        CelRule(
+            "{heldOutBenchmarks}.all(b, {heldOutBenchmarks}.exists_one(x, x == b))",
+            "heldOutBenchmarks lists a benchmark more than once",
+            "heldOutBenchmarks",
+        ),
+        CelRule(
+            f"!('{MIXED}' in {{benchmarks}}) || size({{benchmarks}}) == 1",
+            f"benchmarks: '{MIXED}' means all six benchmarks and stands alone",
+            "benchmarks",
+        ),
+        CelRule(
+            "{heldOutBenchmarks}.all(b, !(b in {benchmarks}))",
+            "a benchmark of heldOutBenchmarks is also in benchmarks (never trained on)",
+            "heldOutBenchmarks",
+        ),
+        CelRule(
+            f"{{benchmarkWeights}}.all(k, ('{MIXED}' in {{benchmarks}}) "
+            f"? (k in {list(BENCHMARKS)!r} && !(k in {{heldOutBenchmarks}})) "
+            ": (k in {{benchmarks}}))",
+            "benchmarkWeights names a benchmark that is not a training benchmark",
+            "benchmarkWeights",
+        ),
+        CelRule(
+            "!({evaluation.racing.enabled} && {search.selection} == 'aflow')",
+            "evaluation.racing.enabled needs search.selection ucb or fused",
+            "evaluation.racing.enabled",
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -291,14 +347,15 @@ class EnvironmentSpec(SpecModel):
     def _racing_not_with_aflow_selection(self) -> EnvironmentSpec:
         problem = racing_conflict(self.search, self.evaluation)
         if problem is not None:
-            raise ValueError(problem)
+            raise FieldRuleError("evaluation.racing.enabled", problem)
         return self
 
     @model_validator(mode="after")
     def _data_for_benchmark(self) -> EnvironmentSpec:
         if self.data.persistent_volume_claim is not None and self.data.dir is None:
-            raise ValueError(
-                "data.dir must be set when data.persistentVolumeClaim is (it is the mount path)"
+            raise FieldRuleError(
+                "data.dir",
+                "data.dir must be set when data.persistentVolumeClaim is (it is the mount path)",
             )
         return self
 
@@ -309,28 +366,39 @@ class EnvironmentSpec(SpecModel):
             ("benchmarks", listed),
             ("heldOutBenchmarks", held_out),
         )
+        broken: list[tuple[str, str]] = []
         for field, names in lists:
             twice = sorted({name for name in names if list(names).count(name) > 1})
             if twice:
-                raise ValueError(f"{field} lists {', '.join(twice)} more than once")
+                broken.append((field, f"{field} lists {', '.join(twice)} more than once"))
         if MIXED in listed and len(listed) > 1:
-            raise ValueError(
-                f"benchmarks: {MIXED!r} means all six benchmarks and stands alone (got "
-                f"{listed}); exclude some with heldOutBenchmarks"
+            broken.append(
+                (
+                    "benchmarks",
+                    f"benchmarks: {MIXED!r} means all six benchmarks and stands alone (got "
+                    f"{listed}); exclude some with heldOutBenchmarks",
+                )
             )
         both = [name for name in held_out if name in listed]
         if both:
-            raise ValueError(
-                f"heldOutBenchmarks: {', '.join(both)} is also in benchmarks; a held-out "
-                "benchmark is never trained on"
+            broken.append(
+                (
+                    "heldOutBenchmarks",
+                    f"heldOutBenchmarks: {', '.join(both)} is also in benchmarks; a held-out "
+                    "benchmark is never trained on",
+                )
             )
         training = self.training_benchmarks
         unknown = sorted(set(self.benchmark_weights) - set(training))
         if unknown:
-            raise ValueError(
-                f"benchmarkWeights: {', '.join(unknown)} is no training benchmark (training: "
-                f"{', '.join(training)})"
+            broken.append(
+                (
+                    "benchmarkWeights",
+                    f"benchmarkWeights: {', '.join(unknown)} is no training benchmark "
+                    f"(training: {', '.join(training)})",
+                )
             )
+        FieldRuleError.raise_any(broken)
         return self
 
     @property

@@ -6,8 +6,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from aflowrl.config._base import Port, SpecModel
+from aflowrl.config._base import CelRule, FieldRuleError, Port, SpecModel
 from aflowrl.config.resources import ResourceSpec
+from aflowrl.config.scheduling import PodOverrides
+
+Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
 class FsdpSpec(SpecModel):
@@ -28,7 +31,7 @@ class OptimizerSpec(SpecModel):
 
     lr: float = Field(default=1e-6, gt=0.0, le=1.0)
     """Peak learning rate."""
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: list[Beta] = Field(default_factory=lambda: [0.9, 0.999], min_length=2, max_length=2)
     """Adam's beta1 and beta2, each in [0, 1)."""
     eps: float = Field(default=1e-8, gt=0.0, le=1e-2)
     """Adam's epsilon."""
@@ -40,13 +43,6 @@ class OptimizerSpec(SpecModel):
     """Learning-rate schedule after warm-up (over trainer.iterations)."""
     max_grad_norm: float = Field(default=1.0, gt=0.0, le=1e6)
     """Global gradient-norm clipping threshold."""
-
-    @model_validator(mode="after")
-    def _betas_in_range(self) -> OptimizerSpec:
-        for i, beta in enumerate(self.betas):
-            if not 0.0 <= beta < 1.0:
-                raise ValueError(f"betas[{i}]={beta} must be in [0, 1)")
-        return self
 
 
 class GiGPOSpec(SpecModel):
@@ -130,12 +126,21 @@ class PolicyLossSpec(SpecModel):
     micro_batch_size: int = Field(default=8, ge=1, le=65536)
     """Rows per forward/backward pass (gradient accumulation inside a mini-batch), per rank."""
 
+    cel_rules = (
+        CelRule(
+            "{microBatchSize} <= {miniBatchSize}",
+            "microBatchSize exceeds miniBatchSize",
+            "microBatchSize",
+        ),
+    )
+
     @model_validator(mode="after")
     def _micro_divides_mini(self) -> PolicyLossSpec:
         if self.micro_batch_size > self.mini_batch_size:
-            raise ValueError(
+            raise FieldRuleError(
+                "microBatchSize",
                 f"microBatchSize={self.micro_batch_size} exceeds "
-                f"miniBatchSize={self.mini_batch_size}"
+                f"miniBatchSize={self.mini_batch_size}",
             )
         return self
 
@@ -161,6 +166,16 @@ class LearnerSpec(SpecModel):
     """gRPC port of the learner service (rank 0)."""
     rendezvous_port: Port = 29500
     """torch.distributed rendezvous port on the first learner pod."""
+    pod: PodOverrides = Field(default_factory=PodOverrides)
+    """Labels, annotations and placement of the learner pods."""
+
+    cel_rules = (
+        CelRule(
+            "{resources.gpus} == 0 || {resources.gpus} == {procsPerNode}",
+            "procsPerNode must equal resources.gpus (one rank per GPU)",
+            "procsPerNode",
+        ),
+    )
 
     @property
     def world_size(self) -> int:
@@ -171,8 +186,9 @@ class LearnerSpec(SpecModel):
     def _gpus_match_ranks(self) -> LearnerSpec:
         gpus = self.resources.gpus
         if gpus > 0 and gpus != self.procs_per_node:
-            raise ValueError(
+            raise FieldRuleError(
+                "procsPerNode",
                 f"procsPerNode={self.procs_per_node} must equal "
-                f"resources.gpus={gpus} (one rank per GPU)"
+                f"resources.gpus={gpus} (one rank per GPU)",
             )
         return self

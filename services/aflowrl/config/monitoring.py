@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from aflowrl.config._base import Port, SpecModel
+from aflowrl.config._base import DnsSubdomain, LabelKey, LabelValue, Port, SpecModel
 from aflowrl.config.resources import SecretKeyRef
 
 
@@ -15,9 +15,9 @@ class ServiceMonitorSpec(SpecModel):
 
     enabled: bool = False
     """Create a PodMonitor for the run (needs the monitoring.coreos.com API)."""
-    interval: str = Field(default="15s", pattern=r"^[0-9]+(ms|s|m|h)$")
+    interval: str = Field(default="15s", pattern=r"^[0-9]+(ms|s|m|h)$", max_length=16)
     """Scrape interval (e.g. "15s")."""
-    additional_labels: dict[str, str] = Field(default_factory=dict)
+    additional_labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=32)
     """Labels your Prometheus selects monitors by (e.g. ``release: prometheus``)."""
 
 
@@ -41,7 +41,7 @@ class GrpcSpec(SpecModel):
     """Largest gRPC message sent or received (MiB)."""
     shutdown_grace_s: float = Field(default=20.0, ge=0.0, le=3600.0)
     """Seconds in-flight calls get to finish on SIGTERM (keep below the pod's termination grace)."""
-    tls_secret: str | None = Field(default=None, max_length=253)
+    tls_secret: DnsSubdomain | None = None
     """kubernetes.io/tls Secret (keys tls.crt, tls.key, ca.crt) mounted in every pod: servers
     present tls.crt, clients verify servers with ca.crt; empty: plaintext. Its certificate needs
     DNS names for the Services the trainer dials (``<run>-env.<namespace>.svc``,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -23,7 +23,7 @@ class LoraSpec(SpecModel):
     """Scaling numerator (the update is scaled by alpha / r)."""
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Dropout on the adapter input."""
-    target_modules: list[str] = Field(
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
         default_factory=lambda: [
             "q_proj",
             "k_proj",

@@ -6,8 +6,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from aflowrl.config._base import Port, SpecModel
+from aflowrl.config._base import CelRule, FieldRuleError, Port, ShortText, SpecModel
 from aflowrl.config.resources import ResourceSpec
+from aflowrl.config.scheduling import PodOverrides
 
 
 class SamplingSpec(SpecModel):
@@ -21,7 +22,7 @@ class SamplingSpec(SpecModel):
     """Top-k sampling; -1 disables it."""
     max_tokens: int = Field(default=256, ge=1, le=32768)
     """Most tokens generated per action (tokens)."""
-    stop: list[str] = Field(default_factory=lambda: ["</action>"], max_length=16)
+    stop: list[ShortText] = Field(default_factory=lambda: ["</action>"], max_length=16)
     """Strings that end a response; the environment accepts a missing closing tag."""
 
 
@@ -59,11 +60,25 @@ class RolloutSpec(SpecModel):
     """vLLM engine arguments (engine "vllm" only)."""
     port: Port = 50052
     """gRPC port of the rollout service."""
+    pod: PodOverrides = Field(default_factory=PodOverrides)
+    """Labels, annotations and placement of the rollout pods."""
+
+    cel_rules = (
+        CelRule(
+            "{engine} != 'vllm' || {resources.gpus} == 0 "
+            "|| {vllm.tensorParallelSize} <= {resources.gpus}",
+            "vllm.tensorParallelSize exceeds resources.gpus",
+            "vllm.tensorParallelSize",
+        ),
+    )
 
     @model_validator(mode="after")
     def _tp_fits(self) -> RolloutSpec:
         tp = self.vllm.tensor_parallel_size
         gpus = self.resources.gpus
         if self.engine == "vllm" and gpus > 0 and tp > gpus:
-            raise ValueError(f"vllm.tensorParallelSize={tp} exceeds resources.gpus={gpus}")
+            raise FieldRuleError(
+                "vllm.tensorParallelSize",
+                f"vllm.tensorParallelSize={tp} exceeds resources.gpus={gpus}",
+            )
         return self

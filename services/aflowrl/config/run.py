@@ -1,23 +1,31 @@
 """``RunSpec``: one whole training run, the ``spec`` of a ``TrainingRun`` resource.
 
-The same document drives ``aflowrl train -f run.yaml`` and ``kubectl apply -f run.yaml``.
+The same document drives ``aflowrl train -f run.yaml`` and ``kubectl apply -f run.yaml``, and is
+read the same way by both (:meth:`SpecModel.validate_document`). A bare spec is checked as a
+run; a whole ``TrainingRun`` document is checked as the cluster admits it: its name, and the
+rules that only hold on Kubernetes (:func:`cluster_problems`), which the CRD carries as CEL.
+Fields in :data:`IMMUTABLE_FIELDS` cannot change once a run exists (CEL transition rules in the
+CRD; the operator checks them again against the spec its children were built from).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
 from aflowrl import documents
-from aflowrl.config._base import SpecModel
-from aflowrl.config.environment import EnvironmentSpec
+from aflowrl.config import _cel
+from aflowrl.config._base import CelRule, DnsSubdomain, FieldRuleError, SpecModel
+from aflowrl.config.environment import MIXED, NEEDS_DATA_DIR, EnvironmentSpec
 from aflowrl.config.errors import ConfigError
 from aflowrl.config.learner import GiGPOSpec, GRPOSpec, LearnerSpec, PPOSpec
 from aflowrl.config.monitoring import GrpcSpec, MonitoringSpec
 from aflowrl.config.policy import PolicySpec
-from aflowrl.config.resources import ImageSpec, SchedulingSpec
+from aflowrl.config.resources import ImageSpec
 from aflowrl.config.rollout import RolloutSpec
+from aflowrl.config.scheduling import NcclSpec, SchedulingSpec
 from aflowrl.config.trainer import TrainerSpec
 from aflowrl.config.transport import GrpcTransportSpec, WeightTransportSpec
 
@@ -26,16 +34,44 @@ API_VERSION = "v1alpha1"
 KIND = "TrainingRun"
 PLURAL = "trainingruns"
 
+MAX_RUN_NAME = 40
+"""Longest TrainingRun name: children append suffixes such as ``-executor`` and StatefulSet pods
+get ``-learner-<ordinal>`` plus a revision hash in a 63-character label."""
+RUN_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+"""A TrainingRun's name: a DNS-1035 label, because its Services are named after it."""
+
+IMMUTABLE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("policy", "the checkpoints hold this model's weights"),
+    ("learner.nodes", "the learner's sharded checkpoint has this topology"),
+    ("learner.procsPerNode", "the learner's sharded checkpoint has this topology"),
+    ("learner.resources.gpus", "the learner's ranks are one per GPU"),
+    ("learner.algorithm.type", "a critic cannot appear or vanish mid-run"),
+    ("environment.benchmarks", "rewards and scores would stop being comparable"),
+    ("environment.benchmarkWeights", "the task distribution of a resumed run would change"),
+    ("environment.heldOutBenchmarks", "a held-out benchmark must stay unseen by training"),
+    ("environment.executor.type", "the evaluation cache and rewards depend on the executor"),
+    ("environment.executor.model", "the evaluation cache and rewards depend on the executor"),
+    ("environment.executor.seed", "the surrogate executor's answers depend on it"),
+    ("environment.executor.calibration", "the surrogate executor's answers depend on it"),
+    ("trainer.seed", "the run's episodes are derived from it"),
+    ("trainer.groupSize", "advantage groups of a resumed run must keep their size"),
+    ("trainer.checkpointDir", "the run resumes from this directory"),
+    ("weightTransport.type", "the rollout and learner pods are wired for one transport"),
+    ("storage", "a claim's size, class and access mode are fixed once it exists"),
+)
+"""(camelCase path, why) of every spec field that cannot change once a run exists; a path to an
+object covers each of its fields."""
+
 
 class StorageSpec(SpecModel):
     """Persistent storage for checkpoints, weights (filesystem transport) and artifacts."""
 
-    size: str | None = Field(default=None, pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
+    size: str | None = Field(default=None, pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$", max_length=32)
     """Create a PersistentVolumeClaim of this size for trainer.checkpointDir (e.g. "50Gi");
     empty: an emptyDir (checkpoints do not survive the pod)."""
-    storage_class_name: str | None = Field(default=None, max_length=253)
+    storage_class_name: DnsSubdomain | None = None
     """StorageClass of the claim; empty uses the cluster default."""
-    access_mode: str = Field(default="ReadWriteOnce", pattern=r"^(ReadWriteOnce|ReadWriteMany)$")
+    access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = "ReadWriteOnce"
     """Access mode of the claim (ReadWriteMany when learner and rollout share it across nodes)."""
 
 
@@ -63,59 +99,139 @@ class RunSpec(SpecModel):
     images: ImageSpec = Field(default_factory=ImageSpec)
     """Container images (Kubernetes)."""
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
-    """GPU pod placement (Kubernetes)."""
+    """GPU pod placement and gang scheduling (Kubernetes)."""
+    nccl: NcclSpec = Field(default_factory=NcclSpec)
+    """NCCL environment of the learner and rollout pods (Kubernetes)."""
     suspend: bool = False
-    """Scale every component to zero, keeping the run's checkpoints and status; false resumes."""
+    """Scale every component to zero, keeping the run's checkpoints and status; false resumes.
+    Under Kueue the run is also held (scaled to zero) until its Workload is admitted."""
+
+    cel_rules = (
+        CelRule(
+            "!({environment.search.selection} == 'fused' "
+            "&& {environment.search.valueSource} == 'none')",
+            "selection 'fused' needs a valueSource ('policy', 'critic' or 'anchor-mc')",
+            "environment.search.valueSource",
+        ),
+        CelRule(
+            "{environment.search.valueSource} != 'policy' || {policy.value.enabled}",
+            "valueSource 'policy' needs the policy's value (policy.value.enabled)",
+            "environment.search.valueSource",
+        ),
+        CelRule(
+            "{environment.search.valueSource} != 'critic' || {learner.algorithm.type} == 'ppo'",
+            "valueSource 'critic' needs learner.algorithm.type 'ppo'",
+            "environment.search.valueSource",
+        ),
+        CelRule(
+            "{learner.algorithm.type} == 'ppo' || {trainer.groupSize} >= 2",
+            "group advantages (gigpo, grpo) need trainer.groupSize of at least 2",
+            "trainer.groupSize",
+        ),
+        CelRule(
+            "{rollout.sampling.maxTokens} <= {policy.maxResponseTokens}",
+            "rollout.sampling.maxTokens exceeds policy.maxResponseTokens",
+            "rollout.sampling.maxTokens",
+        ),
+        CelRule(
+            "{rollout.engine} != 'vllm' "
+            "|| {rollout.vllm.maxModelLen} >= "
+            "{policy.maxPromptTokens} + {policy.maxResponseTokens}",
+            "rollout.vllm.maxModelLen is below policy.maxPromptTokens + policy.maxResponseTokens",
+            "rollout.vllm.maxModelLen",
+        ),
+        CelRule(
+            "{weightTransport.type} != 'nccl' "
+            "|| ({rollout.engine} == 'vllm' && {rollout.resources.gpus} > 0)",
+            "weightTransport.type 'nccl' needs rollout.engine 'vllm' on GPUs",
+            "weightTransport.type",
+        ),
+        CelRule(
+            "{learner.loss.miniBatchSize} <= "
+            "{trainer.tasksPerIteration} * {trainer.groupSize} * {environment.search.maxSteps}",
+            "learner.loss.miniBatchSize exceeds the rows of one iteration",
+            "learner.loss.miniBatchSize",
+        ),
+    )
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> RunSpec:
         env, learner, search = self.environment, self.learner, self.environment.search
         algo = learner.algorithm
+        broken: list[tuple[str, str]] = []
         if search.selection == "fused" and search.value_source == "none":
-            raise ValueError(
-                "environment.search.selection='fused' needs environment.search.valueSource "
-                "('policy', 'critic' or 'anchor-mc'); 'none' would fuse UCB with a silent zero"
+            broken.append(
+                (
+                    "environment.search.valueSource",
+                    "environment.search.selection='fused' needs environment.search.valueSource "
+                    "('policy', 'critic' or 'anchor-mc'); 'none' would fuse UCB with a silent "
+                    "zero",
+                )
             )
         if search.value_source == "policy" and not self.policy.value.enabled:
-            raise ValueError(
-                "environment.search.valueSource='policy' needs the policy's value "
-                "(policy.value.enabled is false)"
+            broken.append(
+                (
+                    "environment.search.valueSource",
+                    "environment.search.valueSource='policy' needs the policy's value "
+                    "(policy.value.enabled is false)",
+                )
             )
         if search.value_source == "critic" and not isinstance(algo, PPOSpec):
-            raise ValueError(
-                "environment.search.valueSource='critic' needs a critic: set "
-                f"learner.algorithm.type='ppo' (it is {algo.type!r})"
+            broken.append(
+                (
+                    "environment.search.valueSource",
+                    "environment.search.valueSource='critic' needs a critic: set "
+                    f"learner.algorithm.type='ppo' (it is {algo.type!r})",
+                )
             )
         if isinstance(algo, GiGPOSpec | GRPOSpec) and self.trainer.group_size < 2:
-            raise ValueError(
-                f"trainer.groupSize={self.trainer.group_size} is too small for "
-                f"learner.algorithm.type={algo.type!r}: group advantages need at least 2 episodes"
+            broken.append(
+                (
+                    "trainer.groupSize",
+                    f"trainer.groupSize={self.trainer.group_size} is too small for "
+                    f"learner.algorithm.type={algo.type!r}: group advantages need at least 2 "
+                    "episodes",
+                )
             )
         if self.rollout.sampling.max_tokens > self.policy.max_response_tokens:
-            raise ValueError(
-                f"rollout.sampling.maxTokens={self.rollout.sampling.max_tokens} exceeds "
-                f"policy.maxResponseTokens={self.policy.max_response_tokens}"
+            broken.append(
+                (
+                    "rollout.sampling.maxTokens",
+                    f"rollout.sampling.maxTokens={self.rollout.sampling.max_tokens} exceeds "
+                    f"policy.maxResponseTokens={self.policy.max_response_tokens}",
+                )
             )
         needed = self.policy.max_prompt_tokens + self.policy.max_response_tokens
         if self.rollout.engine == "vllm" and self.rollout.vllm.max_model_len < needed:
-            raise ValueError(
-                f"rollout.vllm.maxModelLen={self.rollout.vllm.max_model_len} is below "
-                f"policy.maxPromptTokens + policy.maxResponseTokens = {needed}"
+            broken.append(
+                (
+                    "rollout.vllm.maxModelLen",
+                    f"rollout.vllm.maxModelLen={self.rollout.vllm.max_model_len} is below "
+                    f"policy.maxPromptTokens + policy.maxResponseTokens = {needed}",
+                )
             )
         if self.weight_transport.type == "nccl" and (
             self.rollout.engine != "vllm" or self.rollout.resources.gpus == 0
         ):
-            raise ValueError(
-                "weightTransport.type='nccl' needs rollout.engine='vllm' on GPUs "
-                "(rollout.resources.gpus > 0); use 'grpc' or 'filesystem' otherwise"
+            broken.append(
+                (
+                    "weightTransport.type",
+                    "weightTransport.type='nccl' needs rollout.engine='vllm' on GPUs "
+                    "(rollout.resources.gpus > 0); use 'grpc' or 'filesystem' otherwise",
+                )
             )
         rows = self.trainer.tasks_per_iteration * self.trainer.group_size
         if learner.loss.mini_batch_size > rows * env.search.max_steps:
-            raise ValueError(
-                f"learner.loss.miniBatchSize={learner.loss.mini_batch_size} exceeds the rows of "
-                f"one iteration (trainer.tasksPerIteration x trainer.groupSize x "
-                f"environment.search.maxSteps = {rows * env.search.max_steps})"
+            broken.append(
+                (
+                    "learner.loss.miniBatchSize",
+                    f"learner.loss.miniBatchSize={learner.loss.mini_batch_size} exceeds the rows "
+                    "of "
+                    f"one iteration (trainer.tasksPerIteration x trainer.groupSize x "
+                    f"environment.search.maxSteps = {rows * env.search.max_steps})",
+                )
             )
+        FieldRuleError.raise_any(broken)
         return self
 
     def needs_data_dir(self) -> bool:
@@ -125,34 +241,77 @@ class RunSpec(SpecModel):
     # ---- documents -----------------------------------------------------------------------
 
     def to_document(self, *, exclude_defaults: bool = False) -> dict[str, Any]:
-        """The spec as a JSON-compatible dict with camelCase keys."""
-        return self.model_dump(mode="json", by_alias=True, exclude_defaults=exclude_defaults)
+        """The spec as a JSON-compatible dict with camelCase keys (unset fields left out, as
+        the API server stores them)."""
+        return self.model_dump(
+            mode="json", by_alias=True, exclude_defaults=exclude_defaults, exclude_none=True
+        )
 
     @classmethod
     def from_document(cls, doc: Any, *, source: str = "") -> RunSpec:
         """Validate a bare spec mapping or a whole ``TrainingRun`` document.
 
-        Raises :class:`ConfigError` whose message names each bad field as ``spec.a.b``.
+        An empty document (``null``, an empty file) is refused: write ``{}`` for the defaults.
+        A TrainingRun is checked as the cluster admits it (its name and :func:`cluster_problems`
+        too). Raises :class:`ConfigError` whose message names each bad field as ``spec.a.b``.
         """
         where = source or "spec"
         if doc is None:
-            doc = {}
+            raise ConfigError(
+                [f"{where}: the document is empty (write {{}} for the default run)"], [where]
+            )
         if not isinstance(doc, dict):
-            raise ConfigError([f"{where}: expected a mapping, got {type(doc).__name__}"])
-        if "kind" in doc or "apiVersion" in doc:
-            kind, api_version = doc.get("kind"), doc.get("apiVersion")
-            if kind != KIND or api_version != f"{API_GROUP}/{API_VERSION}":
-                raise ConfigError(
-                    [
-                        f"{where}: expected kind {KIND} of apiVersion {API_GROUP}/{API_VERSION}, "
-                        f"got kind {kind!r} of apiVersion {api_version!r}"
-                    ]
+            raise ConfigError([f"{where}: expected a mapping, got {type(doc).__name__}"], [where])
+        if "kind" not in doc and "apiVersion" not in doc:
+            return cls._validate_spec(doc, source)
+        kind, api_version = doc.get("kind"), doc.get("apiVersion")
+        if kind != KIND or api_version != f"{API_GROUP}/{API_VERSION}":
+            raise ConfigError(
+                [
+                    f"{where}: expected kind {KIND} of apiVersion {API_GROUP}/{API_VERSION}, "
+                    f"got kind {kind!r} of apiVersion {api_version!r}"
+                ],
+                ["kind"],
+            )
+        found: list[tuple[str, str]] = []
+        name = (
+            (doc.get("metadata") or {}).get("name")
+            if isinstance(doc.get("metadata"), dict)
+            else None
+        )
+        if isinstance(name, str) and (
+            len(name) > MAX_RUN_NAME or not re.match(RUN_NAME_PATTERN, name)
+        ):
+            found.append(
+                (
+                    "metadata.name",
+                    f"{name!r} must be a DNS-1035 label of at most {MAX_RUN_NAME} characters "
+                    "(its children append suffixes such as -learner-0)",
                 )
-            doc = doc.get("spec") or {}
-            if not isinstance(doc, dict):
-                raise ConfigError([f"{where}: spec must be a mapping"])
+            )
+        spec_doc = doc.get("spec")
+        if not isinstance(spec_doc, dict):
+            shown = "missing" if "spec" not in doc else f"got {spec_doc!r}"[:80]
+            found.append(
+                ("spec", f"a TrainingRun needs a spec mapping ({shown}; {{}} is the default run)")
+            )
+            raise ConfigError.from_problems(found, source=source)
         try:
-            return cls.model_validate(doc)
+            spec = cls._validate_spec(spec_doc, source)
+        except ConfigError as exc:
+            raise ConfigError(
+                [*ConfigError.from_problems(found, source=source).problems, *exc.problems],
+                [*(path for path, _ in found), *exc.fields],
+            ) from None
+        found += cluster_problems(spec)
+        if found:
+            raise ConfigError.from_problems(found, source=source)
+        return spec
+
+    @classmethod
+    def _validate_spec(cls, doc: dict[str, Any], source: str) -> RunSpec:
+        try:
+            return cls.validate_document(doc)
         except ValidationError as exc:
             raise ConfigError.from_validation_error(exc, prefix="spec", source=source) from None
 
@@ -168,3 +327,119 @@ class RunSpec(SpecModel):
         except documents.DocumentError as exc:
             raise ConfigError([str(exc)]) from None
         return cls.from_document(doc, source=source)
+
+
+CLUSTER_RULES: tuple[CelRule, ...] = (
+    CelRule(
+        "!({environment.benchmarks}.exists(b, b in "
+        + repr([*sorted(NEEDS_DATA_DIR), MIXED])
+        + ") || {environment.heldOutBenchmarks}.exists(b, b in "
+        + repr(sorted(NEEDS_DATA_DIR))
+        + ")) || {?environment.data.dir}",
+        "a served benchmark has no packaged copy: set environment.data.dir (and "
+        "data.persistentVolumeClaim holding the split files)",
+        "environment.data.dir",
+    ),
+    CelRule(
+        "{weightTransport.type} != 'filesystem' || {?storage.size}",
+        "weightTransport.type 'filesystem' needs a claim shared by the learner and rollout pods",
+        "storage.size",
+    ),
+    CelRule(
+        "{weightTransport.type} != 'filesystem' || {weightTransport.path}.startsWith("
+        "{trainer.checkpointDir}.endsWith('/') ? {trainer.checkpointDir} "
+        ": {trainer.checkpointDir} + '/')",
+        "weightTransport.path must be under trainer.checkpointDir (the shared volume)",
+        "weightTransport.path",
+    ),
+    CelRule(
+        "!({learner.nodes} > 1 && {?storage.size}) || {storage.accessMode} == 'ReadWriteMany'",
+        "several learner nodes write one sharded checkpoint: use accessMode ReadWriteMany",
+        "storage.accessMode",
+    ),
+)
+"""The CEL twins of :func:`cluster_problems`, on the CRD's ``spec``."""
+
+
+def cluster_problems(spec: RunSpec) -> list[tuple[str, str]]:
+    """Rules that hold only on Kubernetes: (field path, message) per broken rule."""
+    problems = []
+    if spec.needs_data_dir() and spec.environment.data.dir is None:
+        problems.append(
+            (
+                "spec.environment.data.dir",
+                f"{', '.join(spec.environment.needing_data_dir)} has no packaged copy; set "
+                "data.dir (and data.persistentVolumeClaim holding the split files)",
+            )
+        )
+    transport = spec.weight_transport
+    if transport.type == "filesystem":
+        if spec.storage.size is None:
+            problems.append(
+                (
+                    "spec.storage.size",
+                    "weightTransport.type='filesystem' needs a claim shared by the learner and "
+                    "rollout pods",
+                )
+            )
+        root = spec.trainer.checkpoint_dir
+        root = root if root.endswith("/") else root + "/"
+        if not transport.path.startswith(root):
+            problems.append(
+                (
+                    "spec.weightTransport.path",
+                    f"{transport.path!r} must be under trainer.checkpointDir "
+                    f"{spec.trainer.checkpoint_dir!r} (the shared volume)",
+                )
+            )
+    shared = spec.storage.size is not None and spec.storage.access_mode == "ReadWriteMany"
+    if spec.learner.nodes > 1 and spec.storage.size is not None and not shared:
+        problems.append(
+            (
+                "spec.storage.accessMode",
+                f"{spec.learner.nodes} learner nodes write one sharded checkpoint; use "
+                "ReadWriteMany (ReadWriteOnce binds every pod to one node)",
+            )
+        )
+    return problems
+
+
+def _short(value: Any) -> str:
+    text = "unset" if value is _cel.MISSING else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def immutable_changes(accepted: RunSpec, new: RunSpec) -> list[tuple[str, str]]:
+    """The immutable fields ``new`` changes with respect to ``accepted``: (path, message).
+
+    Field by field, each read with its default when absent, exactly as the CRD's transition
+    rules compare ``self`` with ``oldSelf`` (an optional object's fields count only when it is
+    set on both sides; that it appears or vanishes is one change).
+    """
+    old_doc, new_doc = accepted.to_document(), new.to_document()
+    problems = []
+    for field, why in IMMUTABLE_FIELDS:
+        for leaf in _cel.leaves(RunSpec, field):
+            if any(
+                _cel.read(RunSpec, doc, guard) is _cel.MISSING
+                for guard in leaf.guards
+                for doc in (old_doc, new_doc)
+            ):
+                continue
+            before = _cel.read(RunSpec, old_doc, leaf.path)
+            after = _cel.read(RunSpec, new_doc, leaf.path)
+            if leaf.presence_only:
+                changed = (before is _cel.MISSING) != (after is _cel.MISSING)
+            else:
+                changed = (before is _cel.MISSING) != (after is _cel.MISSING) or not (
+                    before is _cel.MISSING or _cel.same_json(before, after)
+                )
+            if changed:
+                problems.append(
+                    (
+                        f"spec.{leaf.path}",
+                        f"cannot change once the run exists ({why}): it is {_short(before)}, "
+                        f"the new spec says {_short(after)}; revert it or create a new TrainingRun",
+                    )
+                )
+    return problems

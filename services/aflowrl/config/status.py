@@ -50,8 +50,13 @@ class TrainingRunStatus(SpecModel):
 
     observed_generation: int | None = Field(default=None, ge=0)
     """The spec generation the operator last reconciled."""
-    conditions: list[Condition] = Field(default_factory=list)
-    """Current conditions (one per type)."""
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=32,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    """Current conditions (one per type: a list-map keyed by ``type``, so server-side apply
+    merges them by type)."""
     iteration: int | None = Field(default=None, ge=0)
     """Training iterations completed."""
     total_iterations: int | None = Field(default=None, ge=0)

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from aflowrl.config._base import SpecModel
 from aflowrl.config.resources import ResourceSpec
+from aflowrl.config.scheduling import PodOverrides
 
 
 class OffPolicySpec(SpecModel):
@@ -68,3 +69,5 @@ class TrainerSpec(SpecModel):
     split."""
     resources: ResourceSpec = Field(default_factory=lambda: ResourceSpec(cpu="1", memory="2Gi"))
     """Resources of the trainer pod."""
+    pod: PodOverrides = Field(default_factory=PodOverrides)
+    """Labels, annotations and placement of the trainer pod."""

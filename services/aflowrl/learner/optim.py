@@ -40,7 +40,7 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], spec: OptimizerSpec) ->
     return torch.optim.AdamW(
         list(params),
         lr=spec.lr,
-        betas=spec.betas,
+        betas=(spec.betas[0], spec.betas[1]),
         eps=spec.eps,
         weight_decay=spec.weight_decay,
     )

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import kmock
 import pytest
-from kube_emulator import MONITORING, RESOURCES, KubeEmulator
+from kube_emulator import COSCHEDULING, KUEUE, MONITORING, PEERING, RESOURCES, KubeEmulator
 from operator_harness import Cluster
 
 
@@ -16,6 +16,9 @@ async def cluster() -> AsyncIterator[Cluster]:
     async with KubeEmulator() as emulator, kmock.Server(emulator) as server:
         emulator.declare(RESOURCES)
         emulator.declare(MONITORING)
+        emulator.declare(KUEUE)
+        emulator.declare(COSCHEDULING)
+        emulator.declare(PEERING)
         harness = Cluster(emulator, server)
         await harness.start_operator()
         try:

@@ -11,7 +11,15 @@ API-server semantics the operator's tests rely on:
 - a failing JSON-patch ``test`` answers 422 (kopf retries), a missing object 404, a duplicate 409;
 - deleting an object deletes its dependents (owner-reference garbage collection, foreground);
 - watches subscribe before replaying the existing objects, so no event in between is lost;
-- lists honour equality ``labelSelector``\\ s.
+- lists honour equality ``labelSelector``\\ s;
+- server-side apply (``PATCH`` with ``application/apply-patch+yaml`` and ``fieldManager``), a
+  faithful subset: field ownership per manager (kept in ``metadata.managedFields`` in the
+  FieldsV1 shape), a 409 Conflict naming the fields when an apply changes a field another
+  manager owns (unless ``force=true``, which takes it over), removal of the fields a manager
+  applied before and leaves out now (unless another manager owns them), creation of a missing
+  object; plain writes (create, merge and JSON patches) make their manager (``fieldManager``,
+  else the User-Agent's product) the owner of the fields they change. Lists are atomic and
+  status is not tracked.
 
 ``GET /api/v1/namespaces`` still fails to parse in kmock, so kopf runs cluster-wide against it.
 Tests play the controllers (kubelet, deployment controller...) with :meth:`set_status`.
@@ -30,6 +38,7 @@ import aiohttp.web
 import attrs
 import jsonpatch
 import kmock
+import yaml
 from kmock._internal import dicts, enums, rendering
 
 # Resources the operator reads or writes: plural -> (kind, namespaced, has a status subresource).
@@ -55,8 +64,93 @@ RESOURCES: dict[str, tuple[str, bool, bool]] = {
     "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True, False),
 }
 MONITORING = {"monitoring.coreos.com/v1/podmonitors": ("PodMonitor", True, False)}
+KUEUE = {
+    "kueue.x-k8s.io/v1beta1/workloads": ("Workload", True, True),
+    "kueue.x-k8s.io/v1beta1/resourceflavors": ("ResourceFlavor", False, False),
+}
+COSCHEDULING = {"scheduling.x-k8s.io/v1alpha1/podgroups": ("PodGroup", True, True)}
+PEERING = {
+    "kopf.dev/v1/clusterkopfpeerings": ("ClusterKopfPeering", False, False),
+    "kopf.dev/v1/kopfpeerings": ("KopfPeering", True, False),
+}
 
 _VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
+APPLY_PATCH = "application/apply-patch+yaml"
+# Metadata the server owns: never a field of any manager.
+_SERVER_META = {
+    "name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
+    "managedFields", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink",
+}  # fmt: skip
+
+Path = tuple[str, ...]
+
+
+def _leaves(obj: Any, prefix: Path = ()) -> dict[Path, Any]:
+    """Every owned leaf of an object: scalars, lists (atomic) and empty maps, by path."""
+    out: dict[Path, Any] = {}
+    if isinstance(obj, dict) and obj:
+        for key, value in obj.items():
+            if not prefix and key in {"apiVersion", "kind", "status"}:
+                continue
+            if prefix == ("metadata",) and key in _SERVER_META:
+                continue
+            out.update(_leaves(value, (*prefix, key)))
+    elif prefix:
+        out[prefix] = obj
+    return out
+
+
+def _get(obj: Any, path: Path) -> Any:
+    for key in path:
+        if not isinstance(obj, dict) or key not in obj:
+            return _ABSENT
+        obj = obj[key]
+    return obj
+
+
+def _set(obj: dict[str, Any], path: Path, value: Any) -> None:
+    for key in path[:-1]:
+        if not isinstance(obj.get(key), dict):
+            obj[key] = {}
+        obj = obj[key]
+    obj[path[-1]] = copy.deepcopy(value)
+
+
+def _delete(obj: dict[str, Any], path: Path) -> None:
+    parents = []
+    node: Any = obj
+    for key in path[:-1]:
+        if not isinstance(node, dict) or key not in node:
+            return
+        parents.append((node, key))
+        node = node[key]
+    if isinstance(node, dict):
+        node.pop(path[-1], None)
+    for parent, key in reversed(parents):  # prune maps the removal emptied
+        if parent[key] == {}:
+            del parent[key]
+        else:
+            break
+
+
+def _related(a: Path, b: Path) -> bool:
+    return a[: len(b)] == b or b[: len(a)] == a
+
+
+def _fields_v1(paths: set[Path]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for path in sorted(paths):
+        node = tree
+        for key in path:
+            node = node.setdefault(f"f:{key}", {})
+    return tree
+
+
+class _Absent:
+    pass
+
+
+_ABSENT = _Absent()
 
 
 def _now() -> str:
@@ -82,13 +176,32 @@ class KubeEmulator(kmock.KubernetesEmulator):
     """kmock's Kubernetes emulator with the API-server semantics listed in the module docstring."""
 
     _versions: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _owners: dict[Any, dict[str, tuple[str, set[Path]]]] = attrs.field(factory=dict, init=False)
+    """Per object: manager -> (operation "Apply" | "Update", the fields it owns)."""
     _failures: list[tuple[str, str, int]] = attrs.field(factory=list, init=False)
     writes: list[tuple[str, str, str | None, str | None]] = attrs.field(factory=list, init=False)
     """Every write served: (method, plural, namespace, name)."""
+    created: list[tuple[str, str | None, str]] = attrs.field(factory=list, init=False)
+    """Every creation (POST, or an apply of a missing object): (plural, namespace, name)."""
+    changed: list[tuple[str, str | None, str]] = attrs.field(factory=list, init=False)
+    """Every write that changed an existing object: (plural, namespace, name)."""
 
-    def fail_next(self, method: str, plural: str, status: int = 500) -> None:
-        """Answer the next ``method`` request on ``plural`` (e.g. "POST", "jobs") with an error."""
-        self._failures.append((method.upper(), plural, status))
+    def fail_next(self, method: str, plural: str, status: int = 500, *, times: int = 1) -> None:
+        """Answer the next ``times`` ``method`` requests on ``plural`` (e.g. "POST", "jobs")
+        with an error."""
+        self._failures += [(method.upper(), plural, status)] * times
+
+    def clear_failures(self) -> None:
+        """Forget the failures still to inject."""
+        self._failures.clear()
+
+    def count_created(self, plural: str, name: str | None = None) -> int:
+        """How many times an object of ``plural`` (and ``name``) was created."""
+        return sum(1 for p, _, n in self.created if p == plural and name in (None, n))
+
+    def count_changed(self, plural: str, name: str | None = None) -> int:
+        """How many writes changed an existing object of ``plural`` (and ``name``)."""
+        return sum(1 for p, _, n in self.changed if p == plural and name in (None, n))
 
     def count_writes(self, method: str, plural: str, name: str | None = None) -> int:
         """How many ``method`` requests on ``plural`` (and ``name``) were served."""
@@ -312,15 +425,40 @@ class KubeEmulator(kmock.KubernetesEmulator):
                         status=409, reason="AlreadyExists", message=f"{key[2]} already exists"
                     )
                 obj = self._stamp_new(resource, namespace, data)
+                self._owners[key] = {}
+                self._record_update(key, {}, obj, self._manager(request))
                 self.objects[key] = obj
+                self.created.append((str(resource.plural), namespace, str(key[2])))
                 self.writes.append((method, str(resource.plural), namespace, key[2]))
                 await self._buses[resource].put({"type": "ADDED", "object": copy.deepcopy(obj)})
                 result = obj
             elif request.action == enums.action.UPDATE and request.name is not None:
                 self.writes.append((method, str(resource.plural), request.namespace, request.name))
-                result = self._apply_update(
-                    resource, request.namespace, request.name, request.data, request.subresource
-                )
+                content_type = (request.headers or {}).get("Content-Type", "")
+                if method == "PATCH" and content_type.startswith(APPLY_PATCH):
+                    result, created, changed = self._server_side_apply(resource, request)
+                    where = (str(resource.plural), request.namespace, str(request.name))
+                    (self.created if created else self.changed if changed else []).append(where)
+                    if created:
+                        await self._buses[resource].put(
+                            {"type": "ADDED", "object": copy.deepcopy(result)}
+                        )
+                        return aiohttp.web.json_response(result, status=201)
+                    if not changed:  # a no-op apply writes nothing and notifies nobody
+                        return aiohttp.web.json_response(result)
+                else:
+                    key = (resource, request.namespace, request.name)
+                    before = self.read_key(key)
+                    result = self._apply_update(
+                        resource, request.namespace, request.name, request.data, request.subresource
+                    )
+                    if request.subresource is None and before is not None:
+                        self._record_update(key, before, result, self._manager(request))
+                        result = self._render_managed(key, result)
+                    if before is not None and _essence(before) != _essence(result):
+                        self.changed.append(
+                            (str(resource.plural), request.namespace, str(request.name))
+                        )
                 deleting = result["metadata"].get("deletionTimestamp")
                 if deleting and not result["metadata"].get("finalizers"):
                     await self._remove((resource, request.namespace, request.name), result)
@@ -334,6 +472,116 @@ class KubeEmulator(kmock.KubernetesEmulator):
             else:
                 return await kmock.KubernetesScaffold._handle(self, request)
         return aiohttp.web.json_response(result)
+
+    # ---- server-side apply -------------------------------------------------------------------
+
+    def read_key(self, key: Any) -> dict[str, Any] | None:
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        return copy.deepcopy(self.objects[key].raw)
+
+    def managers(self, resource: str, namespace: str | None, name: str) -> dict[str, set[Path]]:
+        """Who owns which fields of an object (manager -> field paths)."""
+        key = (kmock.resource(resource), namespace, name)
+        return {m: set(fields) for m, (_, fields) in self._owners.get(key, {}).items()}
+
+    @staticmethod
+    def _manager(request: rendering.Request) -> str:
+        given = (request.params or {}).get("fieldManager")
+        if given:
+            return str(given)
+        agent = (request.headers or {}).get("User-Agent", "unknown")
+        return agent.split("/", 1)[0]
+
+    def _record_update(
+        self, key: Any, before: dict[str, Any], after: dict[str, Any], manager: str
+    ) -> None:
+        """A plain write: its manager owns the fields it changed, and nobody else does."""
+        old, new = _leaves(before), _leaves(after)
+        changed = {p for p in new if old.get(p, _ABSENT) != new[p]}
+        owners = self._owners.setdefault(key, {})
+        for _, fields in list(owners.values()):
+            fields -= {p for p in fields if any(_related(p, c) for c in changed)}
+            fields -= {p for p in fields if p not in new}
+        op, fields = owners.get(manager, ("Update", set()))
+        owners[manager] = ("Update" if op == "Update" else op, fields | changed)
+
+    def _render_managed(self, key: Any, obj: dict[str, Any]) -> dict[str, Any]:
+        entries = [
+            {
+                "manager": manager,
+                "operation": op,
+                "apiVersion": obj.get("apiVersion", "v1"),
+                "fieldsType": "FieldsV1",
+                "fieldsV1": _fields_v1(fields),
+                "time": _now(),
+            }
+            for manager, (op, fields) in sorted(self._owners.get(key, {}).items())
+            if fields
+        ]
+        obj["metadata"]["managedFields"] = entries
+        self.objects[key].raw["metadata"]["managedFields"] = copy.deepcopy(entries)
+        return obj
+
+    def _server_side_apply(
+        self, resource: kmock.resource, request: rendering.Request
+    ) -> tuple[dict[str, Any], bool, bool]:
+        params = request.params or {}
+        manager = params.get("fieldManager")
+        if not manager:
+            raise kmock.KubernetesError(
+                status=422, reason="Invalid", message="fieldManager is required for apply"
+            )
+        force = params.get("force") == "true"
+        config = request.data if isinstance(request.data, dict) else yaml.safe_load(request.text)
+        key = (resource, request.namespace, request.name)
+        live = self.read_key(key)
+        applied = _leaves(config)
+        if live is None:
+            obj = self._stamp_new(resource, request.namespace, config)
+            obj.setdefault("metadata", {})["name"] = request.name
+            self._owners[key] = {manager: ("Apply", set(applied))}
+            self.objects[key] = obj
+            return self._render_managed(key, obj), True, True
+        owners = self._owners.setdefault(key, {})
+        conflicts = sorted(
+            (path, other)
+            for other, (_, fields) in owners.items()
+            if other != manager
+            for path in applied
+            if path in fields and _get(live, path) != applied[path]
+        )
+        if conflicts and not force:
+            lines = [f'conflict with "{other}": .{".".join(path)}' for path, other in conflicts]
+            raise kmock.KubernetesError(
+                status=409,
+                reason="Conflict",
+                message=f"Apply failed with {len(lines)} conflicts: " + "; ".join(lines),
+            )
+        new = copy.deepcopy(live)
+        for path, value in applied.items():
+            _set(new, path, value)
+        op, before = owners.get(manager, ("Apply", set()))
+        dropped = before - set(applied) if op == "Apply" else set()
+        others = {p for m, (_, f) in owners.items() if m != manager for p in f}
+        for path in dropped:
+            if path in others or any(_related(path, p) for p in applied):
+                continue
+            _delete(new, path)
+        for other, (_, fields) in owners.items():
+            if other != manager:
+                fields -= {path for path, who in conflicts if who == other}
+        owners[manager] = ("Apply", set(applied))
+        if self._has_status_subresource(resource) and "status" in live:
+            new["status"] = live["status"]
+        meta = new["metadata"]
+        generation = int(live["metadata"].get("generation", 1))
+        meta["generation"] = generation + (_essence(new) != _essence(live))
+        changed = new != live
+        if changed:
+            meta["resourceVersion"] = str(next(self._versions))
+            self.objects[key].create(new)
+        return self._render_managed(key, new), False, changed
 
     # ---- reads -------------------------------------------------------------------------------
 

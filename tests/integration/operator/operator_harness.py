@@ -20,21 +20,22 @@ from aflowrl_operator.handlers import OperatorConfig, build_registry
 RUNS = "aflowrl.io/v1alpha1/trainingruns"
 NAMESPACE = "team-a"
 RESYNC_S = 0.3
+PEERING_LIFETIME_S = 3
 
 
-class Cluster:
-    """The emulated API server, a client for it, and the operator (which tests may restart)."""
+class Operator:
+    """One operator replica: kopf in a thread of its own with its own event loop, as
+    ``kopf.testing.KopfRunner`` runs it (kopf cancels every task of its loop it did not start,
+    and installs signal handlers in the main thread)."""
 
-    def __init__(self, emulator: KubeEmulator, server: kmock.Server) -> None:
-        self.emulator = emulator
-        self.server = server
-        self.url = str(server.url).rstrip("/")
+    def __init__(self, url: str, *, peering: str | None = None, priority: int = 0) -> None:
+        self.url = url
+        self.peering = peering
+        self.priority = priority
+        self.config = self._config()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.config = self._config()
-
-    # ---- the operator ---------------------------------------------------------------------
 
     def _config(self) -> OperatorConfig:
         def kube() -> kubernetes.client.Configuration:
@@ -51,33 +52,39 @@ class Cluster:
             retry_delay_s=0.2,
             kube=kube,
             login=login,
+            peering_lifetime_s=PEERING_LIFETIME_S,
         )
 
     def _serve(self, ready: threading.Event) -> None:
-        # Its own thread and event loop, as kopf.testing.KopfRunner does: kopf cancels every
-        # task of its loop it did not start, and installs signal handlers in the main thread.
+        peering: dict[str, Any] = {"standalone": True}
+        if self.peering is not None:
+            peering = {
+                "standalone": False,
+                "peering_name": self.peering,
+                "priority": self.priority,
+            }
         try:
             asyncio.run(
                 kopf.operator(
                     registry=build_registry(self.config),
                     clusterwide=True,
-                    standalone=True,
                     stop_flag=self._stop,
                     ready_flag=ready,
                     memo=kopf.Memo(),
+                    **peering,
                 )
             )
         except BaseException as exc:
             self._error = exc
 
-    async def start_operator(self) -> None:
+    async def start(self) -> None:
         assert self._thread is None, "the operator is already running"
         self._stop, ready = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._serve, args=(ready,), daemon=True)
         self._thread.start()
         assert await asyncio.to_thread(ready.wait, 10), "the operator did not start"
 
-    async def stop_operator(self) -> None:
+    async def stop(self) -> None:
         if self._thread is None:
             return
         self._stop.set()
@@ -88,12 +95,51 @@ class Cluster:
             raise self._error
 
     def passes(self) -> float:
-        """Reconcile passes the operator finished (any result), from its own metrics."""
+        """Reconcile passes this replica finished (any result), from its own metrics."""
         registry = self.config.metrics.registry
         return sum(
             registry.get_sample_value("aflowrl_operator_reconciles_total", {"result": r}) or 0.0
             for r in ("ok", "rejected", "error")
         )
+
+
+class Cluster:
+    """The emulated API server, a client for it, and the operator (which tests may restart, or
+    run as several peering replicas)."""
+
+    def __init__(self, emulator: KubeEmulator, server: kmock.Server) -> None:
+        self.emulator = emulator
+        self.server = server
+        self.url = str(server.url).rstrip("/")
+        self.operator = Operator(self.url)
+        self.replicas: list[Operator] = []
+
+    @property
+    def config(self) -> OperatorConfig:
+        return self.operator.config
+
+    # ---- the operator ---------------------------------------------------------------------
+
+    async def start_operator(self) -> None:
+        await self.operator.start()
+
+    async def stop_operator(self) -> None:
+        try:
+            await self.operator.stop()
+        finally:
+            for replica in self.replicas:
+                await replica.stop()
+
+    async def start_replica(self, peering: str, priority: int) -> Operator:
+        """Another operator replica peering through ``peering`` with this priority."""
+        replica = Operator(self.url, peering=peering, priority=priority)
+        self.replicas.append(replica)
+        await replica.start()
+        return replica
+
+    def passes(self) -> float:
+        """Reconcile passes the operator finished (any result), from its own metrics."""
+        return self.operator.passes()
 
     async def settle(self, passes: int = 3) -> None:
         """Wait until the operator has made ``passes`` more passes."""
@@ -102,11 +148,13 @@ class Cluster:
 
     # ---- the user's side ----------------------------------------------------------------
 
-    async def create_run(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    async def create_run(
+        self, name: str, spec: dict[str, Any], labels: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         body = {
             "apiVersion": "aflowrl.io/v1alpha1",
             "kind": "TrainingRun",
-            "metadata": {"name": name, "namespace": NAMESPACE},
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels or {}},
             "spec": copy.deepcopy(spec),
         }
         path = f"/apis/aflowrl.io/v1alpha1/namespaces/{NAMESPACE}/trainingruns"

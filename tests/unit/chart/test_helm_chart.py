@@ -19,9 +19,22 @@ K8S_VERSION = "1.30.0"
 sys.path.insert(0, str(ROOT / "charts"))
 import build_manifests  # noqa: E402
 
+CUSTOM_KINDS = {
+    "ServiceMonitor": "monitoring.coreos.com/v1",
+    "ClusterKopfPeering": "kopf.dev/v1",
+    "KopfPeering": "kopf.dev/v1",
+}
+"""Kinds defined by CRDs: kubernetes-validate ships no schema for them."""
 
-def _render(values: dict | None = None) -> list[dict]:
-    return [yaml.safe_load(text) for _, text in build_manifests.rendered_documents(values)]
+
+def _render(values: dict | None = None, *, hooks: bool = True) -> list[dict]:
+    return [
+        yaml.safe_load(text) for _, text in build_manifests.rendered_documents(values, hooks=hooks)
+    ]
+
+
+def _hook(doc: dict) -> str | None:
+    return (doc["metadata"].get("annotations") or {}).get("helm.sh/hook")
 
 
 def _all_options() -> dict:
@@ -40,8 +53,8 @@ def _one(docs: list[dict], kind: str, name: str | None = None) -> dict:
 def test_every_rendered_object_is_valid_kubernetes(values):
     docs = _render(_all_options() if values else None)
     for doc in docs:
-        if doc["kind"] == "ServiceMonitor":  # a CRD: no schema ships with kubernetes-validate
-            assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+        if doc["kind"] in CUSTOM_KINDS:
+            assert doc["apiVersion"] == CUSTOM_KINDS[doc["kind"]]
             continue
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -59,20 +72,20 @@ def test_the_chart_lints_clean_in_strict_mode(values):
 
 
 def test_default_install_watches_everything_with_least_privilege():
-    docs = _render()
+    docs = _render(hooks=False)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(
         [
-            "CustomResourceDefinition",
+            *["CustomResourceDefinition"] * 3,  # TrainingRun, kopf's two peering kinds
             "ServiceAccount",
             "ConfigMap",
-            "ClusterRole",
-            "ClusterRole",
+            *["ClusterRole"] * 4,  # cluster reads, the runs, aggregated edit and view
             "ClusterRoleBinding",
             "ClusterRoleBinding",
             "Deployment",
         ]
     )
+    assert not any(d["kind"] in {"PodDisruptionBudget", "NetworkPolicy"} for d in docs)
     deployment = _one(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
@@ -106,7 +119,7 @@ def test_every_option_on():
     assert pod["serviceAccountName"] == "aflowrl-operator"
     assert pod["priorityClassName"] == "system-cluster-critical"
     assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
-    roles = [d for d in docs if d["kind"] == "Role"]
+    roles = [d for d in docs if d["kind"] == "Role" and not _hook(d)]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert not any(
         d["metadata"]["name"] == "aflowrl-prod-runs" for d in docs if d["kind"] == "ClusterRole"
@@ -181,3 +194,95 @@ def test_install_yaml_is_valid_kubernetes():
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
         if doc["kind"] not in {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}:
             assert doc["metadata"]["namespace"] == "aflow-rl"
+
+
+def test_several_replicas_peer_and_keep_one_through_drains():
+    docs = _render(_all_options())
+    deployment = _one(docs, "Deployment", "aflowrl-prod-operator")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert (
+        "--peering=aflowrl-prod" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    peerings = [d for d in docs if d["kind"] == "KopfPeering"]  # namespaced: one per namespace
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
+    roles = [d for d in docs if d["kind"] == "Role" and not _hook(d)]
+    for role in roles:
+        assert any("kopfpeerings" in rule["resources"] for rule in role["rules"])
+    pdb = _one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+
+    cluster_wide = _render({"replicaCount": 3})
+    assert _one(cluster_wide, "ClusterKopfPeering")["metadata"]["name"] == "aflow-rl"
+    cluster = _one(cluster_wide, "ClusterRole", "aflow-rl-cluster")
+    assert any("clusterkopfpeerings" in rule["resources"] for rule in cluster["rules"])
+    # One replica: standalone, no peering object, no budget (it would only block drains).
+    single = _render({"podDisruptionBudget": {"enabled": True}})
+    assert not any(d["kind"] in {"PodDisruptionBudget", "ClusterKopfPeering"} for d in single)
+    args = _one(single, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not any(a.startswith("--peering") for a in args)
+    assert not any(
+        d["kind"] == "PodDisruptionBudget"
+        for d in _render({"replicaCount": 2, "podDisruptionBudget": {"enabled": False}})
+    )
+
+
+def test_the_network_policy_lets_only_dns_the_api_server_and_scrapes_through():
+    policy = _one(_render(_all_options()), "NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    dns, api = policy["spec"]["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert {p["port"] for p in api["ports"]} == {443, 6443}
+    assert api["to"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
+    health, metrics = policy["spec"]["ingress"]
+    assert health["ports"] == [{"protocol": "TCP", "port": 8181}]
+    assert metrics["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"
+    }
+
+
+def test_namespace_users_get_trainingruns_through_the_default_roles():
+    docs = _render()
+    edit = _one(docs, "ClusterRole", "aflow-rl-edit")
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert "create" in edit["rules"][0]["verbs"] and "delete" in edit["rules"][0]["verbs"]
+    assert edit["rules"][1] == {
+        "apiGroups": ["aflowrl.io"],
+        "resources": ["trainingruns/status"],
+        "verbs": ["get"],
+    }  # users cannot forge a run's status
+    view = _one(docs, "ClusterRole", "aflow-rl-view")
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert set(view["rules"][0]["verbs"]) == {"get", "list", "watch"}
+    off = _render({"rbac": {"aggregateToDefaultRoles": False}})
+    assert not any(d["metadata"]["name"].endswith(("-edit", "-view")) for d in off)
+
+
+def test_hooks_upgrade_the_crd_and_test_the_install():
+    docs = _render()
+    job = _one(docs, "Job", "aflow-rl-crd-upgrade")
+    assert _hook(job) == "pre-upgrade"
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["--install-crd"]
+    (rule,) = _one(docs, "ClusterRole", "aflow-rl-crd-upgrade")["rules"]
+    assert rule["resourceNames"] == ["trainingruns.aflowrl.io"] and rule["verbs"] == [
+        "get",
+        "patch",
+    ]
+    # The hook's RBAC exists before the Job runs (lower weights first).
+    weights = {
+        d["kind"]: int(d["metadata"]["annotations"]["helm.sh/hook-weight"])
+        for d in docs
+        if _hook(d) == "pre-upgrade"
+    }
+    assert weights["ClusterRole"] < weights["ClusterRoleBinding"] < weights["Job"]
+    test = _one(docs, "Pod", "aflow-rl-test")
+    assert _hook(test) == "test"
+    assert test["spec"]["containers"][0]["args"] == ["--check=aflow-rl/aflow-rl-operator"]
+    assert test["spec"]["restartPolicy"] == "Never"
+    off = _render({"crds": {"upgradeJob": {"enabled": False}}, "tests": {"enabled": False}})
+    assert not any(_hook(d) for d in off)
+    # manifests/install.yaml (kubectl apply) carries no hooks.
+    installed = yaml.safe_load_all((ROOT / "manifests" / "install.yaml").read_text())
+    assert not any(_hook(d) for d in installed if d)

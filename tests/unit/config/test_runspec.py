@@ -18,9 +18,30 @@ def test_default_spec_is_valid_and_round_trips():
     assert RunSpec.from_document(doc) == spec
 
 
-def test_snake_case_names_are_accepted_from_python():
-    spec = RunSpec.model_validate({"trainer": {"group_size": 8}})
-    assert spec.trainer.group_size == 8
+def test_documents_have_one_spelling_and_strict_types():
+    with pytest.raises(ConfigError, match=r"spec\.trainer\.group_size: unknown field"):
+        RunSpec.from_document({"trainer": {"group_size": 8}})
+    for value in ("5", True, 2.5):
+        with pytest.raises(ConfigError, match=r"spec\.trainer\.iterations"):
+            RunSpec.from_document({"trainer": {"iterations": value}})
+    # JSON has one number type, and null means "not set", as on the API server.
+    assert RunSpec.from_document({"trainer": {"iterations": 5.0}}).trainer.iterations == 5
+    assert RunSpec.from_document({"policy": {"lora": None}, "trainer": None}) == RunSpec()
+    # Python code may still use field names.
+    assert RunSpec.model_validate({"trainer": {"group_size": 8}}).trainer.group_size == 8
+
+
+def test_an_empty_document_is_refused_not_read_as_the_default():
+    with pytest.raises(ConfigError, match=r"run\.yaml: the document is empty"):
+        RunSpec.from_yaml("", source="run.yaml")
+    with pytest.raises(ConfigError, match="the document is empty"):
+        RunSpec.from_yaml("null\n")
+    run = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "TrainingRun"}
+    with pytest.raises(ConfigError, match=r"spec: a TrainingRun needs a spec mapping"):
+        RunSpec.from_document({**run, "metadata": {"name": "x"}, "spec": None})
+    with pytest.raises(ConfigError, match=r"spec: a TrainingRun needs a spec mapping \(missing"):
+        RunSpec.from_document({**run, "metadata": {"name": "x"}})
+    assert RunSpec.from_yaml("{}") == RunSpec()
 
 
 def test_training_run_document_is_accepted():

@@ -6,42 +6,24 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
 from aflowrl.config import RunSpec
-from aflowrl.config.crd import training_run_crd
 from aflowrl_operator import children
 from aflowrl_operator.names import RunRef
 from aflowrl_operator.validation import validate
+from crd_admission import admit
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "manifests" / "examples").glob("*.yaml"))
 K8S_VERSION = "1.30.0"
 
 
-def _jsonschema(node):
-    """OpenAPI v3.0 (nullable, boolean exclusive bounds) -> JSON Schema, unknown keys refused."""
-    if isinstance(node, list):
-        return [_jsonschema(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: _jsonschema(v) for k, v in node.items() if not k.startswith("x-kubernetes")}
-    if out.pop("nullable", False) and "type" in out:
-        out["type"] = [out["type"], "null"]
-        if "enum" in out:
-            out["enum"] = [*out["enum"], None]
-    for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
-        if out.get(bound) is True:
-            out[bound] = out.pop(plain)
-    if out.get("type") == "object" and isinstance(out.get("properties"), dict):
-        out.setdefault("additionalProperties", False)
-    return out
-
-
-def test_there_are_the_four_examples():
+def test_there_are_the_six_examples():
     assert [p.name for p in EXAMPLES] == [
+        "gang-multi-node.yaml",
+        "kueue-gsm8k.yaml",
         "multi-node.yaml",
         "qwen2.5-7b-gsm8k-8gpu.yaml",
         "qwen2.5-7b-mixed-transfer-8gpu.yaml",
@@ -53,11 +35,7 @@ def test_there_are_the_four_examples():
 def test_an_example_is_accepted_everywhere(path):
     doc = yaml.safe_load(path.read_text())
     spec = RunSpec.from_yaml(path.read_text(), source=path.name)
-    crd = training_run_crd()
-    schema = _jsonschema(
-        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    )
-    jsonschema.validate(doc["spec"], schema)
+    assert admit(doc) == set()  # the CRD's schema and CEL rules
     accepted, rejection = validate(doc["metadata"]["name"], doc["spec"])
     assert rejection is None and accepted == spec
     run = RunRef(name=doc["metadata"]["name"], namespace="default", uid="uid")
@@ -65,19 +43,19 @@ def test_an_example_is_accepted_everywhere(path):
         services=True, environment_replicas=spec.environment.replicas.min, trainer_suspended=False
     )
     for manifest in children.full_manifests(run, spec, scale, monitoring_api=True):
-        if manifest["kind"] != "PodMonitor":
+        if manifest["kind"] not in {"PodMonitor", "PodGroup"}:  # CRDs: no schema ships
             kubernetes_validate.validate(copy.deepcopy(manifest), K8S_VERSION, strict=True)
 
 
 def test_the_gsm8k_example_fits_one_8_gpu_node():
-    spec = RunSpec.from_yaml(next(p for p in EXAMPLES if "gsm8k" in p.name).read_text())
+    spec = RunSpec.from_yaml(next(p for p in EXAMPLES if "8gpu" in p.name).read_text())
     gpus = spec.rollout.replicas * spec.rollout.resources.gpus
     gpus += spec.learner.nodes * spec.learner.resources.gpus
     assert gpus == 8 and spec.policy.model.startswith("/models/Qwen2.5-7B")
 
 
 def test_the_multi_node_example_spans_nodes():
-    spec = RunSpec.from_yaml(next(p for p in EXAMPLES if "multi" in p.name).read_text())
+    spec = RunSpec.from_yaml(next(p for p in EXAMPLES if p.name == "multi-node.yaml").read_text())
     assert spec.learner.nodes > 1 and spec.storage.access_mode == "ReadWriteMany"
 
 
@@ -85,3 +63,51 @@ def test_the_tiny_example_needs_no_gpu():
     spec = RunSpec.from_yaml(next(p for p in EXAMPLES if "tiny" in p.name).read_text())
     assert spec.policy.model == "tiny" and spec.environment.executor.type == "surrogate"
     assert spec.rollout.resources.gpus == spec.learner.resources.gpus == 0
+
+
+def test_the_kueue_example_queues_the_whole_run():
+    doc = yaml.safe_load(next(p for p in EXAMPLES if "kueue" in p.name).read_text())
+    assert doc["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    spec = RunSpec.from_document(doc)
+    run = RunRef(name=doc["metadata"]["name"], namespace="default", uid="uid")
+    scale = children.Scale(services=False, environment_replicas=0, trainer_suspended=True)
+    desired = children.build(run, spec, scale, monitoring_api=False)
+    workload = children.kueue_workload(
+        run,
+        spec,
+        desired,
+        queue="gpu-queue",
+        priority=doc["metadata"]["labels"].get("kueue.x-k8s.io/priority-class"),
+    )
+    counts = {ps["name"]: ps["count"] for ps in workload["spec"]["podSets"]}
+    assert counts == {"rollout": 4, "learner": 1, "environment": 8, "trainer": 1}
+    assert len(workload["spec"]["podSets"]) <= 8  # Kueue's limit
+
+
+def test_the_gang_example_groups_every_gpu_pod():
+    spec = RunSpec.from_yaml(next(p for p in EXAMPLES if "gang" in p.name).read_text())
+    assert spec.scheduling.gang is not None
+    assert children.gpu_pods(spec) == {"rollout": 16, "learner": 2, "executor": 2}
+    assert spec.learner.resources.rdma == 1 and spec.environment.pod.runtime_class_name
+
+
+def _readme_runs() -> list[dict]:
+    text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    section = text.split("## Kubernetes\n", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
+    return [doc for doc in map(yaml.safe_load, blocks) if doc.get("kind") == "TrainingRun"]
+
+
+def test_the_readme_shows_kueue_and_gang_runs_that_validate():
+    runs = _readme_runs()
+    assert any("kueue.x-k8s.io/queue-name" in r["metadata"].get("labels", {}) for r in runs)
+    assert any("gang" in r["spec"].get("scheduling", {}) for r in runs)
+    for doc in runs:
+        assert admit(doc) == set()
+        accepted, rejection = validate(doc["metadata"]["name"], doc["spec"])
+        assert rejection is None and accepted is not None
+        run = RunRef(name=doc["metadata"]["name"], namespace="default", uid="uid")
+        scale = children.Scale(services=True, environment_replicas=1, trainer_suspended=False)
+        for manifest in children.full_manifests(run, accepted, scale, monitoring_api=False):
+            if manifest["kind"] != "PodGroup":
+                kubernetes_validate.validate(copy.deepcopy(manifest), K8S_VERSION, strict=True)

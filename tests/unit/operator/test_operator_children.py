@@ -58,6 +58,57 @@ SPECS: dict[str, dict] = {
             "tolerations": [{"key": "gpu", "operator": "Exists"}],
         },
     },
+    "gpu-cluster": {
+        "policy": {"model": "/models/Qwen2.5-7B-Instruct", "persistentVolumeClaim": "models"},
+        "rollout": {
+            "replicas": 2,
+            "engine": "vllm",
+            "resources": {"cpu": "8", "memory": "64Gi", "gpus": 1, "shmSize": "8Gi"},
+            "pod": {
+                "labels": {"team": "rl"},
+                "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"},
+                "topologySpreadConstraints": [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "topology.kubernetes.io/zone",
+                        "whenUnsatisfiable": "ScheduleAnyway",
+                    }
+                ],
+            },
+        },
+        "learner": {
+            "nodes": 2,
+            "procsPerNode": 8,
+            "resources": {"cpu": "64", "memory": "1Ti", "gpus": 8, "rdma": 1, "shmSize": "64Gi"},
+            "pod": {
+                "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                "affinity": {
+                    "podAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {
+                                "weight": 100,
+                                "podAffinityTerm": {
+                                    "labelSelector": {"matchLabels": {"aflowrl.io/run": "demo"}},
+                                    "topologyKey": "network.example.com/rack",
+                                },
+                            }
+                        ]
+                    }
+                },
+                "priorityClassName": "training-high",
+            },
+        },
+        "environment": {"pod": {"runtimeClassName": "gvisor"}},
+        "trainer": {"pod": {"tolerations": [{"key": "batch", "operator": "Exists"}]}},
+        "weightTransport": {"type": "filesystem"},
+        "storage": {"size": "1Ti", "accessMode": "ReadWriteMany"},
+        "scheduling": {
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "priorityClassName": "training",
+            "gang": {"scheduleTimeoutSeconds": 900},
+        },
+        "nccl": {"socketIfname": "eth0", "ibHca": "mlx5", "env": {"NCCL_IB_GID_INDEX": "3"}},
+    },
 }
 
 
@@ -82,8 +133,11 @@ def test_every_child_is_a_valid_kubernetes_object(name):
     manifests = _manifests(spec)
     assert len({(m["kind"], m["metadata"]["name"]) for m in manifests}) == len(manifests)
     for manifest in manifests:
-        if manifest["kind"] == "PodMonitor":  # a CRD: no schema ships with kubernetes-validate
-            assert manifest["apiVersion"] == "monitoring.coreos.com/v1"
+        if manifest["kind"] in {"PodMonitor", "PodGroup"}:  # CRDs: kubernetes-validate has none
+            assert manifest["apiVersion"] in {
+                "monitoring.coreos.com/v1",
+                "scheduling.x-k8s.io/v1alpha1",
+            }
             continue
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
         assert manifest["metadata"]["ownerReferences"] == [RUN.owner_reference()]
@@ -108,7 +162,10 @@ def test_every_pod_is_locked_down(name):
             sc = container["securityContext"]
             assert sc["readOnlyRootFilesystem"] is True, where
             assert sc["allowPrivilegeEscalation"] is False, where
-            assert sc["capabilities"] == {"drop": ["ALL"]}, where
+            rdma = "rdma/ib" in container["resources"]["limits"]
+            assert sc["capabilities"] == (
+                {"drop": ["ALL"], "add": ["IPC_LOCK"]} if rdma else {"drop": ["ALL"]}
+            ), where
             assert "privileged" not in sc, where
             assert container["resources"]["requests"]["memory"], where
             mounts = {m["mountPath"] for m in container["volumeMounts"]}
@@ -159,7 +216,10 @@ def test_gpu_pods_get_gpus_placement_and_shared_memory():
     assert main["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
     assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
-    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    # /dev/shm in memory, limited by the pod's memory when no shmSize is given.
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "512Gi"}} in pod[
+        "volumes"
+    ]
     assert "readinessProbe" not in main  # several nodes: only pod 0 serves gRPC
     assert learner["spec"]["updateStrategy"] == {"type": "OnDelete"}
     env_pod = _by(manifests, "Deployment", "demo-env")["spec"]["template"]["spec"]
@@ -289,3 +349,116 @@ def test_the_config_map_holds_the_resolved_spec():
     cm = children.config_map(RUN, spec)
     assert RunSpec.from_yaml(cm["data"]["spec.yaml"]) == spec
     assert "maxModelLen" in cm["data"]["spec.yaml"]  # defaults are spelled out for the pods
+
+
+def _pod(manifests: list[dict], kind: str, name: str) -> dict:
+    return _by(manifests, kind, name)["spec"]["template"]
+
+
+def test_pod_overrides_are_merged_per_component():
+    manifests = _manifests(RunSpec.from_document(SPECS["gpu-cluster"]))
+    rollout = _pod(manifests, "Deployment", "demo-rollout")
+    assert rollout["metadata"]["labels"]["team"] == "rl"
+    assert rollout["metadata"]["labels"]["aflowrl.io/run"] == "demo"
+    annotations = rollout["metadata"]["annotations"]
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+    assert "aflowrl.io/spec-hash" in annotations
+    (spread,) = rollout["spec"]["topologySpreadConstraints"]
+    # A constraint without a selector counts the component's own pods.
+    assert spread["labelSelector"] == {"matchLabels": RUN.selector("rollout")}
+    assert rollout["spec"]["priorityClassName"] == "training"  # scheduling's, not overridden
+    assert rollout["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+
+    learner = _pod(manifests, "StatefulSet", "demo-learner")["spec"]
+    assert learner["priorityClassName"] == "training-high"  # the override replaces it
+    assert learner["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    term = learner["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term[0]["podAffinityTerm"]["topologyKey"] == "network.example.com/rack"
+
+    env = _pod(manifests, "Deployment", "demo-env")["spec"]
+    assert env["runtimeClassName"] == "gvisor"
+    assert "tolerations" not in env and "nodeSelector" not in env  # a CPU pod
+    trainer = _by(manifests, "Job", "demo-trainer")["spec"]["template"]["spec"]
+    assert trainer["tolerations"] == [{"key": "batch", "operator": "Exists"}]
+
+
+def test_gpu_pods_get_nccl_shared_memory_and_rdma():
+    manifests = _manifests(RunSpec.from_document(SPECS["gpu-cluster"]))
+    learner = _pod(manifests, "StatefulSet", "demo-learner")["spec"]
+    main = learner["containers"][0]
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    assert env["NCCL_DEBUG"] == "WARN"
+    assert (env["NCCL_SOCKET_IFNAME"], env["NCCL_IB_HCA"]) == ("eth0", "mlx5")
+    assert env["NCCL_IB_GID_INDEX"] == "3"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert main["resources"]["limits"]["rdma/ib"] == "1"
+    assert main["resources"]["requests"]["rdma/ib"] == "1"
+    assert main["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in learner[
+        "volumes"
+    ]
+    rollout = _pod(manifests, "Deployment", "demo-rollout")["spec"]
+    rollout_env = {e["name"] for e in rollout["containers"][0]["env"]}
+    # vLLM's memory pool refuses expandable segments: its pods do not get them.
+    assert "NCCL_DEBUG" in rollout_env and "PYTORCH_CUDA_ALLOC_CONF" not in rollout_env
+    assert "add" not in rollout["containers"][0]["securityContext"]["capabilities"]
+    env_pod = _pod(manifests, "Deployment", "demo-env")["spec"]
+    assert "NCCL_DEBUG" not in {e["name"] for e in env_pod["containers"][0]["env"]}
+
+
+def test_gang_scheduling_groups_every_gpu_pod():
+    manifests = _manifests(RunSpec.from_document(SPECS["gpu-cluster"]))
+    group = _by(manifests, "PodGroup", "demo-gpu")
+    assert group["spec"] == {"minMember": 2 + 2, "scheduleTimeoutSeconds": 900}
+    for kind, name in (("Deployment", "demo-rollout"), ("StatefulSet", "demo-learner")):
+        pod = _pod(manifests, kind, name)
+        assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "demo-gpu"
+        assert pod["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
+    env = _pod(manifests, "Deployment", "demo-env")
+    assert "scheduling.x-k8s.io/pod-group" not in env["metadata"]["labels"]
+    assert "schedulerName" not in env["spec"]
+    assert not any(m["kind"] == "PodGroup" for m in _manifests(RunSpec()))
+
+
+def test_the_kueue_workload_has_one_pod_set_per_component():
+    spec = RunSpec.from_document(SPECS["gpu-cluster"])
+    desired = children.build(RUN, spec, RUNNING, monitoring_api=False)
+    workload = children.kueue_workload(RUN, spec, desired, queue="team-a", priority="high")
+    assert workload["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+    assert workload["metadata"]["ownerReferences"] == [RUN.owner_reference()]
+    assert workload["spec"]["queueName"] == "team-a"
+    assert workload["spec"]["priorityClassName"] == "high"
+    sets = {ps["name"]: ps for ps in workload["spec"]["podSets"]}
+    assert {name: ps["count"] for name, ps in sets.items()} == {
+        "rollout": 2,
+        "learner": 2,
+        "environment": 2,  # the autoscaler's ceiling is reserved
+        "trainer": 1,
+    }
+    gpus = sets["learner"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert gpus["nvidia.com/gpu"] == "8"
+    # Admission on a flavor puts the pods on its nodes.
+    admitted = children.Scale(
+        services=True,
+        environment_replicas=2,
+        trainer_suspended=False,
+        node_labels={"learner": {"cloud.example.com/pool": "h100-reserved"}},
+    )
+    learner = _pod(
+        children.full_manifests(RUN, spec, admitted, monitoring_api=False),
+        "StatefulSet",
+        "demo-learner",
+    )
+    assert learner["spec"]["nodeSelector"]["cloud.example.com/pool"] == "h100-reserved"
+    # A change of shape gives a new hash (the operator replaces the Workload).
+    bigger = RunSpec.from_document(
+        {**SPECS["gpu-cluster"], "rollout": {**SPECS["gpu-cluster"]["rollout"], "replicas": 3}}
+    )
+    again = children.kueue_workload(
+        RUN,
+        bigger,
+        children.build(RUN, bigger, RUNNING, monitoring_api=False),
+        queue="team-a",
+        priority=None,
+    )
+    assert again["metadata"]["annotations"] != workload["metadata"]["annotations"]

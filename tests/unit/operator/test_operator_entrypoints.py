@@ -35,6 +35,23 @@ def test_arguments():
     assert args.namespace == ["team-a", "team-*"] and args.log_format == "json"
     assert build_parser().parse_args([]).namespace == []
     assert main(["--resync-interval", "0"]) == 2
+    peering = build_parser().parse_args(["--peering", "aflow", "--priority", "7"])
+    assert (peering.peering, peering.priority) == ("aflow", 7)
+
+
+def test_the_check_task_refuses_a_malformed_target(capsys):
+    assert main(["--check", "no-slash"]) == 1
+    assert "--check wants NAMESPACE/DEPLOYMENT" in capsys.readouterr().err
+
+
+def test_replicas_get_different_peering_priorities(monkeypatch):
+    from aflowrl_operator import cli
+
+    seen = set()
+    for host in ("aflow-rl-operator-7d9f-abcde", "aflow-rl-operator-7d9f-fghij"):
+        monkeypatch.setattr(cli.socket, "gethostname", lambda host=host: host)
+        seen.add(cli._host_priority())
+    assert len(seen) == 2
 
 
 def test_operator_metric_names_follow_the_house_convention():
