@@ -97,12 +97,13 @@ class RunSpec(SpecModel):
                 f"rollout.vllm.maxModelLen={self.rollout.vllm.max_model_len} is below "
                 f"policy.maxPromptTokens + policy.maxResponseTokens = {needed}"
             )
-        if self.weight_transport.type == "nccl" and (
-            self.rollout.engine != "vllm" or self.rollout.resources.gpus == 0
-        ):
+        learner_gpus, rollout_gpus = learner.resources.gpus, self.rollout.resources.gpus
+        if self.weight_transport.type == "nccl" and (learner_gpus > 0) != (rollout_gpus > 0):
             raise ValueError(
-                "weightTransport.type='nccl' needs rollout.engine='vllm' on GPUs "
-                "(rollout.resources.gpus > 0); use 'grpc' or 'filesystem' otherwise"
+                "weightTransport.type='nccl' needs the learner and the rollout on the same kind "
+                f"of device (learner.resources.gpus={learner_gpus}, "
+                f"rollout.resources.gpus={rollout_gpus}): a broadcast runs NCCL between GPUs or "
+                "gloo between CPUs"
             )
         rows = self.trainer.tasks_per_iteration * self.trainer.group_size
         if learner.loss.mini_batch_size > rows * env.search.max_steps:

@@ -19,3 +19,7 @@ class CheckpointNotFoundError(NotFoundError):
 
 class LearnerBrokenError(FailedPreconditionError):
     """A collective step failed on some rank; the ranks may disagree, so the learner stops."""
+
+
+class WeightGroupError(FailedPreconditionError):
+    """A broadcast on a weight group that is not the open one (nccl transport)."""

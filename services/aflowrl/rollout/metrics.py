@@ -34,6 +34,16 @@ class RolloutMetrics(ComponentMetrics):
         )
         self.weight_updates_refused = self.counter(
             "weight_updates_refused_total",
-            "Weight updates refused (stale, partial, corrupt).",
+            "Weight updates refused (stale, partial, corrupt, mismatch, broken, interrupted).",
             ["reason"],
+        )
+        self.weight_update_buckets = self.counter(
+            "weight_update_buckets_total",
+            "Pieces weights reached the engine in (broadcast buckets, reload calls).",
+            ["transport"],
+        )
+        self.weights_incomplete = self.gauge(
+            "weights_incomplete_replicas",
+            "1 while a broken broadcast left this replica's weights incomplete (requests "
+            "refused until a reload); summed over replicas, how many wait for one.",
         )

@@ -65,7 +65,7 @@ def connect(
         ),
         rollout=RolloutClient(_target(rollout), options=channel_options(spec, 1800.0)),
         learner=LearnerClient(learner, options=channel_options(spec, 3600.0)),
-        weights=make_weight_sync(spec, learner, rollouts),
+        weights=make_weight_sync(spec, learner, rollouts, options=channel_options(spec, 3600.0)),
     )
 
 
