@@ -10,14 +10,15 @@ so the receiver parses it with the generated code.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
+from google.protobuf.message import DecodeError
 
 from aflowrl._proto.v1 import common_pb2
 from aflowrl.models.errors import WeightMismatchError
-from aflowrl.models.weights import Manifest, TensorSpec, iter_chunks
+from aflowrl.models.weights import Manifest, PayloadChecksum, TensorSpec, iter_chunks
 
 # protobuf tags: (field number << 3) | wire type (0 = varint, 2 = length-delimited)
 _CHUNK_DATA = 0x12  # WeightChunk.data = 2
@@ -66,15 +67,94 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def encode_data_chunk(offset: int, data: bytes | memoryview) -> bytes:
-    """``WeightChunk(data=WeightData(offset=offset, data=data)).SerializeToString()``, one copy."""
-    size = len(data)
+def encode_data_chunk(
+    offset: int, data: bytes | memoryview | Sequence[bytes | memoryview]
+) -> bytes:
+    """``WeightChunk(data=WeightData(offset=offset, data=data)).SerializeToString()``, one copy.
+
+    ``data`` may come in parts (the bytes of several tensors), joined into the message.
+    """
+    parts = [data] if isinstance(data, bytes | memoryview) else list(data)
+    size = sum(len(p) for p in parts)
     # proto3 leaves out fields at their default (offset 0, empty data); so does this.
     inner = (bytes([_DATA_OFFSET]) + _varint(offset) if offset else b"") + (
         bytes([_DATA_BYTES]) + _varint(size) if size else b""
     )
     header = bytes([_CHUNK_DATA]) + _varint(len(inner) + size) + inner
-    return b"".join((header, data))
+    return b"".join((header, *parts))
+
+
+@dataclass(frozen=True)
+class DataChunk:
+    """A decoded ``WeightData``: its bytes are a view of the message (no copy)."""
+
+    offset: int
+    data: memoryview
+
+
+@dataclass(frozen=True)
+class MalformedChunk:
+    """A message that is not a well-formed ``WeightChunk`` (the servicer refuses it)."""
+
+    reason: str
+
+
+def _read_varint(raw: memoryview, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        if pos >= len(raw) or shift > 63:
+            raise ValueError("truncated or overlong varint")
+        byte = raw[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+
+
+def _decode_data(raw: memoryview) -> DataChunk:
+    """The fields of a ``WeightData`` (any order, unknown ones skipped, as protobuf reads)."""
+    offset, data, pos = 0, raw[:0], 0
+    while pos < len(raw):
+        key, pos = _read_varint(raw, pos)
+        field, kind = key >> 3, key & 7
+        if kind == 0:
+            value, pos = _read_varint(raw, pos)
+            if field == 1:
+                offset = value
+        elif kind == 2:
+            size, pos = _read_varint(raw, pos)
+            if pos + size > len(raw):
+                raise ValueError("a field runs past the message")
+            if field == 2:
+                data = raw[pos : pos + size]
+            pos += size
+        elif kind in (1, 5):
+            pos += 8 if kind == 1 else 4
+        else:
+            raise ValueError(f"unsupported wire type {kind}")
+    if pos != len(raw):
+        raise ValueError("a field runs past the message")
+    return DataChunk(offset, data)
+
+
+def decode_chunk(raw: bytes) -> common_pb2.WeightChunk | DataChunk | MalformedChunk:
+    """A serialised ``WeightChunk``: data chunks as :class:`DataChunk` views, the rest as protos.
+
+    The rollout's request deserialiser for ``UpdateWeights``: protobuf's parser copies a
+    chunk's bytes twice (into the message, then into a ``bytes`` object), this not at all.
+    It never raises (a deserialiser that raises becomes an INTERNAL error): a message that is
+    not a ``WeightChunk`` comes back as :class:`MalformedChunk`.
+    """
+    view = memoryview(raw)
+    try:
+        if view[:1] == bytes([_CHUNK_DATA]):
+            size, pos = _read_varint(view, 1)
+            if pos + size == len(view):  # one data field and nothing else
+                return _decode_data(view[pos:])
+        return common_pb2.WeightChunk.FromString(raw)
+    except (ValueError, DecodeError) as exc:
+        return MalformedChunk(str(exc) or type(exc).__name__)
 
 
 def encoded_weight_stream(
@@ -85,14 +165,15 @@ def encoded_weight_stream(
     """The serialised messages of one update: manifest, data chunks in order, commit.
 
     ``tensors`` (CPU, in manifest order) may be produced lazily; each is hashed as it is
-    chunked, and the commit carries the SHA-256 of the whole payload.
+    chunked, and the commit carries the CRC-32 of the whole payload.
     """
     yield common_pb2.WeightChunk(manifest=manifest_to_proto(manifest)).SerializeToString()
-    digest = hashlib.sha256()
-    for offset, data in iter_chunks(tensors, chunk_bytes):
-        digest.update(data)
-        yield encode_data_chunk(offset, data)
-    commit = common_pb2.WeightCommit(version=manifest.version, sha256=digest.hexdigest())
+    checksum = PayloadChecksum()
+    for offset, parts in iter_chunks(tensors, chunk_bytes):
+        for part in parts:
+            checksum.update(part)
+        yield encode_data_chunk(offset, parts)
+    commit = common_pb2.WeightCommit(version=manifest.version, crc32=checksum.value)
     yield common_pb2.WeightChunk(commit=commit).SerializeToString()
 
 

@@ -10,19 +10,69 @@ NOT_SERVING until it is reloaded (:mod:`aflowrl.rollout.service`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
+import grpc
+from grpc import aio
 from grpc_health.v1 import health_pb2
 
 from aflowrl._proto.v1 import rollout_pb2_grpc
 from aflowrl.common.server import GrpcServer, ServerOptions, ServiceRegistration
 from aflowrl.config import RunSpec
-from aflowrl.models import loading, transport, weights
+from aflowrl.models import loading, transport, weights, wire
 from aflowrl.rollout.engine import RolloutEngine
 from aflowrl.rollout.metrics import RolloutMetrics
 from aflowrl.rollout.service import SERVICE_NAME, RolloutServicer
 
 logger = logging.getLogger(__name__)
+
+
+_UPDATE_WEIGHTS = f"/{SERVICE_NAME}/UpdateWeights"
+
+
+def _raw_chunks(handler: Any) -> Any:
+    """``UpdateWeights``' handler with :func:`wire.decode_chunk` as its request deserialiser."""
+    return grpc.stream_unary_rpc_method_handler(
+        handler.stream_unary,
+        request_deserializer=wire.decode_chunk,
+        response_serializer=handler.response_serializer,
+    )
+
+
+class _RawChunksGeneric(grpc.GenericRpcHandler):
+    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+        self._inner = inner
+
+    def service(self, handler_call_details: Any) -> Any:
+        handler = self._inner.service(handler_call_details)
+        if handler is not None and handler_call_details.method == _UPDATE_WEIGHTS:
+            return _raw_chunks(handler)
+        return handler
+
+
+class _RawChunksServer:
+    """The server as the generated registration sees it, ``UpdateWeights`` decoded raw."""
+
+    def __init__(self, server: aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(tuple(_RawChunksGeneric(h) for h in handlers))
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        handlers = {**handlers, "UpdateWeights": _raw_chunks(handlers["UpdateWeights"])}
+        self._server.add_registered_method_handlers(service, handlers)
+
+
+def add_rollout_service(servicer: RolloutServicer, server: aio.Server) -> None:
+    """The generated registration, except that weight chunks arrive undecoded by protobuf.
+
+    protobuf's parser copies every chunk's bytes twice; :func:`aflowrl.models.wire.decode_chunk`
+    hands the servicer a view of the message instead (``bench/weight_push.py`` measures it).
+    """
+    adapter: Any = _RawChunksServer(server)  # duck-types the two methods the registration calls
+    rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, adapter)
 
 
 def build_engine(spec: RunSpec) -> RolloutEngine:
@@ -104,11 +154,7 @@ async def serve(spec: RunSpec, *, host: str, port: int, metrics_port: int | None
     options = ServerOptions.from_spec(
         "rollout", spec.grpc, port=port, metrics_port=metrics_port, host=host
     )
-    registration = ServiceRegistration(
-        servicer,
-        rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
-        SERVICE_NAME,
-    )
+    registration = ServiceRegistration(servicer, add_rollout_service, SERVICE_NAME)
     server = GrpcServer(options, [registration], warmup=warmup, metrics=metrics)
     try:
         async with server:

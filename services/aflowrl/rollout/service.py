@@ -5,8 +5,8 @@ serving weight version (:class:`~aflowrl.rollout.gate.VersionGate`) and weight u
 
 - ``UpdateWeights`` (grpc transport): the manifest is checked against the model (names, shapes,
   dtypes, sizes) and the serving version before any byte is accepted; chunks are staged in
-  order (in a host buffer kept for the next update) and hashed as they arrive; only a commit
-  whose version, size and SHA-256 agree triggers the swap. A stream that ends or is cancelled
+  order (in a host buffer kept for the next update) and checksummed as they arrive; only a
+  commit whose version, size and CRC-32 agree triggers the swap. A stream that ends or is cancelled
   early changes nothing. A refused stream is read to its end (and dropped) before the refusal
   is answered, so the sender reliably gets its status; the learner asks each replica's version
   first and never sends it a stale update.
@@ -57,6 +57,16 @@ from aflowrl.rollout.metrics import RolloutMetrics
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
+
+Chunk = common_pb2.WeightChunk | wire.DataChunk | wire.MalformedChunk
+"""What ``UpdateWeights`` receives: the server decodes it with :func:`wire.decode_chunk`."""
+
+
+def _message(item: Chunk) -> common_pb2.WeightChunk | wire.DataChunk:
+    if isinstance(item, wire.MalformedChunk):
+        raise WeightMismatchError(f"not a WeightChunk: {item.reason}", field="data")
+    return item
+
 
 _MAX_N = 1024
 _MAX_STOP = 16
@@ -327,7 +337,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         return pieces
 
     async def UpdateWeights(
-        self, request_iterator: AsyncIterator[common_pb2.WeightChunk], context: Any
+        self, request_iterator: AsyncIterator[Chunk], context: Any
     ) -> rollout_pb2.UpdateWeightsResponse:
         async with self._update_lock:
             try:
@@ -344,14 +354,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 raise
 
     async def _receive(
-        self, request_iterator: AsyncIterator[common_pb2.WeightChunk]
+        self, request_iterator: AsyncIterator[Chunk]
     ) -> rollout_pb2.UpdateWeightsResponse:
         iterator = aiter(request_iterator)
         try:
-            first = await anext(iterator)
+            first = _message(await anext(iterator))
         except StopAsyncIteration:
             raise PartialWeightsError("empty stream", field="manifest") from None
-        if first.WhichOneof("payload") != "manifest":
+        if not isinstance(first, common_pb2.WeightChunk) or not first.HasField("manifest"):
             raise WeightMismatchError("the first message must be the manifest", field="manifest")
         started = time.perf_counter()
         manifest = wire.manifest_from_proto(first.manifest)
@@ -359,23 +369,30 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             manifest, self.engine.parameter_shapes(), serving_version=self._floor()
         )
         assembler = weights.PayloadAssembler(manifest, self._staging)
-        commit: common_pb2.WeightCommit | None = None
-        async for message in iterator:
-            kind = message.WhichOneof("payload")
-            if kind == "data":
-                assembler.add(message.data.offset, message.data.data)
-            elif kind == "commit":
-                commit = message.commit
-                break
-            else:
-                raise WeightMismatchError(f"unexpected {kind} inside the stream", field=kind)
-        if commit is None:
-            raise PartialWeightsError(
-                f"the stream ended before its commit ({assembler.received} of "
-                f"{manifest.total_bytes} bytes received)",
-                field="commit",
-            )
-        tensors = assembler.finish(commit.version, commit.sha256)
+        try:
+            commit: common_pb2.WeightCommit | None = None
+            async for item in iterator:
+                message = _message(item)
+                if isinstance(message, wire.DataChunk):
+                    assembler.add(message.offset, message.data)
+                elif message.HasField("data"):
+                    assembler.add(message.data.offset, message.data.data)
+                elif message.HasField("commit"):
+                    commit = message.commit
+                    break
+                else:
+                    raise WeightMismatchError(
+                        "a second manifest inside the stream", field="manifest"
+                    )
+            if commit is None:
+                raise PartialWeightsError(
+                    f"the stream ended before its commit ({assembler.received} of "
+                    f"{manifest.total_bytes} bytes received)",
+                    field="commit",
+                )
+            tensors = await asyncio.to_thread(assembler.finish, commit.version, commit.crc32)
+        finally:
+            assembler.close()
         pieces = await self._swap(
             tensors.items(), manifest.version, transport="grpc", nbytes=manifest.total_bytes
         )

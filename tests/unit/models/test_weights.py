@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
+import zlib
 
 import pytest
 import torch
@@ -42,7 +42,7 @@ def test_round_trip_through_chunks_and_protos():
         assembler.add(message.data.offset, message.data.data)
         assert len(message.data.data) <= 7
     commit = messages[-1].commit
-    out = assembler.finish(commit.version, commit.sha256)
+    out = assembler.finish(commit.version, commit.crc32)
     for name, tensor in tensors.items():
         assert out[name].dtype == tensor.dtype and torch.equal(out[name], tensor)
 
@@ -56,6 +56,31 @@ def test_data_chunks_are_encoded_exactly_as_protobuf_encodes_them():
         assert wire.encode_data_chunk(offset, memoryview(data)) == expected
         parsed = common_pb2.WeightChunk.FromString(wire.encode_data_chunk(offset, data))
         assert parsed.data.offset == offset and parsed.data.data == data
+
+
+def test_decoded_chunks_equal_what_protobuf_reads():
+    cases = [
+        common_pb2.WeightChunk(data=common_pb2.WeightData(offset=9, data=b"abc" * 1000)),
+        common_pb2.WeightChunk(data=common_pb2.WeightData(offset=0, data=b"")),
+        common_pb2.WeightChunk(commit=common_pb2.WeightCommit(version=3, crc32=0xDEADBEEF)),
+        common_pb2.WeightChunk(manifest=common_pb2.WeightManifest(version=2, total_bytes=5)),
+    ]
+    for message in cases:
+        decoded = wire.decode_chunk(message.SerializeToString())
+        if isinstance(decoded, wire.DataChunk):
+            assert decoded.offset == message.data.offset
+            assert bytes(decoded.data) == message.data.data
+        else:
+            assert decoded == message
+    # Fields in another order and an unknown field (what another sender may write): as protobuf.
+    data = b"\x12\x03xyz" + b"\x08\x07" + b"\x18\x05"
+    raw = b"\x12" + bytes([len(data)]) + data
+    parsed = common_pb2.WeightChunk.FromString(raw)
+    decoded = wire.decode_chunk(raw)
+    assert isinstance(decoded, wire.DataChunk)
+    assert (decoded.offset, bytes(decoded.data)) == (parsed.data.offset, parsed.data.data)
+    for garbage in (b"\x12\x05ab", b"\x12\xff", b"\xff\xff\xff", b"\x12\x02\x12\x09"):
+        assert isinstance(wire.decode_chunk(garbage), wire.MalformedChunk), garbage
 
 
 def test_buckets_hold_whole_tensors_up_to_the_size_and_both_sides_cut_alike():
@@ -91,21 +116,21 @@ def test_refusals():
         assembler.add(8, payload[8:16])
     assembler.add(0, payload[:10])
     with pytest.raises(PartialWeightsError, match="10 of"):
-        assembler.finish(4, "")
+        assembler.finish(4, 0)
     with pytest.raises(WeightMismatchError, match="past the announced"):
         assembler.add(10, payload[10:] + b"x")
 
-    sha = hashlib.sha256(payload).hexdigest()
+    crc = zlib.crc32(payload)
     corrupt = weights.PayloadAssembler(manifest)
     corrupt.add(0, payload[:-1] + bytes([payload[-1] ^ 1]))
     with pytest.raises(CorruptWeightsError, match="checksum"):
-        corrupt.finish(4, sha)
+        corrupt.finish(4, crc)
     good = weights.PayloadAssembler(manifest)
     good.add(0, payload)
     with pytest.raises(WeightMismatchError, match=r"commit\.version"):
-        good.finish(5, sha)
-    with pytest.raises(CorruptWeightsError, match="none"):
-        good.finish(4, "")
+        good.finish(5, crc)
+    with pytest.raises(CorruptWeightsError, match="commit says"):
+        good.finish(4, crc ^ 1)
 
     bad_size = wire.manifest_to_proto(manifest)
     bad_size.tensors[1].nbytes += 2

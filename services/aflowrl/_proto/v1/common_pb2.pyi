@@ -305,20 +305,23 @@ class WeightCommit(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
-    SHA256_FIELD_NUMBER: _builtins.int
+    CRC32_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Must equal the manifest's version."""
-    sha256: _builtins.str
-    """SHA-256 hex digest of all payload bytes in order (the sender hashes as it streams)."""
+    crc32: _builtins.int
+    """CRC-32 (zlib's, ISO-HDLC) of all payload bytes in order; the sender computes it as it
+    streams. It guards against accidents (truncation, reordering, damage); TLS and the bearer
+    token guard the channel itself.
+    """
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
-        sha256: _builtins.str = ...,
+        crc32: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["sha256", b"sha256", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["crc32", b"crc32", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
