@@ -42,6 +42,10 @@ class RolloutMetrics(ComponentMetrics):
             "Pieces weights reached the engine in (broadcast buckets, reload calls).",
             ["transport"],
         )
+        self.weight_updates_running = self.gauge(
+            "weight_updates_running_requests",
+            "Weight updates being applied now (requests wait at the swap gate meanwhile).",
+        )
         self.weights_incomplete = self.gauge(
             "weights_incomplete_replicas",
             "1 while a broken broadcast left this replica's weights incomplete (requests "

@@ -328,7 +328,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         """Load a verified stream of tensors as ``version``; returns the engine's pieces."""
         async with self.gate.swapping():
             weights.check_stale(version, self._floor())
-            pieces = await self.engine.load_weights(tensors)
+            self.metrics.weight_updates_running.inc()
+            try:
+                pieces = await self.engine.load_weights(tensors)
+            finally:
+                self.metrics.weight_updates_running.dec()
             self.gate.version = version
             await self._set_complete(True)
         self.metrics.weight_version.set(version)
@@ -504,6 +508,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                     expectation = Expectation(
                         int(request.version), self._floor(), dict(self.engine.parameter_shapes())
                     )
+                    self.metrics.weight_updates_running.inc()
                     try:
                         result = await self.engine.receive_weights(
                             expectation, on_bucket=self._bucket_landed
@@ -511,6 +516,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                     except BroadcastBrokenError:
                         await self._set_complete(False)
                         raise
+                    finally:
+                        self.metrics.weight_updates_running.dec()
                     self.gate.version = result.manifest.version
                     await self._set_complete(True)
             except (WeightMismatchError, StaleWeightsError, BroadcastBrokenError) as exc:
