@@ -9,8 +9,10 @@ same on both, so the CPU tests run the code the GPU runs:
 1. header: int64 ``[MAGIC, PROTOCOL, version, manifest bytes, bucket bytes, total bytes,
    buckets, 0]``;
 2. the manifest (:meth:`~aflowrl.models.weights.Manifest.to_json`, uint8);
-3. the buckets of :func:`~aflowrl.models.weights.plan_buckets`, each one packed uint8 tensor
-   (vLLM's ``packed_nccl_broadcast_producer`` packs the same way: whole tensors, concatenated);
+3. the buckets of :func:`~aflowrl.models.weights.plan_buckets`: a tensor of at least
+   ``SOLO_BYTES`` goes as it is (no copy), smaller ones (norms, biases) are packed, whole and
+   concatenated, into uint8 buckets of at most ``weightTransport.bucketMib`` (as vLLM's
+   ``packed_nccl_broadcast_producer`` packs);
 4. trailer: int64 ``[END, version, buckets, total bytes, 0...]``.
 
 A receiver applies the new weights only after the trailer: :func:`receive_weights` calls
@@ -50,8 +52,12 @@ logger = logging.getLogger(__name__)
 
 MAGIC = 0x61666C77  # "aflw"
 END = 0x656E6421  # "end!"
-PROTOCOL = 1
+PROTOCOL = 2
 _WORDS = 8
+SOLO_BYTES = 1024 * 1024
+"""Tensors this large are broadcast on their own: packing would copy them (bench/weight_broadcast
+measures a third of gloo's time spent packing 8 MiB tensors), while a collective more costs
+microseconds on NCCL and about a millisecond on gloo."""
 
 NamedBucket = list[tuple[str, torch.Tensor]]
 
@@ -199,7 +205,7 @@ def send_weights(
     """
     device = group.device
     manifest = Manifest.of(version, specs)
-    plan = plan_buckets(manifest.tensors, bucket_bytes)
+    plan = plan_buckets(manifest.tensors, bucket_bytes, solo_bytes=SOLO_BYTES)
     blob = manifest.to_json()
     header = _words(
         MAGIC,
@@ -214,7 +220,12 @@ def send_weights(
     group.broadcast(header)
     group.broadcast(torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device))
     stream = iter(tensors)
-    for bucket in plan:
+    # Buckets of several tensors are packed into one buffer, reused bucket after bucket (each
+    # broadcast has completed before the next is packed): no allocation per bucket.
+    sizes = [sum(manifest.tensors[i].nbytes for i in bucket) for bucket in plan]
+    multi = [size for bucket, size in zip(plan, sizes, strict=True) if len(bucket) > 1]
+    staging = torch.empty(max(multi, default=0), dtype=torch.uint8, device=device)
+    for bucket, size in zip(plan, sizes, strict=True):
         parts = []
         for index in bucket:
             expected = manifest.tensors[index]
@@ -225,7 +236,11 @@ def send_weights(
                     f"tensor {index} is {got}, the manifest says {expected}", field="tensors"
                 )
             parts.append(tensor.detach().to(device).contiguous().view(-1).view(torch.uint8))
-        packed = parts[0] if len(parts) == 1 else torch.cat(parts)
+        if len(parts) == 1:
+            packed = parts[0]
+        else:
+            packed = staging[:size]
+            torch.cat(parts, out=packed)
         group.broadcast(packed)
     group.broadcast(_words(END, version, len(plan), manifest.total_bytes, device=device))
     return BroadcastResult(manifest, len(plan), manifest.total_bytes)
@@ -259,7 +274,7 @@ def receive_weights(
     except RuntimeError as exc:
         raise BroadcastBrokenError(f"the weight broadcast broke off: {exc}") from exc
     manifest = Manifest.from_json(blob.cpu().numpy().tobytes())
-    plan = plan_buckets(manifest.tensors, bucket_bytes)
+    plan = plan_buckets(manifest.tensors, bucket_bytes, solo_bytes=SOLO_BYTES)
     if manifest.version != version or manifest.total_bytes != total or len(plan) != count:
         raise BroadcastBrokenError(
             f"header and manifest disagree (version {version} / {manifest.version}, "

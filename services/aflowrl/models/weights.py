@@ -210,22 +210,30 @@ def iter_chunks(
 # ---- buckets ----------------------------------------------------------------------------------
 
 
-def plan_buckets(specs: Iterable[TensorSpec], bucket_bytes: int) -> list[range]:
+def plan_buckets(
+    specs: Iterable[TensorSpec], bucket_bytes: int, *, solo_bytes: int | None = None
+) -> list[range]:
     """Consecutive runs of whole tensors of at most ``bucket_bytes`` each (as indices).
 
-    A tensor larger than a bucket is a bucket of its own. Sender and receiver of a broadcast cut
-    the same buckets from the same manifest, so neither needs to tell the other.
+    A tensor larger than a bucket is a bucket of its own, and so is every tensor of at least
+    ``solo_bytes`` when given (a broadcast sends it as it is, without packing it). Sender and
+    receiver of a broadcast cut the same buckets from the same manifest, so neither needs to
+    tell the other.
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
     buckets: list[range] = []
     start, size, count = 0, 0, 0
     for i, spec in enumerate(specs):
-        if i > start and size + spec.nbytes > bucket_bytes:
+        alone = solo_bytes is not None and spec.nbytes >= solo_bytes
+        if i > start and (alone or size + spec.nbytes > bucket_bytes):
             buckets.append(range(start, i))
             start, size = i, 0
         size += spec.nbytes
         count = i + 1
+        if alone:
+            buckets.append(range(i, i + 1))
+            start, size = i + 1, 0
     if start < count:
         buckets.append(range(start, count))
     return buckets

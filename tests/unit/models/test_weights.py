@@ -95,6 +95,9 @@ def test_buckets_hold_whole_tensors_up_to_the_size_and_both_sides_cut_alike():
     assert [list(r) for r in weights.plan_buckets(specs, bucket_bytes=1)] == [
         [i] for i in range(len(specs))
     ]
+    # Large tensors alone (a broadcast sends them unpacked), small ones still packed.
+    solo = weights.plan_buckets(specs, bucket_bytes=160, solo_bytes=100)
+    assert [list(r) for r in solo] == [[0], [1], [2], [3], [4, 5], [6], [7], [8]]
     packed = torch.cat([t.view(-1).view(torch.uint8) for _, t in stream[:3]])
     views = weights.unpack_bucket(specs[:3], packed)
     assert [n for n, _ in views] == ["t0", "t1", "t2"] and views[1][1].shape == (30,)
