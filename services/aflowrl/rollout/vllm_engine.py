@@ -393,23 +393,9 @@ class VllmEngine(RolloutEngine):
             return await self._load_adapters(tensors)
         bucket_bytes = self.engine_spec.weight_bucket_mib * _MIB
         tied = "lm_head.weight" not in self._shapes
-
-        def reload(engine: Any) -> int:
-            pieces = 0
-            engine.collective_rpc(vllm_worker.start_update)
-            try:
-                stream = ((n, t.detach().cpu()) for n, t in tensors)
-                for bucket in weights.iter_buckets(stream, bucket_bytes):
-                    specs, parts = _rpc_piece(bucket)
-                    engine.collective_rpc(vllm_worker.load_piece, args=(specs, parts, tied))
-                    pieces += 1
-            finally:
-                # Even after a failure: finishing restores the layers that got nothing.
-                engine.collective_rpc(vllm_worker.finish_update)
-            engine.reset_prefix_cache()
-            return pieces
-
-        pieces: int = await self._call(reload)
+        pieces: int = await self._call(
+            lambda engine: reload_in_pieces(engine, tensors, bucket_bytes=bucket_bytes, tied=tied)
+        )
         return pieces
 
     # ---- LoRA adapters -------------------------------------------------------------------------
@@ -503,6 +489,35 @@ class VllmEngine(RolloutEngine):
 
     def load_stats(self) -> tuple[int, int]:
         return (self._state.inbox.qsize(), len(self._state.owners))
+
+
+def reload_in_pieces(
+    engine: Any,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    *,
+    bucket_bytes: int,
+    tied: bool,
+) -> int:
+    """Reload every weight of ``engine`` (an ``LLMEngine``) in pieces; returns the pieces.
+
+    One ``collective_rpc`` starts vLLM's layer-wise reload on every worker, one per piece of at
+    most ``bucket_bytes`` carries (name, dtype, shape) triples and the tensors' bytes, one
+    finishes it; then the prefix cache is reset. The stream is consumed lazily: the host holds
+    one piece at a time.
+    """
+    pieces = 0
+    engine.collective_rpc(vllm_worker.start_update)
+    try:
+        stream = ((n, t.detach().cpu()) for n, t in tensors)
+        for bucket in weights.iter_buckets(stream, bucket_bytes):
+            specs, parts = _rpc_piece(bucket)
+            engine.collective_rpc(vllm_worker.load_piece, args=(specs, parts, tied))
+            pieces += 1
+    finally:
+        # Even after a failure: finishing restores the layers that got nothing.
+        engine.collective_rpc(vllm_worker.finish_update)
+    engine.reset_prefix_cache()
+    return pieces
 
 
 def _rpc_piece(
