@@ -26,52 +26,17 @@ from typing import Any
 
 from aflowrl._proto.v1 import learner_pb2, learner_pb2_grpc
 from aflowrl.common.client import ChannelOptions, make_channel
-from aflowrl.models import builtin
 from aflowrl.trainer.weight_sync import GrpcWeightSync
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _start_service(*args: Any, **kwargs: Any) -> Any:
-    """The integration tests' process launcher (tests/integration/policy_services.py)."""
+def _services() -> Any:
+    """The integration tests' process launcher and model builder (tests/integration)."""
     sys.path.insert(0, str(ROOT / "tests" / "integration"))
-    from policy_services import start_service
+    import policy_services
 
-    return start_service(*args, **kwargs)
-
-
-def build_model(out: Path, hidden: int, layers: int) -> int:
-    """A random Qwen2 model with the tiny model's tokenizer; returns its float32 bytes."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    source = builtin.ensure("tiny")
-    for name in (
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "chat_template.jinja",
-        "generation_config.json",
-    ):
-        if (source / name).is_file():
-            shutil.copyfile(source / name, out / name)
-    base = Qwen2Config.from_pretrained(source)
-    config = Qwen2Config(
-        vocab_size=base.vocab_size,
-        hidden_size=hidden,
-        intermediate_size=3 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 64,
-        num_key_value_heads=max(1, hidden // 256),
-        head_dim=64,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        eos_token_id=base.eos_token_id,
-        pad_token_id=base.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-    model.save_pretrained(out)
-    return sum(p.numel() * 4 for p in model.parameters())
+    return policy_services
 
 
 def socket_copy(nbytes: int, chunk: int = 4 * 1024 * 1024) -> float:
@@ -106,15 +71,16 @@ async def main(args: argparse.Namespace) -> None:
     try:
         model_dir = work / "model"
         model_dir.mkdir()
-        nbytes = build_model(model_dir, args.hidden, args.layers)
+        services = _services()
+        nbytes = services.build_model(model_dir, args.hidden, args.layers)
         spec = work / "spec.yaml"
         spec.write_text(
             f"policy: {{model: {model_dir}}}\n"
             "learner: {loss: {miniBatchSize: 1, microBatchSize: 1, klCoef: 0.0}}\n"
             f"weightTransport: {{type: grpc, chunkMib: {args.chunk_mib}}}\n"
         )
-        learner = _start_service("learner", spec, work, timeout=300)
-        rollout = _start_service("rollout", spec, work, timeout=300)
+        learner = services.start_service("learner", spec, work, timeout=300)
+        rollout = services.start_service("rollout", spec, work, timeout=300)
         try:
             channel = make_channel(learner.target, ChannelOptions(timeout_s=600))
             stub = learner_pb2_grpc.LearnerServiceStub(channel)

@@ -3,11 +3,14 @@
 ``start_service("rollout", spec_file, log_dir)`` runs ``python -m aflowrl serve rollout`` (or
 ``torchrun ... -m aflowrl serve learner`` for several learner ranks) on a free loopback port and
 waits until its health service says SERVING; ``stop`` sends SIGTERM (or SIGKILL) and waits.
+``build_model`` writes a random Qwen2 model larger than the tiny one (for weight transports and
+their benches).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +23,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from aflowrl.local.launcher import torchrun
+from aflowrl.models import builtin
 
 SPEC = """
 policy: {dtype: float32}
@@ -120,3 +124,38 @@ def start_service(
         Service(name, process, port, log).stop(signal.SIGKILL)
         raise
     return Service(name, process, port, log)
+
+
+def build_model(out: Path, hidden: int, layers: int) -> int:
+    """A random Qwen2 model with the tiny model's tokenizer in ``out``; returns its fp32 bytes."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    source = builtin.ensure("tiny")
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "generation_config.json",
+    ):
+        if (source / name).is_file():
+            shutil.copyfile(source / name, out / name)
+    base = Qwen2Config.from_pretrained(source)
+    config = Qwen2Config(
+        vocab_size=base.vocab_size,
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 256),
+        head_dim=64,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=base.eos_token_id,
+        pad_token_id=base.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(out)
+    return sum(p.numel() * 4 for p in model.parameters())

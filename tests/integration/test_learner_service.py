@@ -8,6 +8,7 @@ loss as an uninterrupted run; the filesystem transport moves the same weights.
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 from pathlib import Path
@@ -293,11 +294,13 @@ async def test_killed_learner_resumes_to_the_same_next_loss(tmp_path):
             assert got[name] == pytest.approx(expected[name], abs=1e-6), name
 
 
-async def test_lora_critic_learner_streams_merged_weights(tmp_path):
-    """LoRA + value head + gradient checkpointing: values, training, merged weights streamed."""
+async def test_lora_learner_pushes_adapters_alone_and_exports_merged_weights(tmp_path):
+    """LoRA + value head + gradient checkpointing: values, training; a push carries the adapters
+    alone to an hf rollout running the same peft adapters, whose log-probs then match the
+    learner's; an explicit export is the full model with the adapters merged."""
     import torch
 
-    from aflowrl.models import builtin, loading, logprobs, weights, wire
+    from aflowrl.models import builtin, loading, logprobs, weights
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(
@@ -310,8 +313,13 @@ async def test_lora_critic_learner_streams_merged_weights(tmp_path):
     )
     service = start_service("learner", spec, tmp_path, name="lora-learner")
     try:
-        channel = make_channel(service.target, ChannelOptions(max_attempts=1, timeout_s=120))
-        learner = learner_pb2_grpc.LearnerServiceStub(channel)
+        rollout_service = start_service("rollout", spec, tmp_path, name="lora-rollout")
+    except BaseException:
+        service.stop()
+        raise
+    merged = tmp_path / "merged"
+    try:
+        channels, learner, rollout = _stubs(service, rollout_service)
         status = await learner.Status(learner_pb2.LearnerStatusRequest())
         assert status.has_critic and status.has_reference
         sequences = [s.sequence for s in _batch() if s.HasField("sequence")][:4]
@@ -351,25 +359,33 @@ async def test_lora_critic_learner_streams_merged_weights(tmp_path):
             < 1e-5
         )  # the reference is the base model (adapters off)
 
-        stream = learner.StreamWeights(learner_pb2.StreamWeightsRequest(chunk_bytes=50_000))
-        messages = [m async for m in stream]
-        manifest = wire.manifest_from_proto(messages[0].manifest)
-        assert manifest.version == 2
-        assembler = weights.PayloadAssembler(manifest)
-        for message in messages[1:-1]:
-            assembler.add(message.data.offset, message.data.data)
-        tensors = assembler.finish(messages[-1].commit.version)
-        await channel.close()
+        sync = weight_sync.GrpcWeightSync(service.target, [rollout_service.target])
+        report = await sync.push()
+        await sync.close()
+        assert report.ok and report.replicas[0].version == 2
+        model_bytes = 4 * sum(
+            math.prod(shape) for shape in weights.shapes_from_config(builtin.ensure("tiny")).values()
+        )
+        assert 0 < report.replicas[0].bytes < model_bytes / 4  # the adapters, not the model
+        reply, pushed = await _sample(rollout, seed=5)
+        assert reply.weight_version == 2
+        rescored = await learner.ComputeLogProbs(
+            learner_pb2.ComputeLogProbsRequest(sequences=pushed)
+        )
+        assert _max_gap(reply, rescored) < TOL
+
+        export = await learner.ExportWeights(learner_pb2.ExportWeightsRequest(path=str(merged)))
+        assert export.policy_version == 2 and export.path == str(merged)
+        for channel in channels:
+            await channel.close()
     finally:
+        assert rollout_service.stop() == 0
         assert service.stop() == 0
-    model = loading.load_causal_lm(
-        builtin.ensure("tiny"), dtype=torch.float32, device=torch.device("cpu")
-    )
-    assert set(tensors) == set(weights.parameter_shapes(model))
-    params = dict(model.named_parameters())
+    assert (merged / "model.safetensors").is_file() and not (
+        merged / "adapter_config.json"
+    ).exists()
+    model = loading.load_causal_lm(merged, dtype=torch.float32, device=torch.device("cpu"))
     with torch.no_grad():
-        for name, tensor in tensors.items():
-            params[name].copy_(tensor)
         packed = logprobs.pack_sequences(
             [list(s.prompt_token_ids) for s in sequences],
             [list(s.response_token_ids) for s in sequences],

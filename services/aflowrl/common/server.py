@@ -189,6 +189,11 @@ class GrpcServer:
     def health(self) -> HealthServicer:
         return self._health
 
+    @property
+    def stopping(self) -> bool:
+        """SIGTERM (or a stop request) arrived: health stays NOT_SERVING from now on."""
+        return self._stopping.is_set()
+
     async def _set_all(self, status: int) -> None:
         for name in ["", *(s.name for s in self.services)]:
             await self._health.set(name, status)

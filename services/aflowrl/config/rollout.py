@@ -41,6 +41,24 @@ class VllmEngineSpec(SpecModel):
     """Reuse the KV cache of shared prompt prefixes (observations share long prefixes)."""
     max_num_seqs: int = Field(default=256, ge=1, le=4096)
     """Most sequences scheduled at once."""
+    max_num_batched_tokens: int = Field(default=4096, ge=256, le=1048576)
+    """Most tokens one engine step processes (long prompts are prefilled in chunks of it). It
+    caps the memory of candidate scoring, whose prompt log-probabilities need full-vocabulary
+    float32 logits that vLLM's memory profile does not count: about tokens x vocabulary x 8
+    bytes (logits and their log-softmax), 4.6 GiB at 4096 tokens and a 152k vocabulary."""
+    weight_bucket_mib: int = Field(default=256, ge=1, le=2048)
+    """New weights reach the engine's workers in pieces of at most this size (MiB), loaded
+    layer by layer through vLLM's reload path: no message grows with the model (vLLM's
+    msgpack channel refuses byte strings over 4 GiB) and host memory stays within one piece."""
+
+    @model_validator(mode="after")
+    def _batch_fits_sequences(self) -> VllmEngineSpec:
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"maxNumBatchedTokens={self.max_num_batched_tokens} must be at least "
+                f"maxNumSeqs={self.max_num_seqs} (one token per scheduled sequence)"
+            )
+        return self
 
 
 class RolloutSpec(SpecModel):

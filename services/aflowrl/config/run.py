@@ -142,8 +142,9 @@ class RunSpec(SpecModel):
         ),
         CelRule(
             "{weightTransport.type} != 'nccl' "
-            "|| ({rollout.engine} == 'vllm' && {rollout.resources.gpus} > 0)",
-            "weightTransport.type 'nccl' needs rollout.engine 'vllm' on GPUs",
+            "|| (({learner.resources.gpus} > 0) == ({rollout.resources.gpus} > 0))",
+            "weightTransport.type 'nccl' needs the learner and the rollout on the same kind of "
+            "device (NCCL between GPUs, gloo between CPUs)",
             "weightTransport.type",
         ),
         CelRule(
@@ -210,14 +211,15 @@ class RunSpec(SpecModel):
                     f"policy.maxPromptTokens + policy.maxResponseTokens = {needed}",
                 )
             )
-        if self.weight_transport.type == "nccl" and (
-            self.rollout.engine != "vllm" or self.rollout.resources.gpus == 0
-        ):
+        learner_gpus, rollout_gpus = learner.resources.gpus, self.rollout.resources.gpus
+        if self.weight_transport.type == "nccl" and (learner_gpus > 0) != (rollout_gpus > 0):
             broken.append(
                 (
                     "weightTransport.type",
-                    "weightTransport.type='nccl' needs rollout.engine='vllm' on GPUs "
-                    "(rollout.resources.gpus > 0); use 'grpc' or 'filesystem' otherwise",
+                    "weightTransport.type='nccl' needs the learner and the rollout on the same "
+                    f"kind of device (learner.resources.gpus={learner_gpus}, "
+                    f"rollout.resources.gpus={rollout_gpus}): a broadcast runs NCCL between GPUs "
+                    "or gloo between CPUs",
                 )
             )
         rows = self.trainer.tasks_per_iteration * self.trainer.group_size

@@ -8,15 +8,23 @@ from pydantic import Field
 
 from aflowrl.config._base import SpecModel
 
+WireDtype = Literal["auto", "float32", "bfloat16", "float16"]
+"""dtype weights travel in; "auto" is the rollout's own parameter dtype."""
+
 
 class GrpcTransportSpec(SpecModel):
-    """Chunked gRPC stream learner -> each rollout replica (no shared storage needed)."""
+    """Chunked gRPC stream from learner rank 0 straight to each rollout replica (no shared storage).
+
+    The learner gathers one tensor at a time and streams it while hashing, so neither side ever
+    holds more than the model plus a few chunks.
+    """
 
     type: Literal["grpc"] = "grpc"
     """Transport discriminator."""
     chunk_mib: int = Field(default=4, ge=1, le=1024)
-    """Size of one stream message (MiB)."""
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Size of one stream message (MiB); also capped by grpc.maxMessageMib. grpc-python moves
+    1-8 MiB messages fastest (bench/weight_push.py)."""
+    dtype: WireDtype = "auto"
     """dtype sent over the wire; "auto" sends the rollout's dtype."""
 
 
@@ -32,14 +40,32 @@ class FilesystemTransportSpec(SpecModel):
 
 
 class NcclTransportSpec(SpecModel):
-    """Broadcast over an NCCL group spanning learner rank 0 and the rollout engines (GPU only)."""
+    """Broadcast from learner rank 0 to every rollout engine worker in one collective group.
+
+    NCCL between GPUs; the same code runs on gloo where there is no GPU (tests, CPU runs). The
+    group is formed once (its store on learner rank 0 at ``port``) and reused for every push;
+    every learner rank takes part in gathering the sharded weights. A replica whose broadcast
+    breaks off stops serving and is reloaded from a safetensors export under ``fallbackPath``
+    (and a restarted replica loads the newest one there), so the learner and rollout pods must
+    share that volume.
+    """
 
     type: Literal["nccl"] = "nccl"
     """Transport discriminator."""
     port: int = Field(default=29600, ge=1, le=65535)
-    """Port of the weight-sync process group's rendezvous."""
-    bucket_mib: int = Field(default=256, ge=1, le=65536)
-    """Tensors are broadcast in buckets of this size (MiB)."""
+    """Port of the weight-sync group's store on learner rank 0 (rollout pods dial it)."""
+    bucket_mib: int = Field(default=256, ge=1, le=4095)
+    """Tensors are packed and broadcast in buckets of this size (MiB): device memory of one
+    bucket on each side, and one engine reload call per bucket."""
+    dtype: WireDtype = "auto"
+    """dtype broadcast; "auto" sends the rollout's dtype."""
+    timeout_s: float = Field(default=600.0, ge=1.0, le=86400.0)
+    """Seconds a member waits for the others (forming the group, each collective of a push)."""
+    fallback_path: str = Field(default="/checkpoints/weights", min_length=1, max_length=4096)
+    """Directory on a volume the learner and rollout pods share: where a replica whose broadcast
+    failed is reloaded from (filesystem transport)."""
+    keep_versions: int = Field(default=2, ge=1, le=100)
+    """Weight versions kept under fallbackPath."""
 
 
 WeightTransportSpec = Annotated[

@@ -2,9 +2,11 @@
 
 Ranks are started by torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``... in the environment);
 a learner started without torchrun is a group of one (an in-memory store, no port). Compute
-collectives use NCCL on CUDA and gloo on CPU. A second group, always gloo and with a timeout of
-weeks, carries the commands rank 0 broadcasts: waiting ranks block there, not in NCCL, whose
-watchdog would kill an idle learner.
+collectives use NCCL on CUDA and gloo on CPU; with ``learner.fsdp.cpuOffload`` on CUDA the
+default group is ``cpu:gloo,cuda:nccl``, since offloaded gradients are CPU tensors whose
+all-reduce (``clip_grad_norm_``) an NCCL-only group refuses. A second group, always gloo and
+with a timeout of weeks, carries the commands rank 0 broadcasts: waiting ranks block there, not
+in NCCL, whose watchdog would kill an idle learner.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class DistContext:
     world_size: int
     device: torch.device
     backend: str
-    """"nccl" or "gloo" (compute collectives)."""
+    """"nccl", "gloo" or "cpu:gloo,cuda:nccl" (compute collectives)."""
     mesh: DeviceMesh
     control: Any
     """The gloo process group commands travel on."""
@@ -43,10 +45,17 @@ class DistContext:
         return self.rank == 0
 
 
-def init_distributed() -> DistContext:
+def compute_backend(*, cuda: bool, cpu_offload: bool) -> str:
+    """The default group's backend (module docstring)."""
+    if not cuda:
+        return "gloo"
+    return "cpu:gloo,cuda:nccl" if cpu_offload else "nccl"
+
+
+def init_distributed(*, cpu_offload: bool = False) -> DistContext:
     """Join (or create) the learner's process group; idempotent per process."""
     cuda = torch.cuda.is_available()
-    backend = "nccl" if cuda else "gloo"
+    backend = compute_backend(cuda=cuda, cpu_offload=cpu_offload)
     if cuda:
         device = torch.device("cuda", envs.LOCAL_RANK % torch.cuda.device_count())
         torch.cuda.set_device(device)

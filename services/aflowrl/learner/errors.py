@@ -24,3 +24,7 @@ class LearnerBrokenError(FailedPreconditionError):
 class UnusablePathError(InvalidInputError):
     """A checkpoint or export path the learner cannot write (a file in the way, no permission,
     a read-only or pseudo file system); ``field`` names the request field."""
+
+
+class WeightGroupError(FailedPreconditionError):
+    """A broadcast on a weight group that is not the open one (nccl transport)."""

@@ -8,16 +8,14 @@ decoder layer and then the root with ``fully_shard`` (bf16/fp16 parameters with 
 reduction on GPU when ``learner.fsdp.mixedPrecision`` says so; float32 on CPU). The reference model
 of the KL term is a frozen copy, or, with LoRA, the same module with its adapters switched off.
 
-Weights leave the learner under their Hugging Face names (:func:`hf_tensors`): the wrapper
-prefix is stripped, LoRA adapters are merged into their base weights
-(W' = W + (alpha / r) B A, Hu et al. 2021, arXiv 2106.09685) and the value head is left out.
+Weights leave the learner under their Hugging Face names (:mod:`aflowrl.learner.export`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +30,6 @@ from aflowrl.models.logprobs import PackedSequences, selected_hidden_states
 from aflowrl.models.weights import parameter_shapes
 
 logger = logging.getLogger(__name__)
-
-_LM_PREFIX = "lm."
-_PEFT_PREFIX = "base_model.model."
 
 
 class PolicyModule(nn.Module):
@@ -77,6 +72,8 @@ class Policy:
     lora_scale: float
     """alpha / r of the LoRA adapters (0 without LoRA)."""
     pad_id: int
+    lora_config: dict[str, Any] | None = None
+    """PEFT's adapter_config.json of the adapters (None without LoRA)."""
 
     @contextlib.contextmanager
     def reference_mode(self) -> Iterator[PolicyModule]:
@@ -137,21 +134,14 @@ def build_policy(spec: RunSpec, ctx: DistContext) -> Policy:
     if spec.learner.fsdp.gradient_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora_scale = 0.0
+    lora_config = None
     if policy_spec.lora is not None:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
         lora = policy_spec.lora
-        lm = get_peft_model(
-            lm,
-            LoraConfig(
-                r=lora.rank,
-                lora_alpha=lora.alpha,  # type: ignore[arg-type]  # a float scales as well
-                lora_dropout=lora.dropout,
-                target_modules=list(lora.target_modules),
-                task_type="CAUSAL_LM",
-            ),
-        )
+        lm = get_peft_model(lm, loading.lora_config(lora))
         lora_scale = lora.alpha / lora.rank
+        lora_config = loading.adapter_config(lora, model_dir)
     critic = spec.learner.algorithm.type == "ppo"
     module = PolicyModule(lm, critic=critic).to(dtype)
     module.train()
@@ -188,43 +178,5 @@ def build_policy(spec: RunSpec, ctx: DistContext) -> Policy:
         model_dir=model_dir,
         lora_scale=lora_scale,
         pad_id=int(tokenizer.pad_token_id),
+        lora_config=lora_config,
     )
-
-
-def hf_tensors(
-    state: Mapping[str, torch.Tensor],
-    hf_shapes: Mapping[str, tuple[int, ...]],
-    *,
-    lora_scale: float,
-    dtype: torch.dtype | None = None,
-) -> dict[str, torch.Tensor]:
-    """HF-named weights from a full state dict of :class:`PolicyModule` (LoRA merged).
-
-    W' = W + (alpha / r) B A for every adapted linear layer; the value head is dropped; the
-    result is in the order of ``hf_shapes`` and in ``dtype`` (default: as stored).
-    """
-    base: dict[str, torch.Tensor] = {}
-    lora_a: dict[str, torch.Tensor] = {}
-    lora_b: dict[str, torch.Tensor] = {}
-    for key, tensor in state.items():
-        if not key.startswith(_LM_PREFIX):
-            continue
-        name = key.removeprefix(_LM_PREFIX).removeprefix(_PEFT_PREFIX)
-        if ".lora_A." in name:
-            lora_a[name.split(".lora_A.", 1)[0]] = tensor
-        elif ".lora_B." in name:
-            lora_b[name.split(".lora_B.", 1)[0]] = tensor
-        else:
-            base[name.replace(".base_layer.", ".")] = tensor
-    for module, a in lora_a.items():
-        weight = base[f"{module}.weight"]
-        delta = (lora_b[module].float() @ a.float()) * lora_scale
-        base[f"{module}.weight"] = (weight.float() + delta).to(weight.dtype)
-    missing = [name for name in hf_shapes if name not in base]
-    if missing:
-        raise KeyError(f"state dict lacks {missing[:5]}")
-    out = {}
-    for name in hf_shapes:
-        tensor = base[name]
-        out[name] = tensor.to(dtype) if dtype is not None else tensor
-    return out

@@ -2,7 +2,8 @@
 
 Every rank joins the process group and builds its shard of the policy; rank 0 then serves the
 LearnerService (gRPC and /metrics) and broadcasts each call to the others, which follow until
-rank 0 stops. Without torchrun the learner is a group of one.
+rank 0 stops. Without torchrun the learner is a group of one. With the grpc weight transport,
+rank 0 also dials the rollout replicas it pushes to, with the run's bearer token.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import logging
 import signal
 import threading
 
+from aflowrl import envs
 from aflowrl._proto.v1 import learner_pb2_grpc
+from aflowrl.common.client import ChannelOptions
 from aflowrl.common.server import GrpcServer, ServerOptions, ServiceRegistration
 from aflowrl.config import RunSpec
 from aflowrl.learner import distributed, worker
@@ -55,7 +58,7 @@ async def serve(
 ) -> None:
     """Run this rank until rank 0 is told to stop (SIGTERM / SIGINT)."""
     transport.check_weight_transport(spec)
-    ctx = distributed.init_distributed()
+    ctx = distributed.init_distributed(cpu_offload=spec.learner.fsdp.cpu_offload)
     learner = worker.Learner(spec, ctx)
     if not ctx.is_main:
         # SIGTERM reaches every rank at once; rank 0 drains its calls, then tells the others.
@@ -66,7 +69,17 @@ async def serve(
         distributed.shutdown()
         return
     metrics = LearnerMetrics()
-    servicer = LearnerServicer(learner, metrics, default_chunk_bytes=_chunk_bytes(spec))
+    servicer = LearnerServicer(
+        learner,
+        metrics,
+        default_chunk_bytes=_chunk_bytes(spec),
+        push_options=ChannelOptions(
+            timeout_s=3600.0,
+            max_attempts=1,
+            max_message_bytes=spec.grpc.max_message_mib * 1024 * 1024,
+            auth_token=envs.AFLOWRL_AUTH_TOKEN,
+        ),
+    )
     metrics.policy_version.set(learner.state.policy_version)
     options = ServerOptions.from_spec(
         "learner",

@@ -18,12 +18,13 @@ import math
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from aflowrl import __version__, documents, envs
 from aflowrl._proto.v1 import common_pb2, learner_pb2, learner_pb2_grpc
+from aflowrl.common.client import ChannelOptions
 from aflowrl.errors import AflowRLError
 from aflowrl.learner.batching import ChoiceItem, Item, SequenceItem, TrainRow
 from aflowrl.learner.errors import (
@@ -31,20 +32,23 @@ from aflowrl.learner.errors import (
     LearnerBrokenError,
     NoReferenceError,
     UnusablePathError,
+    WeightGroupError,
 )
 from aflowrl.learner.metrics import LearnerMetrics
+from aflowrl.learner.push import PushSink, ReplicaFanout
 from aflowrl.learner.worker import (
+    BroadcastWeightsCommand,
     Command,
     ComputeLogProbsCommand,
     ExportCommand,
-    GatherWeightsCommand,
     LoadCommand,
     SaveCommand,
     Scores,
+    StreamWeightsCommand,
     TrainCommand,
     lead,
 )
-from aflowrl.models import loading, weights, wire
+from aflowrl.models import loading
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +131,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         *,
         on_broken: Callable[[], None] | None = None,
         default_chunk_bytes: int = 4 * _MIB,
+        push_options: ChannelOptions | None = None,
     ) -> None:
         self.learner = learner
         self.metrics = metrics
@@ -135,6 +140,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         self._broken = False
         self._started = time.monotonic()
         self.default_chunk_bytes = default_chunk_bytes
+        self.push_options = push_options or ChannelOptions(timeout_s=3600.0, max_attempts=1)
+        """How rank 0 dials the rollout replicas it pushes to (grpc transport)."""
         config = learner.policy.module.lm.config
         self.vocab = int(config.vocab_size)
         self.max_len = int(getattr(config, "max_position_embeddings", 1 << 30))
@@ -377,24 +384,59 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             raise BadBatchError(f"{name!r} is not one of {loading.DTYPES}", field="dtype")
         return name or None
 
-    async def StreamWeights(
-        self, request: learner_pb2.StreamWeightsRequest, context: Any
-    ) -> AsyncIterator[common_pb2.WeightChunk]:
-        dtype = self._dtype(request.dtype)
+    async def PushWeights(
+        self, request: learner_pb2.PushWeightsRequest, context: Any
+    ) -> learner_pb2.PushWeightsResponse:
+        targets = list(request.targets)
+        if not targets:
+            raise BadBatchError("no rollout replicas to push to", field="targets")
+        for i, target in enumerate(targets):
+            host, _, port = target.rpartition(":")
+            if not host or not port.isdigit():
+                raise BadBatchError(f"{target!r} is not host:port", field=f"targets[{i}]")
         if request.chunk_bytes < 0:
             raise BadBatchError("must be >= 0", field="chunk_bytes")
-        chunk = request.chunk_bytes or self.default_chunk_bytes
+        dtype = self._dtype(request.dtype)
+        chunk = min(request.chunk_bytes or self.default_chunk_bytes, self.default_chunk_bytes)
         started = time.perf_counter()
-        tensors, version = await self._run(GatherWeightsCommand(dtype))
-        manifest = await asyncio.to_thread(weights.build_manifest, version, tensors)
-        for message in wire.weight_stream(manifest, tensors, chunk):
-            yield message
-        self.metrics.weight_push_duration.labels("grpc").observe(time.perf_counter() - started)
-        logger.info(
-            "streamed weights v%d (%.1f MB) in %.2fs",
-            version,
-            manifest.total_bytes / 1e6,
-            time.perf_counter() - started,
+        fanout = ReplicaFanout(targets, self.push_options)
+        version = self.learner.state.policy_version
+        try:
+            await fanout.versions()
+            if fanout.behind(version):
+                sink = PushSink(fanout, asyncio.get_running_loop(), chunk)
+                version = await self._run(StreamWeightsCommand(dtype, sink))
+            fanout.mark_skipped(version)
+        finally:
+            await fanout.close()
+        seconds = time.perf_counter() - started
+        sent = [o for o in fanout.outcomes if o.bytes]
+        nbytes = sent[0].bytes if sent else 0
+        if sent:
+            self.metrics.weight_push_duration.labels("grpc").observe(seconds)
+            logger.info(
+                "pushed weights v%d (%.1f MB) to %d/%d replicas in %.2fs",
+                version,
+                nbytes / 1e6,
+                sum(1 for o in fanout.outcomes if o.error is None),
+                len(targets),
+                seconds,
+            )
+        return learner_pb2.PushWeightsResponse(
+            policy_version=version,
+            replicas=[
+                learner_pb2.ReplicaPush(
+                    target=o.target,
+                    weight_version=o.version or 0,
+                    error=o.error or "",
+                    skipped=o.skipped,
+                    bytes=o.bytes,
+                    seconds=o.seconds,
+                )
+                for o in fanout.outcomes
+            ],
+            bytes=nbytes,
+            seconds=seconds,
         )
 
     async def ExportWeights(
@@ -402,11 +444,71 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     ) -> learner_pb2.ExportWeightsResponse:
         target = await _writable_dir(request.path, "path") if request.path else None
         started = time.perf_counter()
-        path, nbytes, version = await self._run(ExportCommand(target, None))
+        path, nbytes, version = await self._run(
+            ExportCommand(target, self._dtype(request.dtype))
+        )
         self.metrics.weight_push_duration.labels("filesystem").observe(
             time.perf_counter() - started
         )
         return learner_pb2.ExportWeightsResponse(path=path, policy_version=version, bytes=nbytes)
+
+    # ---- nccl transport -------------------------------------------------------------------------
+
+    async def OpenWeightGroup(
+        self, request: learner_pb2.OpenWeightGroupRequest, context: Any
+    ) -> learner_pb2.OpenWeightGroupResponse:
+        if not request.group:
+            raise BadBatchError("empty group name", field="group")
+        if request.world_size < 2:
+            raise BadBatchError(
+                "a weight group needs rank 0 and one rollout rank", field="world_size"
+            )
+        timeout = request.timeout_s or 600.0
+        # Rank 0 alone: the other learner ranks are not members of the weight group.
+        backend: str = await self.commands.run(
+            lambda: self.learner.open_weight_group(request.group, request.world_size, timeout)
+        )
+        transport = self.learner.spec.weight_transport
+        return learner_pb2.OpenWeightGroupResponse(backend=backend, port=transport.port)
+
+    async def BroadcastWeights(
+        self, request: learner_pb2.BroadcastWeightsRequest, context: Any
+    ) -> learner_pb2.BroadcastWeightsResponse:
+        group = self.learner.weight_group
+        if group is None or group.name != request.group:
+            raise WeightGroupError(
+                f"weight group {request.group!r} is not open on the learner "
+                f"(open: {group.name if group else 'none'})"
+            )
+        if request.bucket_bytes < 0:
+            raise BadBatchError("must be >= 0", field="bucket_bytes")
+        transport = self.learner.spec.weight_transport
+        default = transport.bucket_mib * _MIB if transport.type == "nccl" else 256 * _MIB
+        started = time.perf_counter()
+        result = await self._run(
+            BroadcastWeightsCommand(request.bucket_bytes or default, self._dtype(request.dtype))
+        )
+        seconds = time.perf_counter() - started
+        self.metrics.weight_push_duration.labels("nccl").observe(seconds)
+        logger.info(
+            "broadcast weights v%d (%.1f MB, %d buckets) in %.2fs",
+            result.manifest.version,
+            result.bytes / 1e6,
+            result.buckets,
+            seconds,
+        )
+        return learner_pb2.BroadcastWeightsResponse(
+            policy_version=result.manifest.version,
+            bytes=result.bytes,
+            buckets=result.buckets,
+            seconds=seconds,
+        )
+
+    async def CloseWeightGroup(
+        self, request: learner_pb2.CloseWeightGroupRequest, context: Any
+    ) -> learner_pb2.CloseWeightGroupResponse:
+        await self.commands.run(lambda: self.learner.close_weight_group(request.group or None))
+        return learner_pb2.CloseWeightGroupResponse()
 
     async def Status(
         self, request: learner_pb2.LearnerStatusRequest, context: Any

@@ -22,16 +22,17 @@ import dataclasses
 import logging
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from aflowrl.config import RunSpec
 from aflowrl.errors import AflowRLError
-from aflowrl.learner import checkpoint
+from aflowrl.learner import checkpoint, export
 from aflowrl.learner.batching import (
     DUMMY,
     Item,
@@ -46,8 +47,9 @@ from aflowrl.learner.distributed import DistContext, all_reduce_sum, broadcast_o
 from aflowrl.learner.errors import NoReferenceError
 from aflowrl.learner.objective import STAT_NAMES, micro_loss, sft_micro_loss, unit_weight
 from aflowrl.learner.optim import learning_rate, make_optimizer
-from aflowrl.learner.policy import PolicyModule, build_policy, hf_tensors
-from aflowrl.models import loading, weights
+from aflowrl.learner.policy import PolicyModule, build_policy
+from aflowrl.models import broadcast, loading, weights
+from aflowrl.models.errors import BroadcastBrokenError
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,10 @@ class Learner:
         self.critic = spec.learner.algorithm.type == "ppo"
         value = spec.policy.value
         self.value_range = (value.min, value.max) if value.enabled else None
+        self.group_store: broadcast.GroupStore | None = None
+        """Rank 0: the store weight groups rendezvous on (nccl transport), opened on first use."""
+        self.weight_group: broadcast.WeightGroup | None = None
+        """Rank 0: the weight group formed with the rollout workers (nccl transport)."""
 
     # ---- scoring ---------------------------------------------------------------------------------
 
@@ -279,40 +285,149 @@ class Learner:
         self.state.policy_version = max(self.state.policy_version, min_policy_version)
         return client_state, time.perf_counter() - started
 
-    def gather_weights(self, dtype: str | None) -> dict[str, torch.Tensor]:
-        """HF-named full weights on rank 0 (empty elsewhere); LoRA merged, no value head."""
-        state = checkpoint.gather_full_state(self.ctx, self.policy.module)
-        if not self.ctx.is_main:
-            return {}
-        return hf_tensors(
-            state,
-            self.policy.hf_shapes,
-            lora_scale=self.policy.lora_scale,
-            dtype=loading.torch_dtype(dtype) if dtype else None,
+    # ---- weights leaving the learner (every transport) -----------------------------------------
+
+    @property
+    def adapters_only(self) -> bool:
+        """With LoRA, updates carry the adapters alone (the rollout applies them)."""
+        return bool(self.policy.lora_scale)
+
+    def _named(self) -> Iterator[tuple[str, torch.Tensor]]:
+        module = self.policy.module
+        yield from module.named_parameters()
+        yield from module.named_buffers()
+
+    def weight_specs(self, dtype: str | None, *, merged: bool = False) -> list[weights.TensorSpec]:
+        """The manifest entries of :meth:`iter_weights` (no collective)."""
+        wire = loading.torch_dtype(dtype) if dtype else None
+        if self.adapters_only and not merged:
+            return export.adapter_specs(self._named(), wire)
+        return export.hf_specs(self._named(), self.policy.hf_shapes, wire)
+
+    def iter_weights(
+        self, dtype: str | None, *, merged: bool = False
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's weights one tensor at a time (collective: every rank iterates them)."""
+        wire = loading.torch_dtype(dtype) if dtype else None
+        if self.adapters_only and not merged:
+            return export.iter_adapter_tensors(self._named(), dtype=wire)
+        return export.iter_hf_tensors(
+            self._named(), self.policy.hf_shapes, lora_scale=self.policy.lora_scale, dtype=wire
         )
 
     def export(self, path: str | None, dtype: str | None) -> tuple[str, int]:
-        """Write the policy as an HF safetensors directory; "" or None = the transport's path."""
-        tensors = self.gather_weights(dtype)
+        """Write the policy as an HF safetensors directory; "" or None = the transport's path.
+
+        The transport's export holds what the rollout loads (the adapters alone with LoRA); an
+        explicit ``path`` gets the full model, adapters merged. One shard at a time is held.
+        """
         transport = self.spec.weight_transport
+        version = self.state.policy_version
         target = path or ""
+        keep = 0
         if not target:
-            if transport.type != "filesystem":
-                target = str(Path(self.spec.trainer.checkpoint_dir) / "weights")
-                target = str(weights.version_dir(target, self.state.policy_version))
+            if transport.type == "filesystem":
+                root, keep = transport.path, transport.keep_versions
+            elif transport.type == "nccl":
+                root, keep = transport.fallback_path, transport.keep_versions
             else:
-                target = str(weights.version_dir(transport.path, self.state.policy_version))
+                root = str(Path(self.spec.trainer.checkpoint_dir) / "weights")
+            target = str(weights.version_dir(root, version))
+        merged = bool(path)
+        stream = self.iter_weights(dtype, merged=merged)
         nbytes = 0
-        if self.ctx.is_main:
-            nbytes = weights.write_weights_dir(
-                target,
-                tensors,
-                version=self.state.policy_version,
-                model_dir=self.policy.model_dir,
-            )
-            if not path and transport.type == "filesystem":
-                weights.prune_versions(transport.path, transport.keep_versions)
+        try:
+            if self.ctx.is_main:
+                adapter = self.policy.lora_config if self.adapters_only and not merged else None
+                nbytes = weights.write_weights_dir(
+                    target,
+                    ((n, t.cpu()) for n, t in stream),
+                    version=version,
+                    model_dir=self.policy.model_dir,
+                    adapter_config=adapter,
+                )
+                if keep:
+                    weights.prune_versions(Path(target).parent, keep)
+        finally:
+            broadcast.drain(stream)  # the other ranks gather to the end, whatever rank 0 did
         return target, nbytes
+
+    def stream_weights(self, dtype: str | None, sink: WeightSink | None) -> int:
+        """Feed the current weights to ``sink`` (rank 0); returns the version (collective)."""
+        version = self.state.policy_version
+        stream = self.iter_weights(dtype)
+        try:
+            if sink is not None:
+                manifest = weights.Manifest.of(version, self.weight_specs(dtype))
+                sink.stream(manifest, (t.cpu() for _, t in stream))
+        finally:
+            broadcast.drain(stream)
+        return version
+
+    # ---- the nccl transport's group (rank 0) ---------------------------------------------------
+
+    def open_weight_group(self, name: str, world_size: int, timeout_s: float) -> str:
+        """Rank 0: form weight group ``name`` with ``world_size - 1`` rollout workers."""
+        transport = self.spec.weight_transport
+        if transport.type != "nccl":
+            raise BroadcastBrokenError("weightTransport.type is not 'nccl'")
+        self.close_weight_group(None)
+        if self.group_store is None:
+            self.group_store = broadcast.GroupStore(transport.port, timeout_s)
+        rendezvous = broadcast.Rendezvous("0.0.0.0", transport.port, name, 0, world_size, timeout_s)
+        try:
+            self.weight_group = broadcast.WeightGroup.join(
+                rendezvous, self.ctx.device, store=self.group_store.store
+            )
+        except RuntimeError as exc:
+            raise BroadcastBrokenError(
+                f"weight group {name}: not every one of {world_size} members joined within "
+                f"{timeout_s:.0f}s: {exc}"
+            ) from exc
+        logger.info(
+            "weight group %s formed: %d members (%s)",
+            name,
+            world_size,
+            broadcast.group_backend(self.ctx.device),
+        )
+        return broadcast.group_backend(self.ctx.device)
+
+    def close_weight_group(self, name: str | None) -> None:
+        """Rank 0: leave the open group (``name`` None: whichever is open)."""
+        group = self.weight_group
+        if group is not None and (name is None or group.name == name):
+            self.weight_group = None
+            group.close()
+
+    def broadcast_weights(self, bucket_bytes: int, dtype: str | None) -> broadcast.BroadcastResult:
+        """Every rank gathers; rank 0 broadcasts to the weight group (collective)."""
+        version = self.state.policy_version
+        stream = self.iter_weights(dtype)
+        try:
+            if not self.ctx.is_main:
+                return broadcast.BroadcastResult(weights.Manifest.of(version, []), 0, 0)
+            group = self.weight_group
+            if group is None:
+                raise BroadcastBrokenError("no weight group is open")
+            try:
+                return broadcast.send_weights(
+                    group, version, stream, self.weight_specs(dtype), bucket_bytes
+                )
+            except (RuntimeError, BroadcastBrokenError) as exc:
+                # Closing makes every member still waiting on the group fail at once.
+                self.close_weight_group(None)
+                raise BroadcastBrokenError(
+                    f"the broadcast of version {version} broke off: {exc}"
+                ) from exc
+        finally:
+            broadcast.drain(stream)
+
+
+class WeightSink(Protocol):
+    """Where rank 0 streams the weights of a push (:class:`~aflowrl.learner.push.PushSink`)."""
+
+    def stream(self, manifest: weights.Manifest, tensors: Iterator[torch.Tensor]) -> None:
+        """Consume ``tensors`` (CPU, manifest order) as far as anyone wants them."""
 
 
 def _scores(out: RowOutput) -> Scores:
@@ -389,12 +504,32 @@ class LoadCommand(Command):
 
 
 @dataclass(frozen=True)
-class GatherWeightsCommand(Command):
+class StreamWeightsCommand(Command):
+    """Every rank gathers the weights; rank 0 feeds them to its local ``sink`` (grpc push)."""
+
+    dtype: str | None
+    sink: WeightSink | None = field(default=None, compare=False)
+    """Rank 0's consumer; never sent to the other ranks."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "sink": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            object.__setattr__(self, key, value)
+
+    def run(self, learner: Learner) -> int:
+        """The version streamed."""
+        return learner.stream_weights(self.dtype, self.sink)
+
+
+@dataclass(frozen=True)
+class BroadcastWeightsCommand(Command):
+    bucket_bytes: int
     dtype: str | None
 
-    def run(self, learner: Learner) -> tuple[dict[str, torch.Tensor], int]:
-        """(HF-named weights on rank 0, their policy version)."""
-        return learner.gather_weights(self.dtype), learner.state.policy_version
+    def run(self, learner: Learner) -> broadcast.BroadcastResult:
+        return learner.broadcast_weights(self.bucket_bytes, self.dtype)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from aflowrl.errors import FailedPreconditionError, InvalidInputError, NotFoundError
+from aflowrl.errors import (
+    FailedPreconditionError,
+    InvalidInputError,
+    NotFoundError,
+    UnavailableError,
+)
 
 
 class ModelNotFoundError(NotFoundError):
@@ -27,3 +32,15 @@ class CorruptWeightsError(WeightMismatchError):
 
 class TransportUnavailableError(FailedPreconditionError):
     """A weight transport this machine cannot run (e.g. nccl without CUDA GPUs)."""
+
+
+class BroadcastBrokenError(UnavailableError):
+    """A weight broadcast broke off (a member died, a collective timed out, a garbled header).
+
+    A receiver that had started loading is left with some new and some old weights: it must not
+    serve until a complete version is loaded.
+    """
+
+
+class IncompleteWeightsError(UnavailableError):
+    """The replica's weights are incomplete after a broken broadcast; it waits for a reload."""

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aflowrl.config.policy import BUILT_IN_MODELS, TINY_MODEL
+from aflowrl.config.policy import BUILT_IN_MODELS, TINY_MODEL, LoraSpec
 from aflowrl.models import builtin
 from aflowrl.models.errors import ModelNotFoundError
 
@@ -123,3 +123,48 @@ def eos_token_ids(path: Path, tokenizer: Any) -> frozenset[int]:
         eos = config.eos_token_id
         ids.update(int(i) for i in (eos if isinstance(eos, list) else [eos]))
     return frozenset(ids)
+
+
+def lora_config(lora: LoraSpec) -> Any:
+    """peft's ``LoraConfig`` of ``policy.lora`` (the learner trains it, the hf rollout runs it)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # a float scales as well
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
+def adapter_config(lora: LoraSpec, base_model: Path) -> dict[str, Any]:
+    """PEFT's ``adapter_config.json`` of ``policy.lora`` (vLLM's LoRA loader reads it)."""
+    out: dict[str, Any] = {}
+    for key, value in lora_config(lora).to_dict().items():
+        if isinstance(value, set | frozenset):
+            out[key] = sorted(value)
+        elif hasattr(value, "value"):  # enums (peft_type, task_type)
+            out[key] = value.value
+        else:
+            out[key] = value
+    out["base_model_name_or_path"] = str(base_model)
+    return out
+
+
+def adapter_file_name(parameter: str) -> str:
+    """A peft parameter's name in adapter files (``lora_A.default.weight`` -> ``lora_A.weight``)."""
+    for kind in (".lora_A.", ".lora_B."):
+        if kind in parameter:
+            head, tail = parameter.split(kind, 1)
+            return f"{head}{kind}{tail.split('.', 1)[1]}"
+    return parameter
+
+
+def adapter_shapes(model: Any) -> dict[str, tuple[int, ...]]:
+    """Names (as adapter files store them) and shapes of a peft model's LoRA weights."""
+    return {
+        adapter_file_name(name): tuple(p.shape)
+        for name, p in model.named_parameters()
+        if ".lora_A." in name or ".lora_B." in name
+    }

@@ -1,26 +1,36 @@
-"""Weight updates: manifests, chunked payloads, verification, and safetensors directories.
+"""Weight updates: manifests, buckets, chunked payloads, verification, safetensors directories.
 
-The learner serialises the policy's tensors (Hugging Face names) into one payload, the
-concatenation of each tensor's raw little-endian C-contiguous bytes, described by a
-:class:`Manifest` (names, dtypes, shapes, sizes, version and the SHA-256 of the payload). The
-``grpc`` transport streams it as ``WeightChunk`` messages (manifest, data, commit); the rollout
-rebuilds it with a :class:`PayloadAssembler`, which refuses anything that is out of order,
-short, long, corrupt or for another model, before a single weight is touched.
+Every transport moves the policy's tensors (Hugging Face names) in the order of a
+:class:`Manifest` (names, dtypes, shapes, sizes, version), which is known before any tensor is
+gathered, so senders stream one tensor at a time and never hold the whole model:
 
-The ``filesystem`` transport writes a Hugging Face safetensors directory (loadable by
-``from_pretrained`` and vLLM) whose marker file ``aflowrl-weights.json`` is written last and
-atomically: a directory without it is partial. The marker records the version and each file's
-SHA-256, which the reader checks (:func:`read_weights_dir`).
+- ``grpc``: the payload (each tensor's raw little-endian C-contiguous bytes, concatenated) goes
+  out as ``WeightChunk`` messages (manifest, data, commit); the sender hashes as it streams and
+  the commit carries the SHA-256. The rollout stages the payload with a
+  :class:`PayloadAssembler`, which refuses anything out of order, short, long, corrupt or for
+  another model before a single weight is touched.
+- ``nccl``: the tensors are packed into buckets (:func:`plan_buckets`, the same cut on both
+  sides) and broadcast (:mod:`aflowrl.models.broadcast`).
+- ``filesystem``: a Hugging Face safetensors directory (loadable by ``from_pretrained`` and vLLM)
+  whose marker file ``aflowrl-weights.json`` is written last and atomically: a directory without
+  it is partial. The marker records the version and each file's SHA-256, checked by
+  :func:`verify_weights_dir` before :func:`iter_weights_dir` reads a tensor.
+
+Engines load an update as a stream of buckets (:func:`iter_buckets`): at most one bucket is in
+flight, whatever the model's size.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -28,6 +38,7 @@ from typing import Any, cast
 import torch
 
 from aflowrl import documents
+from aflowrl.config.policy import LoraSpec
 from aflowrl.models.errors import (
     CorruptWeightsError,
     ModelNotFoundError,
@@ -35,12 +46,15 @@ from aflowrl.models.errors import (
     StaleWeightsError,
     WeightMismatchError,
 )
-from aflowrl.models.loading import DTYPES, dtype_name, torch_dtype
+from aflowrl.models.loading import DTYPES, adapter_shapes, dtype_name, lora_config, torch_dtype
 
 logger = logging.getLogger(__name__)
 
 MARKER = "aflowrl-weights.json"
 """Written last into a weights directory: its version, files and their checksums."""
+
+ADAPTER_CONFIG = "adapter_config.json"
+"""PEFT's adapter configuration, beside the adapter weights of a LoRA update."""
 
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 _SHARD_BYTES = 2 * 1024**3
@@ -56,6 +70,9 @@ _COPIED_FILES = (
     "vocab.json",
     "merges.txt",
 )
+
+NamedTensors = Iterable[tuple[str, torch.Tensor]]
+"""(Hugging Face name, tensor) pairs, possibly produced lazily one at a time."""
 
 
 @dataclass(frozen=True)
@@ -76,12 +93,44 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class Manifest:
-    """What a weight update holds and how to check it (``WeightManifest`` in the proto)."""
+    """What a weight update holds (``WeightManifest`` in the proto)."""
 
     version: int
     tensors: tuple[TensorSpec, ...]
     total_bytes: int
-    sha256: str
+
+    @classmethod
+    def of(cls, version: int, specs: Iterable[TensorSpec]) -> Manifest:
+        specs = tuple(specs)
+        return cls(version, specs, sum(s.nbytes for s in specs))
+
+    def to_json(self) -> bytes:
+        """A compact encoding (the broadcast header carries it)."""
+        doc = {
+            "version": self.version,
+            "tensors": [[t.name, t.dtype, list(t.shape)] for t in self.tensors],
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, *, field: str = "manifest") -> Manifest:
+        try:
+            doc = json.loads(data)
+            specs = [
+                TensorSpec(str(n), str(d), tuple(int(x) for x in s)) for n, d, s in doc["tensors"]
+            ]
+            for i, spec in enumerate(specs):
+                if spec.dtype not in _ITEMSIZE:
+                    raise WeightMismatchError(
+                        f"unsupported dtype {spec.dtype!r}", field=f"{field}.tensors[{i}]"
+                    )
+            return cls.of(int(doc["version"]), specs)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise WeightMismatchError(f"unreadable manifest: {exc}", field=field) from exc
+
+
+def spec_of(name: str, tensor: torch.Tensor) -> TensorSpec:
+    return TensorSpec(name, dtype_name(tensor.dtype), tuple(tensor.shape))
 
 
 def parameter_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
@@ -98,8 +147,13 @@ def parameter_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def shapes_from_config(model_dir: Path, *, trust_remote_code: bool = False) -> dict[str, Any]:
-    """:func:`parameter_shapes` of the architecture in ``model_dir``, built on the meta device."""
+def shapes_from_config(
+    model_dir: Path, *, trust_remote_code: bool = False, lora: LoraSpec | None = None
+) -> dict[str, Any]:
+    """:func:`parameter_shapes` of the architecture in ``model_dir``, built on the meta device.
+
+    With ``lora``: the shapes of the LoRA adapters alone (what an update then carries).
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(
@@ -109,6 +163,10 @@ def shapes_from_config(model_dir: Path, *, trust_remote_code: bool = False) -> d
         model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
             config, trust_remote_code=trust_remote_code
         )
+        if lora is not None:
+            from peft import get_peft_model
+
+            return adapter_shapes(get_peft_model(model, lora_config(lora)))
     return parameter_shapes(model)
 
 
@@ -120,28 +178,103 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
 
 
 def build_manifest(version: int, tensors: Mapping[str, torch.Tensor]) -> Manifest:
-    """The manifest of ``tensors`` (CPU, in the order given) with the payload's SHA-256."""
-    digest = hashlib.sha256()
-    specs = []
-    for name, tensor in tensors.items():
-        specs.append(TensorSpec(name, dtype_name(tensor.dtype), tuple(tensor.shape)))
-        digest.update(tensor_bytes(tensor))
-    return Manifest(version, tuple(specs), sum(s.nbytes for s in specs), digest.hexdigest())
+    """The manifest of ``tensors`` (in the order given)."""
+    return Manifest.of(version, (spec_of(n, t) for n, t in tensors.items()))
 
 
 def iter_chunks(
     tensors: Iterable[torch.Tensor], chunk_bytes: int
-) -> Iterator[tuple[int, memoryview]]:
-    """(offset, bytes) slices of the payload, at most ``chunk_bytes`` each, without copying."""
+) -> Iterator[tuple[int, list[memoryview]]]:
+    """(offset, parts) of the payload: chunks of ``chunk_bytes`` (the last may be shorter).
+
+    A chunk is a list of views of the tensors' bytes (no copy): a large tensor spans several
+    chunks, and small ones (norms, biases) share one, so a chunk goes out as soon as it is full
+    or the tensors end. ``tensors`` may be produced lazily (gathered one at a time).
+    """
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    offset = 0
+    offset, size = 0, 0
+    parts: list[memoryview] = []
     for tensor in tensors:
         data = tensor_bytes(tensor)
-        for start in range(0, len(data), chunk_bytes):
-            piece = data[start : start + chunk_bytes]
-            yield offset, piece
-            offset += len(piece)
+        start = 0
+        while start < len(data):
+            take = min(chunk_bytes - size, len(data) - start)
+            parts.append(data[start : start + take])
+            size += take
+            start += take
+            if size == chunk_bytes:
+                yield offset, parts
+                offset, size, parts = offset + size, 0, []
+    if parts:
+        yield offset, parts
+
+
+# ---- buckets ----------------------------------------------------------------------------------
+
+
+def plan_buckets(
+    specs: Iterable[TensorSpec], bucket_bytes: int, *, solo_bytes: int | None = None
+) -> list[range]:
+    """Consecutive runs of whole tensors of at most ``bucket_bytes`` each (as indices).
+
+    A tensor larger than a bucket is a bucket of its own, and so is every tensor of at least
+    ``solo_bytes`` when given (a broadcast sends it as it is, without packing it). Sender and
+    receiver of a broadcast cut the same buckets from the same manifest, so neither needs to
+    tell the other.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    buckets: list[range] = []
+    start, size, count = 0, 0, 0
+    for i, spec in enumerate(specs):
+        alone = solo_bytes is not None and spec.nbytes >= solo_bytes
+        if i > start and (alone or size + spec.nbytes > bucket_bytes):
+            buckets.append(range(start, i))
+            start, size = i, 0
+        size += spec.nbytes
+        count = i + 1
+        if alone:
+            buckets.append(range(i, i + 1))
+            start, size = i + 1, 0
+    if start < count:
+        buckets.append(range(start, count))
+    return buckets
+
+
+def iter_buckets(
+    items: NamedTensors, bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Group a stream of named tensors into buckets as :func:`plan_buckets` cuts them."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in items:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def unpack_bucket(
+    specs: Iterable[TensorSpec], packed: torch.Tensor
+) -> list[tuple[str, torch.Tensor]]:
+    """Named views of a packed uint8 bucket (the tensors' bytes concatenated, in order)."""
+    out: list[tuple[str, torch.Tensor]] = []
+    offset = 0
+    for spec in specs:
+        raw = packed[offset : offset + spec.nbytes]
+        out.append((spec.name, raw.view(torch_dtype(spec.dtype)).view(spec.shape)))
+        offset += spec.nbytes
+    return out
+
+
+# ---- verification -----------------------------------------------------------------------------
 
 
 def check_manifest(
@@ -181,41 +314,96 @@ def check_manifest(
             f"{manifest.total_bytes} bytes announced, the tensors need {total}",
             field=f"{field}.total_bytes",
         )
-    if len(manifest.sha256) != 64:
-        raise WeightMismatchError("not a SHA-256 hex digest", field=f"{field}.sha256")
+
+
+class StagingBuffer:
+    """Host memory a replica stages a grpc update in, kept for the next update of the same size.
+
+    Fresh memory costs a page fault per 4 KiB page on first touch (on the order of the copy
+    itself), so reusing it makes every update after the first one cheaper. It is the "model" in
+    the bound "one model plus one chunk" of a replica's host memory during a grpc push.
+    """
+
+    def __init__(self) -> None:
+        self._buffer: bytearray | None = None
+
+    def take(self, nbytes: int) -> bytearray:
+        if self._buffer is None or len(self._buffer) != nbytes:
+            self._buffer = None  # free the old one before allocating the new one
+            self._buffer = bytearray(nbytes)
+        return self._buffer
+
+    def release(self) -> None:
+        self._buffer = None
+
+
+class PayloadChecksum:
+    """CRC-32 of a payload fed in order (``zlib.crc32``; it releases the GIL on large buffers).
+
+    The checksum travels in the same stream as the data and is not keyed, so it guards against
+    accidents (a truncated, misordered or damaged stream, a sender with a bug), not against a
+    party that can rewrite the stream: that is TLS's and the bearer token's job. For accidents
+    CRC-32 is the usual tool (it catches every burst of up to 32 bits and all but 2^-32 of other
+    damage) and costs a third of SHA-256 here, on both ends of every push.
+    """
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        self.value = zlib.crc32(data, self.value)
 
 
 class PayloadAssembler:
     """Receives a payload in order into one buffer and hashes it as it arrives.
 
-    :meth:`finish` checks the commit (version, size, checksum) and returns the tensors, views of
-    the buffer (no copy). Any error leaves nothing applied; the caller drops the assembler.
+    Each chunk is copied into the staging buffer at once; its hashing runs on a thread of its
+    own (hashlib releases the GIL), so a replica hashes chunk k while it receives chunk k + 1.
+    :meth:`finish` waits for the hash, checks the commit (version, size, checksum) and returns
+    the tensors, views of the buffer (no copy). Any error leaves nothing applied; the caller
+    drops the assembler (:meth:`close` stops its thread).
     """
 
-    def __init__(self, manifest: Manifest) -> None:
+    def __init__(self, manifest: Manifest, staging: StagingBuffer | None = None) -> None:
         self.manifest = manifest
-        self._buffer = bytearray(manifest.total_bytes)
+        self._buffer = (staging or StagingBuffer()).take(manifest.total_bytes)
         self._view = memoryview(self._buffer)
-        self._hash = hashlib.sha256()
+        self._checksum = PayloadChecksum()
+        self._hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checksum")
+        self._hashed: concurrent.futures.Future[None] | None = None
         self.received = 0
 
-    def add(self, offset: int, data: bytes | memoryview) -> None:
+    def add(self, offset: int, data: bytes | memoryview | Sequence[bytes | memoryview]) -> None:
+        """Stage the bytes of payload ``[offset, offset + len)`` (one buffer or several parts)."""
         if offset != self.received:
             raise WeightMismatchError(
                 f"chunk at offset {offset}, expected {self.received} (chunks must arrive in order)",
                 field="data.offset",
             )
-        end = offset + len(data)
+        parts = [data] if isinstance(data, bytes | memoryview) else list(data)
+        end = offset + sum(len(p) for p in parts)
         if end > self.manifest.total_bytes:
             raise WeightMismatchError(
                 f"chunk ends at byte {end}, past the announced {self.manifest.total_bytes}",
                 field="data",
             )
-        self._view[offset:end] = data
-        self._hash.update(data)
+        at = offset
+        for part in parts:
+            self._view[at : at + len(part)] = part
+            at += len(part)
+        # Hashed from the staging buffer, which no later chunk overwrites.
+        self._hashed = self._hasher.submit(self._checksum.update, self._view[offset:end])
         self.received = end
 
-    def finish(self, commit_version: int) -> dict[str, torch.Tensor]:
+    def checksum(self) -> int:
+        """CRC-32 of what was received (waits for the checksum thread)."""
+        self._hasher.shutdown(wait=True)
+        return self._checksum.value
+
+    def close(self) -> None:
+        self._hasher.shutdown(wait=True, cancel_futures=True)
+
+    def finish(self, commit_version: int, commit_crc32: int) -> dict[str, torch.Tensor]:
         manifest = self.manifest
         if commit_version != manifest.version:
             raise WeightMismatchError(
@@ -227,11 +415,12 @@ class PayloadAssembler:
                 f"partial update: {self.received} of {manifest.total_bytes} bytes received",
                 field="commit",
             )
-        digest = self._hash.hexdigest()
-        if digest != manifest.sha256:
+        checksum = self.checksum()
+        if checksum != commit_crc32:
             raise CorruptWeightsError(
-                f"checksum mismatch: payload SHA-256 {digest}, manifest says {manifest.sha256}",
-                field="manifest.sha256",
+                f"checksum mismatch: payload CRC-32 {checksum:08x}, the commit says "
+                f"{commit_crc32:08x}",
+                field="commit.crc32",
             )
         return tensors_from_payload(manifest.tensors, self._buffer)
 
@@ -264,61 +453,79 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _shards(items: NamedTensors) -> Iterator[dict[str, torch.Tensor]]:
+    """Runs of tensors of at most 2 GiB (as Hugging Face shards them)."""
+    shard: dict[str, torch.Tensor] = {}
+    size = 0
+    for name, tensor in items:
+        nbytes = tensor.numel() * tensor.element_size()
+        if shard and size + nbytes > _SHARD_BYTES:
+            yield shard
+            shard, size = {}, 0
+        shard[name] = tensor.detach().contiguous()
+        size += nbytes
+    yield shard
+
+
 def write_weights_dir(
     path: str | Path,
-    tensors: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor] | NamedTensors,
     *,
     version: int,
     model_dir: Path | None = None,
+    adapter_config: Mapping[str, Any] | None = None,
 ) -> int:
     """Write ``tensors`` as a Hugging Face safetensors directory, marker last; returns bytes.
 
-    Config and tokenizer files are copied from ``model_dir`` so the directory is a complete model.
-    Shards of at most 2 GiB are indexed by ``model.safetensors.index.json`` as HF does.
+    ``tensors`` may be a lazy stream: one shard (at most 2 GiB) is held at a time. Config and
+    tokenizer files are copied from ``model_dir`` so the directory is a complete model. Shards
+    are named and indexed by ``model.safetensors.index.json`` as HF does. With
+    ``adapter_config`` the directory is a PEFT LoRA adapter instead (``adapter_config.json`` and
+    ``adapter_model.safetensors``, which vLLM and peft load).
     """
     from safetensors.torch import save_file
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).unlink(missing_ok=True)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, tensor in tensors.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if shards[-1] and size + nbytes > _SHARD_BYTES:
-            shards.append({})
-            size = 0
-        shards[-1][name] = tensor.detach().contiguous()
-        size += nbytes
+    items = tensors.items() if isinstance(tensors, Mapping) else tensors
+    written: list[tuple[str, list[str]]] = []
+    specs: list[TensorSpec] = []
+    for i, shard in enumerate(_shards(items)):
+        # Shard i is written as a temporary name, renamed once the count is known.
+        file = f".shard-{i:05d}.safetensors"
+        save_file(shard, str(out / file), metadata={"format": "pt"})
+        written.append((file, list(shard)))
+        specs.extend(spec_of(n, t) for n, t in shard.items())
+    count = len(written)
     files: dict[str, str] = {}
     weight_map: dict[str, str] = {}
-    for i, shard in enumerate(shards):
+    for i, (tmp_name, names) in enumerate(written):
         file = (
-            "model.safetensors"
-            if len(shards) == 1
-            else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            "model.safetensors" if count == 1 else f"model-{i + 1:05d}-of-{count:05d}.safetensors"
         )
-        save_file(shard, str(out / file), metadata={"format": "pt"})
+        os.replace(out / tmp_name, out / file)
         files[file] = _file_sha256(out / file)
-        weight_map.update(dict.fromkeys(shard, file))
-    if len(shards) > 1:
-        index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}}
-        (out / "model.safetensors.index.json").write_text(
-            json.dumps({**index, "weight_map": weight_map}, indent=2)
-        )
-    if model_dir is not None:
+        weight_map.update(dict.fromkeys(names, file))
+    total = sum(s.nbytes for s in specs)
+    if count > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    if adapter_config is not None:
+        (out / ADAPTER_CONFIG).write_text(json.dumps(dict(adapter_config), indent=1))
+    elif model_dir is not None:
         for name in _COPIED_FILES:
             if (model_dir / name).is_file() and model_dir.resolve() != out.resolve():
                 shutil.copyfile(model_dir / name, out / name)
     marker = {
         "version": version,
         "files": files,
-        "tensors": {n: [dtype_name(t.dtype), list(t.shape)] for n, t in tensors.items()},
+        "tensors": {s.name: [s.dtype, list(s.shape)] for s in specs},
     }
     tmp = out / f".{MARKER}.tmp"
     tmp.write_text(json.dumps(marker, indent=1))
     os.replace(tmp, out / MARKER)
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    return total
 
 
 def read_marker(path: str | Path) -> dict[str, Any]:
@@ -359,15 +566,30 @@ def read_marker(path: str | Path) -> dict[str, Any]:
     return cast(dict[str, Any], data)
 
 
-def read_weights_dir(
+@dataclass(frozen=True)
+class WeightsDir:
+    """A verified weights directory: its manifest and where each tensor lives."""
+
+    path: Path
+    manifest: Manifest
+    files: dict[str, str]
+    """tensor name -> file name."""
+
+
+def verify_weights_dir(
     path: str | Path,
     expected: Mapping[str, tuple[int, ...]],
     *,
     version: int,
     serving_version: int,
-) -> tuple[dict[str, torch.Tensor], int]:
-    """Verify and load a directory written by :func:`write_weights_dir`; (tensors, bytes)."""
-    from safetensors.torch import load_file
+) -> WeightsDir:
+    """Check a directory written by :func:`write_weights_dir` without loading a tensor.
+
+    The marker must be there and name ``version``; its tensors must be the model's; every file's
+    SHA-256 must match (read in 8 MiB blocks); every file's own header must agree with the
+    marker.
+    """
+    from safetensors import safe_open
 
     marker = read_marker(path)
     if int(marker["version"]) != version:
@@ -378,9 +600,9 @@ def read_weights_dir(
     specs = tuple(
         TensorSpec(name, dtype, tuple(shape)) for name, (dtype, shape) in marker["tensors"].items()
     )
-    manifest = Manifest(version, specs, sum(s.nbytes for s in specs), "0" * 64)
+    manifest = Manifest.of(version, specs)
     check_manifest(manifest, expected, serving_version=serving_version, field="marker")
-    tensors: dict[str, torch.Tensor] = {}
+    located: dict[str, str] = {}
     for file, sha in marker["files"].items():
         actual = _file_sha256(Path(path) / file)
         if actual != sha:
@@ -388,12 +610,43 @@ def read_weights_dir(
                 f"{file}: checksum mismatch (file SHA-256 {actual}, marker says {sha})",
                 field="path",
             )
-        tensors.update(load_file(str(Path(path) / file)))
+        with safe_open(str(Path(path) / file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
+                located[name] = file
     for spec in specs:
-        got = tensors.get(spec.name)
-        if got is None or tuple(got.shape) != spec.shape or dtype_name(got.dtype) != spec.dtype:
-            raise WeightMismatchError(f"{spec.name}: file and marker disagree", field="path")
-    return tensors, manifest.total_bytes
+        if spec.name not in located:
+            raise WeightMismatchError(f"{spec.name}: in the marker, in no file", field="path")
+    return WeightsDir(Path(path), manifest, located)
+
+
+def iter_weights_dir(source: WeightsDir) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of a verified directory in manifest order, read one at a time."""
+    from safetensors import safe_open
+
+    handles: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        for spec in source.manifest.tensors:
+            file = source.files[spec.name]
+            if file not in handles:
+                handles[file] = stack.enter_context(
+                    safe_open(str(source.path / file), framework="pt")
+                )
+            tensor = handles[file].get_tensor(spec.name)
+            if tuple(tensor.shape) != spec.shape or dtype_name(tensor.dtype) != spec.dtype:
+                raise WeightMismatchError(f"{spec.name}: file and marker disagree", field="path")
+            yield spec.name, tensor
+
+
+def read_weights_dir(
+    path: str | Path,
+    expected: Mapping[str, tuple[int, ...]],
+    *,
+    version: int,
+    serving_version: int,
+) -> tuple[dict[str, torch.Tensor], int]:
+    """Verify and load a whole directory into memory; (tensors, bytes). For small models/tests."""
+    source = verify_weights_dir(path, expected, version=version, serving_version=serving_version)
+    return dict(iter_weights_dir(source)), source.manifest.total_bytes
 
 
 def latest_weights_dir(root: str | Path) -> tuple[Path, int] | None:

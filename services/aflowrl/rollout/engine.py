@@ -4,20 +4,27 @@ The gRPC servicer (:mod:`aflowrl.rollout.service`) converts protos into these ty
 :class:`RolloutEngine`: :class:`~aflowrl.rollout.hf_engine.HfEngine` (transformers) or
 :class:`~aflowrl.rollout.vllm_engine.VllmEngine`. Engines know nothing of versions or requests'
 atomicity: the servicer's :class:`~aflowrl.rollout.gate.VersionGate` never lets
-:meth:`RolloutEngine.load_weights` run while a request is being served.
+:meth:`RolloutEngine.load_weights` or :meth:`RolloutEngine.receive_weights` run while a request
+is being served.
+
+Weights arrive as a stream of named tensors, consumed one at a time on the engine's own thread
+(the grpc transport's staged payload, a safetensors directory read tensor by tensor) or by a
+broadcast the engine's workers receive (the nccl transport): no engine ever needs a second copy
+of the model in memory. With LoRA (``policy.lora``) the stream holds the adapters alone.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from aflowrl.models.broadcast import BroadcastResult, Expectation, Rendezvous
 from aflowrl.rollout.errors import BadSamplingRequestError
 
 
@@ -115,11 +122,31 @@ class RolloutEngine(abc.ABC):
 
     @abc.abstractmethod
     def parameter_shapes(self) -> Mapping[str, tuple[int, ...]]:
-        """Names and shapes of the weights a full update must carry."""
+        """Names and shapes of the weights a full update must carry (the adapters with LoRA)."""
 
     @abc.abstractmethod
-    async def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Replace every weight in place (already verified against :meth:`parameter_shapes`)."""
+    async def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Replace every weight in place from a verified stream; returns the pieces it took.
+
+        ``tensors`` is consumed lazily on the engine's thread, in manifest order.
+        """
+
+    weight_group_ranks: int = 1
+    """Members this engine contributes to a weight group (its workers)."""
+
+    @abc.abstractmethod
+    async def join_weight_group(self, rendezvous: Rendezvous) -> None:
+        """Join the learner's weight group with every worker (``rendezvous.rank`` is the first)."""
+
+    @abc.abstractmethod
+    async def receive_weights(
+        self, expectation: Expectation, on_bucket: Callable[[int], None] | None = None
+    ) -> BroadcastResult:
+        """Take part in one broadcast (:func:`aflowrl.models.broadcast.receive_weights`)."""
+
+    @abc.abstractmethod
+    async def leave_weight_group(self) -> None:
+        """Leave the weight group, if any (idempotent)."""
 
     def check_prompts(self, prompts: Sequence[Sequence[int]], sampling: SamplingOptions) -> None:
         """Refuse empty prompts and prompts that cannot fit ``sampling.max_tokens`` more."""

@@ -11,6 +11,11 @@ completion); log-probabilities follow :mod:`aflowrl.models.logprobs`.
 A completion's ``token_ids`` include the EOS token or the token that completed a stop string (as
 vLLM returns them: the policy did produce them, so the learner trains on them); its ``text``
 excludes special tokens and everything from the stop string on.
+
+New weights are copied into the model tensor by tensor on the worker thread, as the stream
+yields them. With ``policy.lora`` the model is wrapped with the same peft adapters as the
+learner's and an update carries the adapters alone. For the nccl transport the worker thread is
+a member of the learner's weight group (:mod:`aflowrl.models.broadcast`) on the model's device.
 """
 
 from __future__ import annotations
@@ -20,14 +25,17 @@ import logging
 import queue
 import random
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
-from aflowrl.models import loading, logprobs
+from aflowrl.config.policy import LoraSpec
+from aflowrl.models import broadcast, loading, logprobs
+from aflowrl.models.broadcast import BroadcastResult, Expectation, Rendezvous
+from aflowrl.models.errors import BroadcastBrokenError
 from aflowrl.models.weights import parameter_shapes
 from aflowrl.rollout.engine import (
     CompletionResult,
@@ -91,6 +99,7 @@ class HfEngine(RolloutEngine):
         max_batch_size: int = 64,
         device: torch.device | None = None,
         trust_remote_code: bool = False,
+        lora: LoraSpec | None = None,
     ) -> None:
         self.model_dir = model_dir
         self.device = device or loading.default_device()
@@ -107,6 +116,9 @@ class HfEngine(RolloutEngine):
         self._eos: frozenset[int] = frozenset()
         self._pad_id = 0
         self._shapes: dict[str, tuple[int, ...]] = {}
+        self._targets: dict[str, torch.Tensor] = {}
+        self._lora = lora
+        self._group: broadcast.WeightGroup | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -131,7 +143,18 @@ class HfEngine(RolloutEngine):
         self.max_model_len = int(getattr(self.model.config, "max_position_embeddings", 4096))
         self._eos = loading.eos_token_ids(self.model_dir, self.tokenizer)
         self._pad_id = int(self.tokenizer.pad_token_id)
-        self._shapes = parameter_shapes(self.model)
+        if self._lora is not None:
+            from peft import get_peft_model
+
+            self.model = get_peft_model(self.model, loading.lora_config(self._lora)).eval()
+            self._shapes = loading.adapter_shapes(self.model)
+            self._targets = {
+                loading.adapter_file_name(n): p for n, p in self.model.named_parameters()
+            }
+        else:
+            self._shapes = parameter_shapes(self.model)
+            self._targets = dict(self.model.named_parameters())
+            self._targets.update(dict(self.model.named_buffers()))
         logger.info(
             "hf engine: %s on %s in %s (%d weights, max_model_len %d)",
             self.model_dir,
@@ -332,14 +355,55 @@ class HfEngine(RolloutEngine):
     def parameter_shapes(self) -> Mapping[str, tuple[int, ...]]:
         return self._shapes
 
-    async def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        def run() -> None:
-            targets = dict(self.model.named_parameters())
-            targets.update(dict(self.model.named_buffers()))
-            for name, tensor in tensors.items():
-                targets[name].copy_(tensor)
+    def _copy(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        targets = self._targets
+        for name, tensor in tensors:
+            targets[name].copy_(tensor)
 
-        await self._submit_call(run)
+    async def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        await self._submit_call(lambda: self._copy(tensors))
+        return 1
+
+    # ---- the nccl transport (on the worker thread, where the model lives) --------------------
+
+    async def join_weight_group(self, rendezvous: Rendezvous) -> None:
+        def join() -> None:
+            self._leave()
+            self._group = broadcast.WeightGroup.join(rendezvous, self.device)
+
+        await self._submit_call(join)
+
+    def _leave(self) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            group.close()
+
+    async def leave_weight_group(self) -> None:
+        if self._thread is not None and not self._closed:
+            await self._submit_call(self._leave)
+
+    async def receive_weights(
+        self, expectation: Expectation, on_bucket: Callable[[int], None] | None = None
+    ) -> BroadcastResult:
+        def receive() -> BroadcastResult:
+            group = self._group
+            if group is None:
+                raise BroadcastBrokenError("this replica is in no weight group")
+            try:
+                return broadcast.receive_weights(
+                    group,
+                    accept=expectation.check,
+                    start=lambda: None,
+                    load=self._copy,
+                    finish=lambda: None,
+                    on_bucket=on_bucket,
+                )
+            except BroadcastBrokenError:
+                self._leave()
+                raise
+
+        result: BroadcastResult = await self._submit_call(receive)
+        return result
 
     def load_stats(self) -> tuple[int, int]:
         return (self._jobs.qsize(), self._running)

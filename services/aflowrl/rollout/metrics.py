@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry
 
 from aflowrl.common.metrics import ComponentMetrics
 
-REFUSAL_REASONS = ("stale", "partial", "corrupt", "mismatch", "interrupted")
+REFUSAL_REASONS = ("stale", "partial", "corrupt", "mismatch", "broken", "interrupted")
 """The ``reason`` label of ``weight_updates_refused_total`` (see the servicer's ``_refused``)."""
 
 
@@ -37,8 +37,22 @@ class RolloutMetrics(ComponentMetrics):
         )
         self.weight_updates_refused = self.counter(
             "weight_updates_refused_total",
-            "Weight updates refused (stale, partial, corrupt).",
+            "Weight updates refused (stale, partial, corrupt, mismatch, broken, interrupted).",
             ["reason"],
         )
         for reason in REFUSAL_REASONS:  # zero series from the start: a refusal rate exists
             self.weight_updates_refused.labels(reason)
+        self.weight_update_buckets = self.counter(
+            "weight_update_buckets_total",
+            "Pieces weights reached the engine in (broadcast buckets, reload calls).",
+            ["transport"],
+        )
+        self.weight_updates_running = self.gauge(
+            "weight_updates_running_requests",
+            "Weight updates being applied now (requests wait at the swap gate meanwhile).",
+        )
+        self.weights_incomplete = self.gauge(
+            "weights_incomplete_replicas",
+            "1 while a broken broadcast left this replica's weights incomplete (requests "
+            "refused until a reload); summed over replicas, how many wait for one.",
+        )

@@ -1,23 +1,78 @@
 """Entry point of ``aflowrl serve rollout``: build the engine from the run spec and serve it.
 
 Called by :mod:`aflowrl.cli.serve` after the spec is validated. With the filesystem weight
-transport, a (re)started replica loads the newest complete weights directory on the shared
-volume before turning SERVING, so it never serves weights older than its peers.
+transport (or the nccl transport, whose fallback exports live on a shared volume too), a
+(re)started replica loads the newest complete weights directory there before turning SERVING,
+so it never serves weights older than it could. A replica whose broadcast broke off turns
+NOT_SERVING until it is reloaded (:mod:`aflowrl.rollout.service`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2
 
 from aflowrl._proto.v1 import rollout_pb2_grpc
 from aflowrl.common.server import GrpcServer, ServerOptions, ServiceRegistration
 from aflowrl.config import RunSpec
-from aflowrl.models import loading, transport, weights
+from aflowrl.models import loading, transport, weights, wire
 from aflowrl.rollout.engine import RolloutEngine
 from aflowrl.rollout.metrics import RolloutMetrics
 from aflowrl.rollout.service import SERVICE_NAME, RolloutServicer
 
 logger = logging.getLogger(__name__)
+
+
+_UPDATE_WEIGHTS = f"/{SERVICE_NAME}/UpdateWeights"
+
+
+def _raw_chunks(handler: Any) -> Any:
+    """``UpdateWeights``' handler with :func:`wire.decode_chunk` as its request deserialiser."""
+    return grpc.stream_unary_rpc_method_handler(
+        handler.stream_unary,
+        request_deserializer=wire.decode_chunk,
+        response_serializer=handler.response_serializer,
+    )
+
+
+class _RawChunksGeneric(grpc.GenericRpcHandler):
+    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+        self._inner = inner
+
+    def service(self, handler_call_details: Any) -> Any:
+        handler = self._inner.service(handler_call_details)
+        if handler is not None and handler_call_details.method == _UPDATE_WEIGHTS:
+            return _raw_chunks(handler)
+        return handler
+
+
+class _RawChunksServer:
+    """The server as the generated registration sees it, ``UpdateWeights`` decoded raw."""
+
+    def __init__(self, server: aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(tuple(_RawChunksGeneric(h) for h in handlers))
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        handlers = {**handlers, "UpdateWeights": _raw_chunks(handlers["UpdateWeights"])}
+        self._server.add_registered_method_handlers(service, handlers)
+
+
+def add_rollout_service(servicer: RolloutServicer, server: aio.Server) -> None:
+    """The generated registration, except that weight chunks arrive undecoded by protobuf.
+
+    protobuf's parser copies every chunk's bytes twice; :func:`aflowrl.models.wire.decode_chunk`
+    hands the servicer a view of the message instead (``bench/weight_push.py`` measures it).
+    """
+    adapter: Any = _RawChunksServer(server)  # duck-types the two methods the registration calls
+    rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, adapter)
 
 
 def build_engine(spec: RunSpec) -> RolloutEngine:
@@ -31,6 +86,7 @@ def build_engine(spec: RunSpec) -> RolloutEngine:
             dtype=spec.policy.dtype,
             engine_spec=spec.rollout.vllm,
             trust_remote_code=spec.policy.trust_remote_code,
+            lora=spec.policy.lora,
         )
     from aflowrl.rollout.hf_engine import HfEngine
 
@@ -39,18 +95,33 @@ def build_engine(spec: RunSpec) -> RolloutEngine:
         dtype=spec.policy.dtype,
         max_batch_size=spec.rollout.max_batch_size,
         trust_remote_code=spec.policy.trust_remote_code,
+        lora=spec.policy.lora,
     )
 
 
 def build_servicer(
-    spec: RunSpec, engine: RolloutEngine, metrics: RolloutMetrics
+    spec: RunSpec,
+    engine: RolloutEngine,
+    metrics: RolloutMetrics,
+    on_health: Callable[[bool], Awaitable[None]] | None = None,
 ) -> RolloutServicer:
     return RolloutServicer(
         engine,
         sampling_defaults=spec.rollout.sampling,
         score_temperature=spec.rollout.sampling.temperature,
         metrics=metrics,
+        on_health=on_health,
     )
+
+
+def shared_weights_root(spec: RunSpec) -> str | None:
+    """The directory of complete weight versions a replica may load on start, if any."""
+    transport = spec.weight_transport
+    if transport.type == "filesystem":
+        return transport.path
+    if transport.type == "nccl":
+        return transport.fallback_path
+    return None
 
 
 async def serve(
@@ -65,15 +136,27 @@ async def serve(
     transport.check_weight_transport(spec)
     engine = build_engine(spec)
     metrics = RolloutMetrics()
-    servicer = build_servicer(spec, engine, metrics)
+    server: GrpcServer | None = None
+
+    async def on_health(serving: bool) -> None:
+        if server is None or (serving and server.stopping):
+            return
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", SERVICE_NAME):
+            await server.health.set(name, status)
+
+    servicer = build_servicer(spec, engine, metrics, on_health)
 
     async def warmup() -> None:
         await engine.start()
-        weight_transport = spec.weight_transport
-        if weight_transport.type == "filesystem":
-            latest = weights.latest_weights_dir(weight_transport.path)
-            if latest is not None:
-                await servicer.load_directory(str(latest[0]), latest[1])
+        root = shared_weights_root(spec)
+        latest = weights.latest_weights_dir(root) if root else None
+        if latest is not None:
+            await servicer.load_directory(str(latest[0]), latest[1])
 
     options = ServerOptions.from_spec(
         "rollout",
@@ -83,11 +166,7 @@ async def serve(
         host=host,
         health_port=health_port,
     )
-    registration = ServiceRegistration(
-        servicer,
-        rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
-        SERVICE_NAME,
-    )
+    registration = ServiceRegistration(servicer, add_rollout_service, SERVICE_NAME)
     server = GrpcServer(options, [registration], warmup=warmup, metrics=metrics)
     try:
         async with server:

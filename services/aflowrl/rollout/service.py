@@ -4,13 +4,22 @@ Protos in, :class:`~aflowrl.rollout.engine.RolloutEngine` calls, protos out. The
 serving weight version (:class:`~aflowrl.rollout.gate.VersionGate`) and weight updates:
 
 - ``UpdateWeights`` (grpc transport): the manifest is checked against the model (names, shapes,
-  dtypes, sizes) and the serving version before any byte is accepted; chunks are assembled in
-  order and hashed as they arrive; only a commit whose version, size and SHA-256 agree triggers
-  the swap. A stream that ends or is cancelled early changes nothing. A refused stream is read to
-  its end (and dropped) before the refusal is answered, so the sender reliably gets its status;
-  the trainer's relay asks each replica's version first and never sends it a stale update.
-- ``LoadWeights`` (filesystem transport): a directory with a complete marker of that version,
-  each file's checksum verified.
+  dtypes, sizes) and the serving version before any byte is accepted; chunks are staged in
+  order (in a host buffer kept for the next update) and checksummed as they arrive; only a
+  commit whose version, size and CRC-32 agree triggers the swap. A stream that ends or is cancelled
+  early changes nothing. A refused stream is read to its end (and dropped) before the refusal
+  is answered, so the sender reliably gets its status; the learner asks each replica's version
+  first and never sends it a stale update.
+- ``LoadWeights`` (filesystem transport, and the nccl transport's fallback): a directory with a
+  complete marker of that version, each file's checksum verified, then read tensor by tensor
+  into the engine.
+- ``JoinWeightGroup`` / ``ReceiveWeights`` / ``LeaveWeightGroup`` (nccl transport): the
+  engine's workers join the learner's weight group once; each push is one broadcast, received
+  inside the swap gate: requests wait while it lands and are then served by the new version
+  (or, refused, by the old one). A broadcast that breaks off after the engine started loading
+  leaves some new and some old weights: the replica then answers UNAVAILABLE to every request
+  and turns its health NOT_SERVING until a complete version is loaded (``LoadWeights``, which
+  then also accepts the version it already reports), and the trainer reloads it.
 
 Versions are strictly increasing; a stale update is FAILED_PRECONDITION, a partial or corrupt one
 INVALID_ARGUMENT, and in every refused case the previous weights keep serving. Everything is
@@ -23,7 +32,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -32,8 +41,11 @@ from aflowrl import __version__, documents, envs
 from aflowrl._proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from aflowrl.config.rollout import SamplingSpec
 from aflowrl.models import tokens, weights, wire
+from aflowrl.models.broadcast import Expectation, Rendezvous
 from aflowrl.models.errors import (
+    BroadcastBrokenError,
     CorruptWeightsError,
+    IncompleteWeightsError,
     PartialWeightsError,
     StaleWeightsError,
     WeightMismatchError,
@@ -46,6 +58,16 @@ from aflowrl.rollout.metrics import RolloutMetrics
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
+
+Chunk = common_pb2.WeightChunk | wire.DataChunk | wire.MalformedChunk
+"""What ``UpdateWeights`` receives: the server decodes it with :func:`wire.decode_chunk`."""
+
+
+def _message(item: Chunk) -> common_pb2.WeightChunk | wire.DataChunk:
+    if isinstance(item, wire.MalformedChunk):
+        raise WeightMismatchError(f"not a WeightChunk: {item.reason}", field="data")
+    return item
+
 
 _MAX_N = 1024
 _MAX_STOP = 16
@@ -102,12 +124,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         score_temperature: float,
         metrics: RolloutMetrics,
         version: int = 0,
+        on_health: Callable[[bool], Awaitable[None]] | None = None,
     ) -> None:
         self.engine = engine
         self.sampling_defaults = sampling_defaults
         self.score_temperature = score_temperature
         self.metrics = metrics
         self.gate = VersionGate(version)
+        self.needs_reload = False
+        """True after a broadcast broke off midway (module docstring)."""
+        self.on_health = on_health
+        """Turns the replica's health SERVING (True) or NOT_SERVING (False)."""
+        self._staging = weights.StagingBuffer()
         self._update_lock = asyncio.Lock()
         self._queued = 0
         self._generated_total = 0
@@ -180,6 +208,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         try:
             async with self.gate.serving() as version:
                 entered = True
+                self._check_complete()
                 self._queued -= 1
                 self.metrics.queued.dec()
                 self.metrics.running.inc()
@@ -251,6 +280,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                     )
             items.append((prompt, candidates))
         async with self.gate.serving() as version:
+            self._check_complete()
             scores = [
                 await self.engine.score(prompt, candidates, self.score_temperature)
                 for prompt, candidates in items
@@ -269,12 +299,33 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     # ---- weights ---------------------------------------------------------------------------------
 
+    def _check_complete(self) -> None:
+        if self.needs_reload:
+            raise IncompleteWeightsError(
+                f"this replica's weights are incomplete (a broadcast broke off after version "
+                f"{self.version}); it serves again once a complete version is loaded"
+            )
+
+    async def _set_complete(self, complete: bool) -> None:
+        if complete == (not self.needs_reload):
+            return
+        self.needs_reload = not complete
+        self.metrics.weights_incomplete.set(0 if complete else 1)
+        if self.on_health is not None:
+            await self.on_health(complete)
+
+    def _floor(self) -> int:
+        """Versions above this one are accepted: newer than the serving version, or, while the
+        weights are incomplete, the serving version again (a reload)."""
+        return self.version - 1 if self.needs_reload else self.version
+
     def _refused(self, exc: BaseException, *, cancelled: bool = False) -> None:
         reason = "mismatch"
         for kind, name in (
             (StaleWeightsError, "stale"),
             (PartialWeightsError, "partial"),
             (CorruptWeightsError, "corrupt"),
+            (BroadcastBrokenError, "broken"),
         ):
             if isinstance(exc, kind):
                 reason = name
@@ -287,17 +338,30 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         logger.warning("weight update refused (%s): %s", reason, message)
 
     async def _swap(
-        self, tensors: Mapping[str, torch.Tensor], version: int, *, transport: str, nbytes: int
-    ) -> None:
+        self,
+        tensors: Iterable[tuple[str, torch.Tensor]],
+        version: int,
+        *,
+        transport: str,
+        nbytes: int,
+    ) -> int:
+        """Load a verified stream of tensors as ``version``; returns the engine's pieces."""
         async with self.gate.swapping():
-            weights.check_stale(version, self.gate.version)
-            await self.engine.load_weights(tensors)
+            weights.check_stale(version, self._floor())
+            self.metrics.weight_updates_running.inc()
+            try:
+                pieces = await self.engine.load_weights(tensors)
+            finally:
+                self.metrics.weight_updates_running.dec()
             self.gate.version = version
+            await self._set_complete(True)
         self.metrics.weight_version.set(version)
         self.metrics.weight_update_bytes.labels(transport).inc(nbytes)
+        self.metrics.weight_update_buckets.labels(transport).inc(pieces)
+        return pieces
 
     async def UpdateWeights(
-        self, request_iterator: AsyncIterator[common_pb2.WeightChunk], context: Any
+        self, request_iterator: AsyncIterator[Chunk], context: Any
     ) -> rollout_pb2.UpdateWeightsResponse:
         async with self._update_lock:
             try:
@@ -314,39 +378,48 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 raise
 
     async def _receive(
-        self, request_iterator: AsyncIterator[common_pb2.WeightChunk]
+        self, request_iterator: AsyncIterator[Chunk]
     ) -> rollout_pb2.UpdateWeightsResponse:
         iterator = aiter(request_iterator)
         try:
-            first = await anext(iterator)
+            first = _message(await anext(iterator))
         except StopAsyncIteration:
             raise PartialWeightsError("empty stream", field="manifest") from None
-        if first.WhichOneof("payload") != "manifest":
+        if not isinstance(first, common_pb2.WeightChunk) or not first.HasField("manifest"):
             raise WeightMismatchError("the first message must be the manifest", field="manifest")
         started = time.perf_counter()
         manifest = wire.manifest_from_proto(first.manifest)
         weights.check_manifest(
-            manifest, self.engine.parameter_shapes(), serving_version=self.version
+            manifest, self.engine.parameter_shapes(), serving_version=self._floor()
         )
-        assembler = weights.PayloadAssembler(manifest)
-        commit: common_pb2.WeightCommit | None = None
-        async for message in iterator:
-            kind = message.WhichOneof("payload")
-            if kind == "data":
-                assembler.add(message.data.offset, message.data.data)
-            elif kind == "commit":
-                commit = message.commit
-                break
-            else:
-                raise WeightMismatchError(f"unexpected {kind} inside the stream", field=kind)
-        if commit is None:
-            raise PartialWeightsError(
-                f"the stream ended before its commit ({assembler.received} of "
-                f"{manifest.total_bytes} bytes received)",
-                field="commit",
-            )
-        tensors = assembler.finish(commit.version)
-        await self._swap(tensors, manifest.version, transport="grpc", nbytes=manifest.total_bytes)
+        assembler = weights.PayloadAssembler(manifest, self._staging)
+        try:
+            commit: common_pb2.WeightCommit | None = None
+            async for item in iterator:
+                message = _message(item)
+                if isinstance(message, wire.DataChunk):
+                    assembler.add(message.offset, message.data)
+                elif message.HasField("data"):
+                    assembler.add(message.data.offset, message.data.data)
+                elif message.HasField("commit"):
+                    commit = message.commit
+                    break
+                else:
+                    raise WeightMismatchError(
+                        "a second manifest inside the stream", field="manifest"
+                    )
+            if commit is None:
+                raise PartialWeightsError(
+                    f"the stream ended before its commit ({assembler.received} of "
+                    f"{manifest.total_bytes} bytes received)",
+                    field="commit",
+                )
+            tensors = await asyncio.to_thread(assembler.finish, commit.version, commit.crc32)
+        finally:
+            assembler.close()
+        pieces = await self._swap(
+            tensors.items(), manifest.version, transport="grpc", nbytes=manifest.total_bytes
+        )
         seconds = time.perf_counter() - started
         self.metrics.weight_update_duration.labels("grpc").observe(seconds)
         logger.info(
@@ -356,7 +429,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             seconds,
         )
         return rollout_pb2.UpdateWeightsResponse(
-            weight_version=self.version, bytes=manifest.total_bytes, seconds=seconds
+            weight_version=self.version,
+            bytes=manifest.total_bytes,
+            seconds=seconds,
+            buckets=pieces,
         )
 
     async def LoadWeights(
@@ -370,24 +446,127 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 raise
 
     async def load_directory(self, path: str, version: int) -> rollout_pb2.UpdateWeightsResponse:
-        """Verify and load a safetensors weights directory of ``version`` (filesystem transport)."""
+        """Verify and load a safetensors weights directory of ``version`` (filesystem transport).
+
+        Every file is checked before the first tensor is read; tensors are then read one at a
+        time into the engine.
+        """
         documents.request_path(path, source="path")
-        weights.check_stale(version, self.version)
+        weights.check_stale(version, self._floor())
         started = time.perf_counter()
-        tensors, nbytes = await asyncio.to_thread(
-            weights.read_weights_dir,
+        source = await asyncio.to_thread(
+            weights.verify_weights_dir,
             path,
             self.engine.parameter_shapes(),
             version=version,
-            serving_version=self.version,
+            serving_version=self._floor(),
         )
-        await self._swap(tensors, version, transport="filesystem", nbytes=nbytes)
+        nbytes = source.manifest.total_bytes
+        pieces = await self._swap(
+            weights.iter_weights_dir(source), version, transport="filesystem", nbytes=nbytes
+        )
         seconds = time.perf_counter() - started
         self.metrics.weight_update_duration.labels("filesystem").observe(seconds)
         logger.info("weights v%d loaded from %s (%.2fs)", version, path, seconds)
         return rollout_pb2.UpdateWeightsResponse(
-            weight_version=self.version, bytes=nbytes, seconds=seconds
+            weight_version=self.version, bytes=nbytes, seconds=seconds, buckets=pieces
         )
+
+    # ---- nccl transport ------------------------------------------------------------------------
+
+    async def JoinWeightGroup(
+        self, request: rollout_pb2.JoinWeightGroupRequest, context: Any
+    ) -> rollout_pb2.JoinWeightGroupResponse:
+        checks = (
+            (not request.master_address, "master_address", "empty"),
+            (not 0 < request.port < 65536, "port", "must be in [1, 65535]"),
+            (not request.group, "group", "empty"),
+            (request.rank_offset < 1, "rank_offset", "must be >= 1 (rank 0 is the learner)"),
+            (
+                request.rank_offset + self.engine.weight_group_ranks > request.world_size,
+                "world_size",
+                f"too small for ranks {request.rank_offset}..{request.rank_offset}"
+                f"+{self.engine.weight_group_ranks}",
+            ),
+        )
+        for bad, field, message in checks:
+            if bad:
+                raise BadSamplingRequestError(message, field=field)
+        rendezvous = Rendezvous(
+            request.master_address,
+            request.port,
+            request.group,
+            request.rank_offset,
+            request.world_size,
+            request.timeout_s or 600.0,
+        )
+        async with self._update_lock:
+            try:
+                await self.engine.join_weight_group(rendezvous)
+            except RuntimeError as exc:
+                raise BroadcastBrokenError(
+                    f"could not join weight group {request.group} at "
+                    f"{request.master_address}:{request.port}: {exc}"
+                ) from exc
+        logger.info(
+            "joined weight group %s as ranks %d..%d of %d",
+            request.group,
+            request.rank_offset,
+            request.rank_offset + self.engine.weight_group_ranks - 1,
+            request.world_size,
+        )
+        return rollout_pb2.JoinWeightGroupResponse(ranks=self.engine.weight_group_ranks)
+
+    async def ReceiveWeights(
+        self, request: rollout_pb2.ReceiveWeightsRequest, context: Any
+    ) -> rollout_pb2.UpdateWeightsResponse:
+        async with self._update_lock:
+            started = time.perf_counter()
+            try:
+                async with self.gate.swapping():
+                    expectation = Expectation(
+                        int(request.version), self._floor(), dict(self.engine.parameter_shapes())
+                    )
+                    self.metrics.weight_updates_running.inc()
+                    try:
+                        result = await self.engine.receive_weights(
+                            expectation, on_bucket=self._bucket_landed
+                        )
+                    except BroadcastBrokenError:
+                        await self._set_complete(False)
+                        raise
+                    finally:
+                        self.metrics.weight_updates_running.dec()
+                    self.gate.version = result.manifest.version
+                    await self._set_complete(True)
+            except (WeightMismatchError, StaleWeightsError, BroadcastBrokenError) as exc:
+                self._refused(exc)
+                raise
+        seconds = time.perf_counter() - started
+        self.metrics.weight_version.set(self.version)
+        self.metrics.weight_update_bytes.labels("nccl").inc(result.bytes)
+        self.metrics.weight_update_duration.labels("nccl").observe(seconds)
+        logger.info(
+            "weights v%d received by broadcast (%.1f MB, %d buckets, %.2fs)",
+            self.version,
+            result.bytes / 1e6,
+            result.buckets,
+            seconds,
+        )
+        return rollout_pb2.UpdateWeightsResponse(
+            weight_version=self.version, bytes=result.bytes, seconds=seconds, buckets=result.buckets
+        )
+
+    def _bucket_landed(self, nbytes: int) -> None:
+        """Called on the engine's thread as each bucket arrives (prometheus is thread-safe)."""
+        self.metrics.weight_update_buckets.labels("nccl").inc()
+
+    async def LeaveWeightGroup(
+        self, request: rollout_pb2.LeaveWeightGroupRequest, context: Any
+    ) -> rollout_pb2.LeaveWeightGroupResponse:
+        async with self._update_lock:
+            await self.engine.leave_weight_group()
+        return rollout_pb2.LeaveWeightGroupResponse()
 
     async def Status(
         self, request: rollout_pb2.RolloutStatusRequest, context: Any
@@ -406,4 +585,6 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             queued_requests=self._queued + engine_queued,
             running_requests=max(self.gate.serving_requests, engine_running),
             generated_tokens_total=self._generated_total,
+            weight_group_ranks=self.engine.weight_group_ranks,
+            needs_reload=self.needs_reload,
         )

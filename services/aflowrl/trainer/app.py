@@ -66,7 +66,13 @@ def connect(
         ),
         rollout=RolloutClient(_target(rollout), options=channel_options(spec, 1800.0)),
         learner=LearnerClient(learner, options=channel_options(spec, 3600.0)),
-        weights=make_weight_sync(spec, learner, rollouts, rollout_server_name=_host(rollout)),
+        weights=make_weight_sync(
+            spec,
+            learner,
+            rollouts,
+            options=channel_options(spec, 3600.0),
+            rollout_server_name=_host(rollout),
+        ),
     )
 
 

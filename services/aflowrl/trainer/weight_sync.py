@@ -2,58 +2,45 @@
 
 Three transports behind one interface (:class:`WeightSync`, chosen by ``weightTransport.type``):
 
-- ``grpc`` (:class:`GrpcWeightSync`): one ``StreamWeights`` call to the learner is relayed, chunk by
-  chunk, into one ``UpdateWeights`` call per replica. Each replica has a bounded queue (a few
-  chunks): the relay never holds the model, the stream runs at the pace of the slowest replica,
-  and a replica that fails is dropped without stopping the others. If the learner's stream breaks,
-  every replica call is cancelled before its commit, so every replica keeps its previous weights.
-- ``filesystem`` (:class:`FilesystemWeightSync`): the learner exports a safetensors directory on the
-  shared volume (``ExportWeights``), then every replica is told to load it (``LoadWeights``).
-- ``nccl`` (:class:`NcclWeightSync`): designed in, not implemented; it fails with a clear error.
+- ``grpc`` (:class:`GrpcWeightSync`): one ``PushWeights`` call; learner rank 0 streams the weights
+  straight to every replica behind its version (:mod:`aflowrl.learner.push`), one tensor at a
+  time, and answers with what each replica did. A replica that fails does not stop the others.
+- ``filesystem`` (:class:`FilesystemWeightSync`): the learner exports a safetensors directory on
+  the shared volume (``ExportWeights``), then every replica is told to load it (``LoadWeights``).
+- ``nccl`` (:class:`NcclWeightSync`): the learner's rank 0 and every replica's engine workers
+  form one weight group (:mod:`aflowrl.models.broadcast`; the group's store on learner rank 0 at
+  ``weightTransport.port``), once, and every push is one broadcast: ``BroadcastWeights`` on the
+  learner (every learner rank gathers, rank 0 sends buckets of ``bucketMib``) while every member
+  runs ``ReceiveWeights``. A replica whose broadcast broke off is reloaded from a filesystem
+  export under ``fallbackPath`` (``ExportWeights`` + ``LoadWeights``), the group is dissolved,
+  and the next push forms a new one with the replicas that answer.
 
 Replicas already at (or past) the learner's version are skipped, so a push can be repeated after a
-partial failure. This module is torch-free (it only forwards protobuf messages).
+partial failure. This module is torch-free (it only calls the services).
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+import uuid
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
 from grpc import aio
 
-from aflowrl._proto.v1 import (
-    common_pb2,
-    learner_pb2,
-    rollout_pb2,
-)
+from aflowrl._proto.v1 import learner_pb2, rollout_pb2
 from aflowrl.common.client import ChannelOptions, error_from_rpc
 from aflowrl.config import RunSpec
-from aflowrl.errors import FailedPreconditionError
 from aflowrl.trainer.clients import LearnerClient, RolloutClient
 
 logger = logging.getLogger(__name__)
 
 _MIB = 1024 * 1024
-_STREAM_WEIGHTS = "/aflowrl.v1.LearnerService/StreamWeights"
-_UPDATE_WEIGHTS = "/aflowrl.v1.RolloutService/UpdateWeights"
-
-
-def _raw(message: bytes) -> bytes:
-    """Identity (de)serialiser: relayed chunks stay the bytes they were sent as."""
-    return message
-
-
-NCCL_NOT_IMPLEMENTED = (
-    "weightTransport.type='nccl' is designed in but not implemented yet (it needs CUDA GPUs, "
-    "NCCL and the vllm engine); use 'grpc' or 'filesystem'"
-)
 
 
 @dataclass(frozen=True)
@@ -69,6 +56,8 @@ class ReplicaResult:
     """Already at (or past) the pushed version."""
     bytes: int = 0
     seconds: float = 0.0
+    fallback: bool = False
+    """Reloaded from a filesystem export after its broadcast broke off (nccl)."""
 
 
 @dataclass(frozen=True)
@@ -121,13 +110,53 @@ class _Replicas:
         """Each replica's serving version, or the error that prevented asking it."""
         return await self.rollout.versions_or_errors(self.targets)
 
+    async def statuses(self) -> list[rollout_pb2.RolloutStatusResponse | str]:
+        """Each replica's Status, or the error that prevented asking it."""
+
+        async def one(target: str) -> rollout_pb2.RolloutStatusResponse | str:
+            try:
+                reply: rollout_pb2.RolloutStatusResponse = await self.rollout.stub(target).Status(
+                    rollout_pb2.RolloutStatusRequest(), timeout=30.0
+                )
+            except aio.AioRpcError as exc:
+                return str(error_from_rpc(exc, f"Status of {target}"))
+            return reply
+
+        return list(await asyncio.gather(*(one(t) for t in self.targets)))
+
+    async def export(self, dtype: str) -> learner_pb2.ExportWeightsResponse:
+        """The learner's next version directory of the transport (what the rollout loads)."""
+        try:
+            reply: learner_pb2.ExportWeightsResponse = await self.learner.stub.ExportWeights(
+                learner_pb2.ExportWeightsRequest(dtype=dtype)
+            )
+        except aio.AioRpcError as exc:
+            raise error_from_rpc(exc, "learner ExportWeights") from exc
+        return reply
+
+    async def load(self, i: int, path: str, version: int) -> ReplicaResult:
+        target = self.targets[i]
+        begun = time.perf_counter()
+        try:
+            reply = await self.rollout.stub(target).LoadWeights(
+                rollout_pb2.LoadWeightsRequest(path=path, version=version)
+            )
+        except aio.AioRpcError as exc:
+            return ReplicaResult(target, None, error=str(error_from_rpc(exc, "LoadWeights")))
+        return ReplicaResult(
+            target,
+            int(reply.weight_version),
+            bytes=reply.bytes,
+            seconds=time.perf_counter() - begun,
+        )
+
     async def close(self) -> None:
         await self.learner.close()
         await self.rollout.close()
 
 
 class GrpcWeightSync(WeightSync):
-    """Relay of the learner's weight stream to every replica (module docstring)."""
+    """Learner rank 0 streams to every replica (module docstring)."""
 
     def __init__(
         self,
@@ -136,151 +165,47 @@ class GrpcWeightSync(WeightSync):
         *,
         chunk_bytes: int = 4 * _MIB,
         dtype: str = "",
-        queue_chunks: int = 4,
         options: ChannelOptions | None = None,
         rollout_server_name: str | None = None,
     ) -> None:
         self._replicas = _Replicas(
-            learner, rollouts, options or ChannelOptions(timeout_s=600.0), rollout_server_name
+            learner, rollouts, options or ChannelOptions(timeout_s=3600.0), rollout_server_name
         )
         self.chunk_bytes = chunk_bytes
         self.dtype = dtype
-        self.queue_chunks = queue_chunks
 
     async def push(self) -> PushReport:
         started = time.perf_counter()
         replicas = self._replicas
-        version = await replicas.learner.version()
-        before = await replicas.versions()
-        results: dict[int, ReplicaResult] = {}
-        todo: list[int] = []
-        for i, (target, seen) in enumerate(zip(replicas.targets, before, strict=True)):
-            if isinstance(seen, str):
-                results[i] = ReplicaResult(target, None, error=seen)
-            elif seen >= version:
-                results[i] = ReplicaResult(target, seen, skipped=True)
-            else:
-                todo.append(i)
-        if todo:
-            results.update(await self._relay(version, todo))
+        request = learner_pb2.PushWeightsRequest(
+            targets=replicas.targets, chunk_bytes=self.chunk_bytes, dtype=self.dtype
+        )
+        try:
+            reply: learner_pb2.PushWeightsResponse = await replicas.learner.stub.PushWeights(
+                request
+            )
+        except aio.AioRpcError as exc:
+            raise error_from_rpc(exc, "learner PushWeights") from exc
         report = PushReport(
-            version,
-            [results[i] for i in range(len(replicas.targets))],
+            int(reply.policy_version),
+            [
+                ReplicaResult(
+                    r.target,
+                    int(r.weight_version) if not r.error else None,
+                    error=r.error or None,
+                    skipped=r.skipped,
+                    bytes=r.bytes,
+                    seconds=r.seconds,
+                )
+                for r in reply.replicas
+            ],
             time.perf_counter() - started,
         )
         _log(report, "grpc")
         return report
 
-    async def _relay(self, version: int, todo: list[int]) -> dict[int, ReplicaResult]:
-        replicas = self._replicas
-        # Chunks are relayed as the serialised bytes they arrive in: no parse, no re-encoding.
-        queues: dict[int, asyncio.Queue[bytes | None]] = {
-            i: asyncio.Queue(maxsize=self.queue_chunks) for i in todo
-        }
-
-        async def chunks(i: int) -> AsyncIterator[bytes]:
-            while (message := await queues[i].get()) is not None:
-                yield message
-
-        started = time.perf_counter()
-        calls = {
-            i: replicas.rollout.channel(replicas.targets[i]).stream_unary(
-                _UPDATE_WEIGHTS,
-                request_serializer=_raw,
-                response_deserializer=rollout_pb2.UpdateWeightsResponse.FromString,
-            )(chunks(i))
-            for i in todo
-        }
-        waits = {i: asyncio.ensure_future(_await_call(calls[i])) for i in todo}
-        source_error: str | None = None
-        stream = replicas.learner.channel.unary_stream(
-            _STREAM_WEIGHTS,
-            request_serializer=learner_pb2.StreamWeightsRequest.SerializeToString,
-            response_deserializer=_raw,
-        )(learner_pb2.StreamWeightsRequest(chunk_bytes=self.chunk_bytes, dtype=self.dtype))
-        first = True
-        try:
-            async for message in stream:
-                if first:
-                    first = False
-                    manifest = common_pb2.WeightChunk.FromString(message).manifest
-                    if manifest.version != version:
-                        logger.info("learner moved on to v%d while pushing", manifest.version)
-                alive = [i for i in todo if not waits[i].done()]
-                if not alive:
-                    break
-                await asyncio.gather(*(_put(queues[i], message, waits[i]) for i in alive))
-        except aio.AioRpcError as exc:
-            source_error = str(error_from_rpc(exc, "learner StreamWeights"))
-        finally:
-            stream.cancel()  # no-op once finished; stops the learner if every replica failed
-        if source_error is not None:
-            for call in calls.values():  # never commit a partial update
-                call.cancel()
-        for i in todo:
-            if source_error is None:
-                await _put(queues[i], None, waits[i])  # after every chunk: the stream's end
-            else:
-                _end_now(queues[i])
-        results: dict[int, ReplicaResult] = {}
-        for i in todo:
-            target = replicas.targets[i]
-            outcome = await waits[i]
-            seconds = time.perf_counter() - started
-            if isinstance(outcome, rollout_pb2.UpdateWeightsResponse):
-                results[i] = ReplicaResult(
-                    target, int(outcome.weight_version), bytes=outcome.bytes, seconds=seconds
-                )
-            else:
-                results[i] = ReplicaResult(
-                    target, None, error=source_error or outcome, seconds=seconds
-                )
-        return results
-
     async def close(self) -> None:
         await self._replicas.close()
-
-
-def _end_now(queue: asyncio.Queue[bytes | None]) -> None:
-    """Drop what ``queue`` holds and end it (its reader gets None at once)."""
-    while not queue.empty():
-        queue.get_nowait()
-    queue.put_nowait(None)
-
-
-async def _put(
-    queue: asyncio.Queue[bytes | None], item: bytes | None, call: asyncio.Future[Any]
-) -> None:
-    """Queue ``item`` for a replica's stream, unless its call ends first.
-
-    A call can end while its queue is full (the replica failed, or answered on the commit chunk
-    before the stream's end): then nobody reads the queue, so the put would wait forever. The
-    queue is ended instead, which also ends the request iterator gRPC's task still waits on.
-    """
-    if call.done():
-        _end_now(queue)
-        return
-    put = asyncio.ensure_future(queue.put(item))
-    await asyncio.wait({put, call}, return_when=asyncio.FIRST_COMPLETED)
-    if not put.done():
-        put.cancel()
-    if call.done():
-        _end_now(queue)
-
-
-async def _await_call(
-    call: aio.StreamUnaryCall[Any, Any],
-) -> rollout_pb2.UpdateWeightsResponse | str:
-    """The response, or the error as text (a failed replica does not stop the others)."""
-    try:
-        response: rollout_pb2.UpdateWeightsResponse = await call
-    except asyncio.CancelledError:
-        return "cancelled (the learner's stream broke off; previous weights kept)"
-    except aio.AioRpcError as exc:
-        if exc.code() == grpc.StatusCode.CANCELLED:
-            return "cancelled (the learner's stream broke off; previous weights kept)"
-        return str(error_from_rpc(exc, "UpdateWeights"))
-    return response
 
 
 class FilesystemWeightSync(WeightSync):
@@ -291,20 +216,19 @@ class FilesystemWeightSync(WeightSync):
         learner: str,
         rollouts: Sequence[str],
         *,
+        dtype: str = "",
         options: ChannelOptions | None = None,
         rollout_server_name: str | None = None,
     ) -> None:
         self._replicas = _Replicas(
             learner, rollouts, options or ChannelOptions(timeout_s=600.0), rollout_server_name
         )
+        self.dtype = dtype
 
     async def push(self) -> PushReport:
         started = time.perf_counter()
         replicas = self._replicas
-        try:
-            export = await replicas.learner.stub.ExportWeights(learner_pb2.ExportWeightsRequest())
-        except aio.AioRpcError as exc:
-            raise error_from_rpc(exc, "learner ExportWeights") from exc
+        export = await replicas.export(self.dtype)
         version = int(export.policy_version)
         before = await replicas.versions()
 
@@ -314,19 +238,7 @@ class FilesystemWeightSync(WeightSync):
                 return ReplicaResult(target, None, error=seen)
             if seen >= version:
                 return ReplicaResult(target, seen, skipped=True)
-            begun = time.perf_counter()
-            try:
-                reply = await replicas.rollout.stub(target).LoadWeights(
-                    rollout_pb2.LoadWeightsRequest(path=export.path, version=version)
-                )
-            except aio.AioRpcError as exc:
-                return ReplicaResult(target, None, error=str(error_from_rpc(exc, "LoadWeights")))
-            return ReplicaResult(
-                target,
-                int(reply.weight_version),
-                bytes=reply.bytes,
-                seconds=time.perf_counter() - begun,
-            )
+            return await replicas.load(i, export.path, version)
 
         results = await asyncio.gather(*(one(i) for i in range(len(replicas.targets))))
         report = PushReport(version, list(results), time.perf_counter() - started)
@@ -337,20 +249,297 @@ class FilesystemWeightSync(WeightSync):
         await self._replicas.close()
 
 
+@dataclass
+class _Group:
+    """The weight group the trainer formed."""
+
+    name: str
+    members: list[int]
+    """Replica indices in rank order."""
+
+
 class NcclWeightSync(WeightSync):
-    """Broadcast over NCCL (GPU clusters): not implemented yet, fails clearly."""
+    """One broadcast per push over a weight group (module docstring)."""
+
+    def __init__(
+        self,
+        learner: str,
+        rollouts: Sequence[str],
+        *,
+        port: int,
+        bucket_bytes: int,
+        dtype: str = "",
+        timeout_s: float = 600.0,
+        options: ChannelOptions | None = None,
+        rollout_server_name: str | None = None,
+    ) -> None:
+        self._replicas = _Replicas(
+            learner, rollouts, options or ChannelOptions(timeout_s=3600.0), rollout_server_name
+        )
+        self.master = learner_host(learner)
+        self.port = port
+        self.bucket_bytes = bucket_bytes
+        self.dtype = dtype
+        self.timeout_s = timeout_s
+        self._group: _Group | None = None
 
     async def push(self) -> PushReport:
-        raise FailedPreconditionError(NCCL_NOT_IMPLEMENTED)
+        started = time.perf_counter()
+        replicas = self._replicas
+        version = await replicas.learner.version()
+        statuses = await replicas.statuses()
+        results: dict[int, ReplicaResult] = {}
+        reachable: list[int] = []
+        for i, status in enumerate(statuses):
+            if isinstance(status, str):
+                results[i] = ReplicaResult(replicas.targets[i], None, error=status)
+            else:
+                reachable.append(i)
+        behind = [
+            i
+            for i in reachable
+            if _status(statuses[i]).weight_version < version or _status(statuses[i]).needs_reload
+        ]
+        for i in reachable:
+            if i not in behind:
+                results[i] = ReplicaResult(
+                    replicas.targets[i], int(_status(statuses[i]).weight_version), skipped=True
+                )
+        if behind:
+            results.update(await self._push(version, reachable, behind, statuses))
+        report = PushReport(
+            version,
+            [results[i] for i in range(len(replicas.targets))],
+            time.perf_counter() - started,
+        )
+        _log(report, "nccl")
+        return report
+
+    async def _push(
+        self,
+        version: int,
+        reachable: list[int],
+        behind: list[int],
+        statuses: Sequence[rollout_pb2.RolloutStatusResponse | str],
+    ) -> dict[int, ReplicaResult]:
+        """Broadcast to the group (formed first if its members changed); reload who broke."""
+        results: dict[int, ReplicaResult] = {}
+        needs_reload: list[int] = []
+        group = self._group
+        if group is None or group.members != reachable:
+            await self._dissolve()
+            try:
+                group = await self._form(reachable, statuses)
+            except _GroupFailed as exc:
+                logger.warning("could not form a weight group: %s", exc)
+                needs_reload = list(behind)
+                group = None
+        if group is not None:
+            received = await self._broadcast(group, version)
+            for i in group.members:
+                outcome = received[i]
+                if isinstance(outcome, ReplicaResult):
+                    if i in behind or outcome.error is None:
+                        results[i] = outcome
+                elif i in behind:
+                    needs_reload.append(i)
+                    results[i] = ReplicaResult(self._replicas.targets[i], None, error=outcome)
+            if needs_reload:
+                await self._dissolve()  # a broken broadcast leaves the group unusable
+        if needs_reload:
+            results.update(await self._reload(needs_reload, version, results))
+        return results
+
+    async def _form(
+        self, members: list[int], statuses: Sequence[rollout_pb2.RolloutStatusResponse | str]
+    ) -> _Group:
+        replicas = self._replicas
+        name = uuid.uuid4().hex[:12]
+        offsets: list[int] = []
+        world = 1
+        for i in members:
+            offsets.append(world)
+            world += max(1, int(_status(statuses[i]).weight_group_ranks))
+        deadline = self.timeout_s + 30.0
+        calls: list[Awaitable[Any]] = [
+            replicas.learner.stub.OpenWeightGroup(
+                learner_pb2.OpenWeightGroupRequest(
+                    group=name, world_size=world, timeout_s=self.timeout_s
+                ),
+                timeout=deadline,
+            )
+        ]
+        for i, offset in zip(members, offsets, strict=True):
+            calls.append(
+                replicas.rollout.stub(replicas.targets[i]).JoinWeightGroup(
+                    rollout_pb2.JoinWeightGroupRequest(
+                        master_address=self.master,
+                        port=self.port,
+                        group=name,
+                        rank_offset=offset,
+                        world_size=world,
+                        timeout_s=self.timeout_s,
+                    ),
+                    timeout=deadline,
+                )
+            )
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        errors = [_error_text(o, "forming the weight group") for o in outcomes if _failed(o)]
+        group = _Group(name, list(members))
+        if errors:
+            self._group = group
+            await self._dissolve()
+            raise _GroupFailed("; ".join(errors))
+        logger.info(
+            "weight group %s formed: learner rank 0 + %d replicas (%d ranks)",
+            name,
+            len(members),
+            world,
+        )
+        self._group = group
+        return group
+
+    async def _broadcast(self, group: _Group, version: int) -> dict[int, ReplicaResult | str]:
+        """One broadcast: each member's result, or the error that left it needing a reload."""
+        replicas = self._replicas
+        deadline = self.timeout_s + 60.0
+        begun = time.perf_counter()
+        send = replicas.learner.stub.BroadcastWeights(
+            learner_pb2.BroadcastWeightsRequest(
+                group=group.name, bucket_bytes=self.bucket_bytes, dtype=self.dtype
+            ),
+            timeout=deadline,
+        )
+        receives = [
+            replicas.rollout.stub(replicas.targets[i]).ReceiveWeights(
+                rollout_pb2.ReceiveWeightsRequest(group=group.name, version=version),
+                timeout=deadline,
+            )
+            for i in group.members
+        ]
+        sent, *answers = await asyncio.gather(send, *receives, return_exceptions=True)
+        if _failed(sent):
+            logger.warning("the learner's broadcast failed: %s", _error_text(sent, "broadcast"))
+        out: dict[int, ReplicaResult | str] = {}
+        for i, answer in zip(group.members, answers, strict=True):
+            target = replicas.targets[i]
+            if isinstance(answer, rollout_pb2.UpdateWeightsResponse):
+                out[i] = ReplicaResult(
+                    target,
+                    int(answer.weight_version),
+                    bytes=answer.bytes,
+                    seconds=time.perf_counter() - begun,
+                )
+            elif isinstance(answer, aio.AioRpcError) and answer.code().name in (
+                "FAILED_PRECONDITION",
+                "INVALID_ARGUMENT",
+            ):
+                # Refused before loading (stale, another model): its weights are whole.
+                skipped = answer.code().name == "FAILED_PRECONDITION"
+                out[i] = ReplicaResult(
+                    target,
+                    None,
+                    error=None if skipped else _error_text(answer, "ReceiveWeights"),
+                    skipped=skipped,
+                )
+            else:
+                out[i] = _error_text(answer, f"ReceiveWeights on {target}")
+        return out
+
+    async def _reload(
+        self, indices: list[int], version: int, results: dict[int, ReplicaResult]
+    ) -> dict[int, ReplicaResult]:
+        """Reload replicas from a filesystem export of the current version."""
+        replicas = self._replicas
+        try:
+            export = await replicas.export(self.dtype)
+        except Exception as exc:  # noqa: BLE001 - reported per replica, the push goes on
+            return {
+                i: ReplicaResult(
+                    replicas.targets[i],
+                    None,
+                    error=f"{results[i].error if i in results else 'broadcast failed'}; "
+                    f"fallback export failed: {exc}",
+                )
+                for i in indices
+            }
+        loaded = await asyncio.gather(
+            *(replicas.load(i, export.path, int(export.policy_version)) for i in indices)
+        )
+        out = {}
+        for i, result in zip(indices, loaded, strict=True):
+            if result.error is None:
+                out[i] = ReplicaResult(
+                    result.target,
+                    result.version,
+                    bytes=result.bytes,
+                    seconds=result.seconds,
+                    fallback=True,
+                )
+                logger.info(
+                    "%s reloaded from %s after its broadcast failed", result.target, export.path
+                )
+            else:
+                first = results[i].error if i in results else "broadcast failed"
+                out[i] = ReplicaResult(
+                    result.target, None, error=f"{first}; fallback reload: {result.error}"
+                )
+        return out
+
+    async def _dissolve(self) -> None:
+        """Close the group on the learner and every member (best effort)."""
+        group, self._group = self._group, None
+        if group is None:
+            return
+        replicas = self._replicas
+        calls: list[Awaitable[Any]] = [
+            replicas.learner.stub.CloseWeightGroup(
+                learner_pb2.CloseWeightGroupRequest(group=group.name), timeout=60.0
+            )
+        ]
+        calls += [
+            replicas.rollout.stub(replicas.targets[i]).LeaveWeightGroup(
+                rollout_pb2.LeaveWeightGroupRequest(group=group.name), timeout=60.0
+            )
+            for i in group.members
+        ]
+        await asyncio.gather(*calls, return_exceptions=True)
 
     async def close(self) -> None:
-        return None
+        await self._dissolve()
+        await self._replicas.close()
+
+
+class _GroupFailed(Exception):
+    """Forming the weight group failed (the replicas are reloaded from the filesystem)."""
+
+
+def _status(status: rollout_pb2.RolloutStatusResponse | str) -> rollout_pb2.RolloutStatusResponse:
+    assert not isinstance(status, str)
+    return status
+
+
+def _failed(outcome: object) -> bool:
+    return isinstance(outcome, BaseException)
+
+
+def _error_text(outcome: object, what: str) -> str:
+    if isinstance(outcome, aio.AioRpcError):
+        return str(error_from_rpc(outcome, what))
+    return f"{what}: {outcome}"
+
+
+def learner_host(target: str) -> str:
+    """The host part of the learner's target (``dns:///host:port``, ``host:port``)."""
+    address = target.removeprefix("dns:///").removeprefix("dns:").removeprefix("ipv4:")
+    host = address.split(",")[0].rpartition(":")[0]
+    return host.strip("[]") or "127.0.0.1"
 
 
 def wire_dtype(spec: RunSpec) -> str:
-    """The dtype the grpc transport sends: "auto" is the rollout's own parameter dtype."""
+    """The dtype weights travel in: "auto" is the rollout's own parameter dtype."""
     transport = spec.weight_transport
-    if transport.type == "grpc" and transport.dtype != "auto":
+    if transport.type in ("grpc", "nccl") and transport.dtype != "auto":
         return transport.dtype
     if spec.policy.dtype != "auto":
         return spec.policy.dtype
@@ -362,17 +551,23 @@ def make_weight_sync(
     learner: str,
     rollouts: Sequence[str],
     *,
+    options: ChannelOptions | None = None,
     rollout_server_name: str | None = None,
 ) -> WeightSync:
     """The :class:`WeightSync` of ``spec.weightTransport`` between ``learner`` and ``rollouts``.
 
     ``rollouts`` lists every replica (see :func:`aflowrl.trainer.clients.replica_targets` for a
-    headless Service); with TLS their certificates are verified against
-    ``rollout_server_name`` (that Service's DNS name). Channels carry the run's TLS and token.
+    headless Service); ``options`` are the run's channel options (auth token, TLS), whose
+    deadline is raised to fit a push; with TLS the replicas' certificates are verified against
+    ``rollout_server_name`` (that Service's DNS name).
     """
     transport = spec.weight_transport
     max_message = spec.grpc.max_message_mib * _MIB
-    options = ChannelOptions.from_spec(spec.grpc, timeout_s=600.0)
+    options = dataclasses.replace(
+        options or ChannelOptions.from_spec(spec.grpc, timeout_s=3600.0),
+        timeout_s=3600.0,
+        max_message_bytes=max_message,
+    )
     if transport.type == "grpc":
         return GrpcWeightSync(
             learner,
@@ -384,9 +579,22 @@ def make_weight_sync(
         )
     if transport.type == "filesystem":
         return FilesystemWeightSync(
-            learner, rollouts, options=options, rollout_server_name=rollout_server_name
+            learner,
+            rollouts,
+            dtype=wire_dtype(spec),
+            options=options,
+            rollout_server_name=rollout_server_name,
         )
-    return NcclWeightSync()
+    return NcclWeightSync(
+        learner,
+        rollouts,
+        port=transport.port,
+        bucket_bytes=transport.bucket_mib * _MIB,
+        dtype=wire_dtype(spec),
+        timeout_s=transport.timeout_s,
+        options=options,
+        rollout_server_name=rollout_server_name,
+    )
 
 
 def _log(report: PushReport, transport: str) -> None:

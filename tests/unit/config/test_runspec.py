@@ -94,7 +94,10 @@ INVALID = [
     ({"environment": {"search": {"valueSource": "critic"}}}, "learner.algorithm.type"),
     ({"trainer": {"groupSize": 1}}, "trainer.groupSize"),
     ({"rollout": {"sampling": {"maxTokens": 512}}}, "policy.maxResponseTokens"),
-    ({"weightTransport": {"type": "nccl"}}, "rollout.engine"),
+    (
+        {"weightTransport": {"type": "nccl"}, "rollout": {"resources": {"gpus": 1}}},
+        "learner.resources.gpus",
+    ),
     (
         {"rollout": {"engine": "vllm", "vllm": {"maxModelLen": 1024}}},
         "rollout.vllm.maxModelLen",

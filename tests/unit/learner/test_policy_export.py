@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from peft import LoraConfig, get_peft_model
 
-from aflowrl.learner.policy import PolicyModule, hf_tensors
+from aflowrl.learner.export import hf_tensors
+from aflowrl.learner.policy import PolicyModule
 from aflowrl.models import builtin, loading
 from aflowrl.models.weights import parameter_shapes
 

@@ -1,4 +1,4 @@
-"""The nccl weight transport is designed in and fails clearly where it cannot run."""
+"""Which weight transports a process accepts, and how the trainer's side of each is configured."""
 
 from __future__ import annotations
 
@@ -6,33 +6,34 @@ import subprocess
 import sys
 
 import pytest
-import torch
+from pydantic import ValidationError
 
 from aflowrl.config import RunSpec
-from aflowrl.errors import FailedPreconditionError
 from aflowrl.models import transport
-from aflowrl.models.errors import TransportUnavailableError
 from aflowrl.trainer import clients, weight_sync
 
-NCCL_SPEC = {
-    "weightTransport": {"type": "nccl"},
-    "rollout": {"engine": "vllm", "resources": {"gpus": 1}, "vllm": {"maxModelLen": 4096}},
-}
+MIB = 1024 * 1024
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error path of a CPU machine")
-async def test_nccl_is_refused_before_anything_loads():
-    spec = RunSpec.model_validate(NCCL_SPEC)
-    with pytest.raises(TransportUnavailableError, match="not available on this machine"):
-        transport.check_weight_transport(spec)
-    sync = weight_sync.make_weight_sync(spec, "127.0.0.1:1", ["127.0.0.1:2"])
-    with pytest.raises(FailedPreconditionError, match="not implemented yet"):
-        await sync.push()
+async def test_nccl_runs_where_learner_and_rollout_share_a_kind_of_device():
+    spec = RunSpec.model_validate({"weightTransport": {"type": "nccl", "bucketMib": 8}})
+    transport.check_weight_transport(spec)  # both on CPU: gloo
+    with pytest.raises(ValidationError, match="same kind of device"):
+        RunSpec.model_validate(
+            {"weightTransport": {"type": "nccl"}, "rollout": {"resources": {"gpus": 1}}}
+        )
+    sync = weight_sync.make_weight_sync(
+        spec, "dns:///run-learner-0.run-learner.ns.svc:50053", ["10.0.0.1:50052"]
+    )
+    assert isinstance(sync, weight_sync.NcclWeightSync)
+    assert sync.master == "run-learner-0.run-learner.ns.svc" and sync.port == 29600
+    assert sync.bucket_bytes == 8 * MIB and sync.dtype == "float32"
     await sync.close()
+    assert weight_sync.learner_host("127.0.0.1:5") == "127.0.0.1"
+    assert weight_sync.learner_host("[::1]:5") == "::1"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error path of a CPU machine")
-def test_serve_with_nccl_exits_with_the_reason(tmp_path):
+def test_serve_with_an_impossible_transport_exits_with_the_field(tmp_path):
     file = tmp_path / "spec.yaml"
     file.write_text(
         "weightTransport: {type: nccl}\n"
@@ -46,7 +47,7 @@ def test_serve_with_nccl_exits_with_the_reason(tmp_path):
         check=False,
     )
     assert result.returncode == 2
-    assert "not available on this machine" in result.stderr
+    assert "same kind of device" in result.stderr and "learner.resources.gpus" in result.stderr
 
 
 def test_grpc_and_filesystem_need_nothing_special():

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 
+from aflowrl._proto.v1 import common_pb2
 from aflowrl.models import weights, wire
 from aflowrl.models.errors import (
     CorruptWeightsError,
@@ -37,9 +40,67 @@ def test_round_trip_through_chunks_and_protos():
     assembler = weights.PayloadAssembler(received)
     for message in messages[1:-1]:
         assembler.add(message.data.offset, message.data.data)
-    out = assembler.finish(messages[-1].commit.version)
+        assert len(message.data.data) <= 7
+    commit = messages[-1].commit
+    out = assembler.finish(commit.version, commit.crc32)
     for name, tensor in tensors.items():
         assert out[name].dtype == tensor.dtype and torch.equal(out[name], tensor)
+
+
+def test_data_chunks_are_encoded_exactly_as_protobuf_encodes_them():
+    for offset, size in ((0, 0), (0, 5), (1, 127), (300, 128), (2**40 + 3, 70_000)):
+        data = bytes(range(256)) * (size // 256) + bytes(range(size % 256))
+        expected = common_pb2.WeightChunk(
+            data=common_pb2.WeightData(offset=offset, data=data)
+        ).SerializeToString()
+        assert wire.encode_data_chunk(offset, memoryview(data)) == expected
+        parsed = common_pb2.WeightChunk.FromString(wire.encode_data_chunk(offset, data))
+        assert parsed.data.offset == offset and parsed.data.data == data
+
+
+def test_decoded_chunks_equal_what_protobuf_reads():
+    cases = [
+        common_pb2.WeightChunk(data=common_pb2.WeightData(offset=9, data=b"abc" * 1000)),
+        common_pb2.WeightChunk(data=common_pb2.WeightData(offset=0, data=b"")),
+        common_pb2.WeightChunk(commit=common_pb2.WeightCommit(version=3, crc32=0xDEADBEEF)),
+        common_pb2.WeightChunk(manifest=common_pb2.WeightManifest(version=2, total_bytes=5)),
+    ]
+    for message in cases:
+        decoded = wire.decode_chunk(message.SerializeToString())
+        if isinstance(decoded, wire.DataChunk):
+            assert decoded.offset == message.data.offset
+            assert bytes(decoded.data) == message.data.data
+        else:
+            assert decoded == message
+    # Fields in another order and an unknown field (what another sender may write): as protobuf.
+    data = b"\x12\x03xyz" + b"\x08\x07" + b"\x18\x05"
+    raw = b"\x12" + bytes([len(data)]) + data
+    parsed = common_pb2.WeightChunk.FromString(raw)
+    decoded = wire.decode_chunk(raw)
+    assert isinstance(decoded, wire.DataChunk)
+    assert (decoded.offset, bytes(decoded.data)) == (parsed.data.offset, parsed.data.data)
+    for garbage in (b"\x12\x05ab", b"\x12\xff", b"\xff\xff\xff", b"\x12\x02\x12\x09"):
+        assert isinstance(wire.decode_chunk(garbage), wire.MalformedChunk), garbage
+
+
+def test_buckets_hold_whole_tensors_up_to_the_size_and_both_sides_cut_alike():
+    sizes = [10, 30, 5, 100, 1, 1, 60, 0, 40]  # float32: 4 bytes each
+    specs = [weights.TensorSpec(f"t{i}", "float32", (n,)) for i, n in enumerate(sizes)]
+    plan = weights.plan_buckets(specs, bucket_bytes=160)
+    assert [list(r) for r in plan] == [[0, 1], [2], [3], [4, 5], [6], [7, 8]]
+    assert all(sum(specs[i].nbytes for i in r) <= 160 for r in plan if len(r) > 1)
+    stream = [(s.name, torch.zeros(s.shape)) for s in specs]
+    cut = [[n for n, _ in b] for b in weights.iter_buckets(iter(stream), 160)]
+    assert cut == [[specs[i].name for i in r] for r in plan]
+    assert [list(r) for r in weights.plan_buckets(specs, bucket_bytes=1)] == [
+        [i] for i in range(len(specs))
+    ]
+    # Large tensors alone (a broadcast sends them unpacked), small ones still packed.
+    solo = weights.plan_buckets(specs, bucket_bytes=160, solo_bytes=100)
+    assert [list(r) for r in solo] == [[0], [1], [2], [3], [4, 5], [6], [7], [8]]
+    packed = torch.cat([t.view(-1).view(torch.uint8) for _, t in stream[:3]])
+    views = weights.unpack_bucket(specs[:3], packed)
+    assert [n for n, _ in views] == ["t0", "t1", "t2"] and views[1][1].shape == (30,)
 
 
 def test_refusals():
@@ -58,18 +119,21 @@ def test_refusals():
         assembler.add(8, payload[8:16])
     assembler.add(0, payload[:10])
     with pytest.raises(PartialWeightsError, match="10 of"):
-        assembler.finish(4)
+        assembler.finish(4, 0)
     with pytest.raises(WeightMismatchError, match="past the announced"):
         assembler.add(10, payload[10:] + b"x")
 
+    crc = zlib.crc32(payload)
     corrupt = weights.PayloadAssembler(manifest)
     corrupt.add(0, payload[:-1] + bytes([payload[-1] ^ 1]))
     with pytest.raises(CorruptWeightsError, match="checksum"):
-        corrupt.finish(4)
+        corrupt.finish(4, crc)
     good = weights.PayloadAssembler(manifest)
     good.add(0, payload)
     with pytest.raises(WeightMismatchError, match=r"commit\.version"):
-        good.finish(5)
+        good.finish(5, crc)
+    with pytest.raises(CorruptWeightsError, match="commit says"):
+        good.finish(4, crc ^ 1)
 
     bad_size = wire.manifest_to_proto(manifest)
     bad_size.tensors[1].nbytes += 2
@@ -97,3 +161,27 @@ def test_weights_directory_marker_versions_and_pruning(tmp_path):
         )
     deleted = weights.prune_versions(tmp_path, keep=2)
     assert [p.name for p in deleted] == ["v00000001", "v00000002"]
+
+
+def test_a_streamed_directory_is_written_in_shards_and_read_back_one_tensor_at_a_time(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(weights, "_SHARD_BYTES", 64)  # several shards from a few tensors
+    tensors = _tensors()
+    produced: list[str] = []
+
+    def lazily():
+        for name, tensor in tensors.items():
+            produced.append(name)
+            yield name, tensor
+
+    nbytes = weights.write_weights_dir(tmp_path / "v", lazily(), version=7)
+    assert nbytes == 90 and produced == list(tensors)
+    files = sorted(p.name for p in (tmp_path / "v").glob("*.safetensors"))
+    assert files == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    assert (tmp_path / "v" / "model.safetensors.index.json").is_file()
+    source = weights.verify_weights_dir(tmp_path / "v", SHAPES, version=7, serving_version=0)
+    stream = weights.iter_weights_dir(source)
+    name, first = next(stream)
+    assert name == "a.weight" and torch.equal(first, tensors["a.weight"])
+    assert all(torch.equal(t, tensors[n]) for n, t in stream)

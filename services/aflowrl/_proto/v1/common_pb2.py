@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61\x66lowrl/v1/common.proto\x12\naflowrl.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x1d\n\x0bTokenFloats\x12\x0e\n\x06values\x18\x01 \x03(\x02\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"u\n\x06Prompt\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12(\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x18.aflowrl.v1.ChatMessagesH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.aflowrl.v1.TokenIdsH\x00\x42\x06\n\x04kind\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.aflowrl.v1.ChatMessage\"H\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06nbytes\x18\x04 \x01(\x03\"o\n\x0eWeightManifest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\'\n\x07tensors\x18\x02 \x03(\x0b\x32\x16.aflowrl.v1.TensorMeta\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"*\n\nWeightData\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\x9c\x01\n\x0bWeightChunk\x12.\n\x08manifest\x18\x01 \x01(\x0b\x32\x1a.aflowrl.v1.WeightManifestH\x00\x12&\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x16.aflowrl.v1.WeightDataH\x00\x12*\n\x06\x63ommit\x18\x03 \x01(\x0b\x32\x18.aflowrl.v1.WeightCommitH\x00\x42\t\n\x07payload\"\x1f\n\x0cWeightCommit\x12\x0f\n\x07version\x18\x01 \x01(\x04\"i\n\x07Metrics\x12/\n\x06values\x18\x01 \x03(\x0b\x32\x1f.aflowrl.v1.Metrics.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"U\n\x0bServiceInfo\x12\x11\n\tcomponent\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08hostname\x18\x03 \x01(\t\x12\x10\n\x08uptime_s\x18\x04 \x01(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61\x66lowrl/v1/common.proto\x12\naflowrl.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x1d\n\x0bTokenFloats\x12\x0e\n\x06values\x18\x01 \x03(\x02\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"u\n\x06Prompt\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12(\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x18.aflowrl.v1.ChatMessagesH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.aflowrl.v1.TokenIdsH\x00\x42\x06\n\x04kind\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.aflowrl.v1.ChatMessage\"H\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06nbytes\x18\x04 \x01(\x03\"m\n\x0eWeightManifest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\'\n\x07tensors\x18\x02 \x03(\x0b\x32\x16.aflowrl.v1.TensorMeta\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03J\x04\x08\x04\x10\x05R\x06sha256\"*\n\nWeightData\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\x9c\x01\n\x0bWeightChunk\x12.\n\x08manifest\x18\x01 \x01(\x0b\x32\x1a.aflowrl.v1.WeightManifestH\x00\x12&\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x16.aflowrl.v1.WeightDataH\x00\x12*\n\x06\x63ommit\x18\x03 \x01(\x0b\x32\x18.aflowrl.v1.WeightCommitH\x00\x42\t\n\x07payload\".\n\x0cWeightCommit\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\r\n\x05\x63rc32\x18\x02 \x01(\x07\"i\n\x07Metrics\x12/\n\x06values\x18\x01 \x03(\x0b\x32\x1f.aflowrl.v1.Metrics.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"U\n\x0bServiceInfo\x12\x11\n\tcomponent\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08hostname\x18\x03 \x01(\t\x12\x10\n\x08uptime_s\x18\x04 \x01(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,17 +47,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TENSORMETA']._serialized_start=319
   _globals['_TENSORMETA']._serialized_end=391
   _globals['_WEIGHTMANIFEST']._serialized_start=393
-  _globals['_WEIGHTMANIFEST']._serialized_end=504
-  _globals['_WEIGHTDATA']._serialized_start=506
-  _globals['_WEIGHTDATA']._serialized_end=548
-  _globals['_WEIGHTCHUNK']._serialized_start=551
-  _globals['_WEIGHTCHUNK']._serialized_end=707
-  _globals['_WEIGHTCOMMIT']._serialized_start=709
-  _globals['_WEIGHTCOMMIT']._serialized_end=740
-  _globals['_METRICS']._serialized_start=742
-  _globals['_METRICS']._serialized_end=847
-  _globals['_METRICS_VALUESENTRY']._serialized_start=802
-  _globals['_METRICS_VALUESENTRY']._serialized_end=847
-  _globals['_SERVICEINFO']._serialized_start=849
-  _globals['_SERVICEINFO']._serialized_end=934
+  _globals['_WEIGHTMANIFEST']._serialized_end=502
+  _globals['_WEIGHTDATA']._serialized_start=504
+  _globals['_WEIGHTDATA']._serialized_end=546
+  _globals['_WEIGHTCHUNK']._serialized_start=549
+  _globals['_WEIGHTCHUNK']._serialized_end=705
+  _globals['_WEIGHTCOMMIT']._serialized_start=707
+  _globals['_WEIGHTCOMMIT']._serialized_end=753
+  _globals['_METRICS']._serialized_start=755
+  _globals['_METRICS']._serialized_end=860
+  _globals['_METRICS_VALUESENTRY']._serialized_start=815
+  _globals['_METRICS_VALUESENTRY']._serialized_end=860
+  _globals['_SERVICEINFO']._serialized_start=862
+  _globals['_SERVICEINFO']._serialized_end=947
 # @@protoc_insertion_point(module_scope)

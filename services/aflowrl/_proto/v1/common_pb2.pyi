@@ -202,20 +202,19 @@ Global___TensorMeta: _TypeAlias = TensorMeta  # noqa: Y015
 
 @_typing.final
 class WeightManifest(_message.Message):
-    """Header of a weight update stream: what is coming and how to check it."""
+    """Header of a weight update stream: what is coming. Known before any tensor is gathered, so the
+    sender streams each tensor as soon as it has it; the checksum comes with the commit.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
     TENSORS_FIELD_NUMBER: _builtins.int
     TOTAL_BYTES_FIELD_NUMBER: _builtins.int
-    SHA256_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Policy version these weights are; versions are strictly increasing."""
     total_bytes: _builtins.int
     """Total number of payload bytes that follow (sum of tensors[].nbytes)."""
-    sha256: _builtins.str
-    """SHA-256 hex digest of all payload bytes in order."""
     @_builtins.property
     def tensors(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorMeta]:
         """Every tensor of the update, in the order their bytes are sent."""
@@ -226,11 +225,10 @@ class WeightManifest(_message.Message):
         version: _builtins.int = ...,
         tensors: _abc.Iterable[Global___TensorMeta] | None = ...,
         total_bytes: _builtins.int = ...,
-        sha256: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["sha256", b"sha256", "tensors", b"tensors", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tensors", b"tensors", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -307,16 +305,23 @@ class WeightCommit(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
+    CRC32_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Must equal the manifest's version."""
+    crc32: _builtins.int
+    """CRC-32 (zlib's, ISO-HDLC) of all payload bytes in order; the sender computes it as it
+    streams. It guards against accidents (truncation, reordering, damage); TLS and the bearer
+    token guard the channel itself.
+    """
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
+        crc32: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["crc32", b"crc32", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

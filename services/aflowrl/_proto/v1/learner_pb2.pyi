@@ -432,44 +432,280 @@ class CheckpointResponse(_message.Message):
 Global___CheckpointResponse: _TypeAlias = CheckpointResponse  # noqa: Y015
 
 @_typing.final
-class StreamWeightsRequest(_message.Message):
+class PushWeightsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    TARGETS_FIELD_NUMBER: _builtins.int
     CHUNK_BYTES_FIELD_NUMBER: _builtins.int
     DTYPE_FIELD_NUMBER: _builtins.int
     chunk_bytes: _builtins.int
     """Chunk size in bytes; 0 = the server's default."""
     dtype: _builtins.str
     """dtype to send ("float32", "bfloat16", "float16"); empty = the training dtype."""
+    @_builtins.property
+    def targets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Rollout replicas to push to ("host:port" each, as the trainer resolved them)."""
+
     def __init__(
         self,
         *,
+        targets: _abc.Iterable[_builtins.str] | None = ...,
         chunk_bytes: _builtins.int = ...,
         dtype: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_bytes", b"chunk_bytes", "dtype", b"dtype"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_bytes", b"chunk_bytes", "dtype", b"dtype", "targets", b"targets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___StreamWeightsRequest: _TypeAlias = StreamWeightsRequest  # noqa: Y015
+Global___PushWeightsRequest: _TypeAlias = PushWeightsRequest  # noqa: Y015
+
+@_typing.final
+class ReplicaPush(_message.Message):
+    """What one rollout replica did with a push."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_FIELD_NUMBER: _builtins.int
+    WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    SECONDS_FIELD_NUMBER: _builtins.int
+    target: _builtins.str
+    """The replica ("host:port")."""
+    weight_version: _builtins.int
+    """The version it serves after the push (0 when it could not be asked)."""
+    error: _builtins.str
+    """Why it did not take the weights; empty when it did or was already up to date."""
+    skipped: _builtins.bool
+    """Already at (or past) the pushed version: nothing was sent."""
+    bytes: _builtins.int
+    """Payload bytes it received and seconds from its manifest to its answer."""
+    seconds: _builtins.float
+    def __init__(
+        self,
+        *,
+        target: _builtins.str = ...,
+        weight_version: _builtins.int = ...,
+        error: _builtins.str = ...,
+        skipped: _builtins.bool = ...,
+        bytes: _builtins.int = ...,
+        seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "error", b"error", "seconds", b"seconds", "skipped", b"skipped", "target", b"target", "weight_version", b"weight_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaPush: _TypeAlias = ReplicaPush  # noqa: Y015
+
+@_typing.final
+class PushWeightsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    SECONDS_FIELD_NUMBER: _builtins.int
+    policy_version: _builtins.int
+    """Policy version pushed."""
+    bytes: _builtins.int
+    """Payload bytes of the update (sent once per replica that needed it)."""
+    seconds: _builtins.float
+    """Seconds from the request to the last replica's answer."""
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaPush]:
+        """One entry per target, in request order."""
+
+    def __init__(
+        self,
+        *,
+        policy_version: _builtins.int = ...,
+        replicas: _abc.Iterable[Global___ReplicaPush] | None = ...,
+        bytes: _builtins.int = ...,
+        seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "policy_version", b"policy_version", "replicas", b"replicas", "seconds", b"seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PushWeightsResponse: _TypeAlias = PushWeightsResponse  # noqa: Y015
+
+@_typing.final
+class OpenWeightGroupRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    WORLD_SIZE_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """Name of the group (chosen by the trainer; a new name for every group it forms)."""
+    world_size: _builtins.int
+    """Members: learner rank 0 plus every rollout rank (each replica's engine workers)."""
+    timeout_s: _builtins.float
+    """Seconds to wait for every member to join."""
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        world_size: _builtins.int = ...,
+        timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "timeout_s", b"timeout_s", "world_size", b"world_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenWeightGroupRequest: _TypeAlias = OpenWeightGroupRequest  # noqa: Y015
+
+@_typing.final
+class OpenWeightGroupResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BACKEND_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    backend: _builtins.str
+    """Collective backend of the group: "nccl" (CUDA) or "gloo" (CPU)."""
+    port: _builtins.int
+    """Port of the group's store on learner rank 0 (weightTransport.port)."""
+    def __init__(
+        self,
+        *,
+        backend: _builtins.str = ...,
+        port: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "port", b"port"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenWeightGroupResponse: _TypeAlias = OpenWeightGroupResponse  # noqa: Y015
+
+@_typing.final
+class BroadcastWeightsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    BUCKET_BYTES_FIELD_NUMBER: _builtins.int
+    DTYPE_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """The open group to broadcast on."""
+    bucket_bytes: _builtins.int
+    """Bucket size in bytes (weightTransport.bucketMib): tensors are packed and sent this many at
+    a time; 0 = the server's default.
+    """
+    dtype: _builtins.str
+    """dtype to send ("float32", "bfloat16", "float16"); empty = the training dtype."""
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        bucket_bytes: _builtins.int = ...,
+        dtype: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bucket_bytes", b"bucket_bytes", "dtype", b"dtype", "group", b"group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BroadcastWeightsRequest: _TypeAlias = BroadcastWeightsRequest  # noqa: Y015
+
+@_typing.final
+class BroadcastWeightsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    BUCKETS_FIELD_NUMBER: _builtins.int
+    SECONDS_FIELD_NUMBER: _builtins.int
+    policy_version: _builtins.int
+    """Policy version broadcast."""
+    bytes: _builtins.int
+    """Payload bytes and buckets broadcast."""
+    buckets: _builtins.int
+    seconds: _builtins.float
+    """Seconds from the request to the end of the last bucket."""
+    def __init__(
+        self,
+        *,
+        policy_version: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+        buckets: _builtins.int = ...,
+        seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buckets", b"buckets", "bytes", b"bytes", "policy_version", b"policy_version", "seconds", b"seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BroadcastWeightsResponse: _TypeAlias = BroadcastWeightsResponse  # noqa: Y015
+
+@_typing.final
+class CloseWeightGroupRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """The group to close (nothing happens when it is not the open one)."""
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CloseWeightGroupRequest: _TypeAlias = CloseWeightGroupRequest  # noqa: Y015
+
+@_typing.final
+class CloseWeightGroupResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CloseWeightGroupResponse: _TypeAlias = CloseWeightGroupResponse  # noqa: Y015
 
 @_typing.final
 class ExportWeightsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PATH_FIELD_NUMBER: _builtins.int
+    DTYPE_FIELD_NUMBER: _builtins.int
     path: _builtins.str
-    """Directory to write (safetensors + config + tokenizer)."""
+    """Directory to write (safetensors + config + tokenizer), the full model with any LoRA
+    adapters merged. Empty: the transport's next version directory, holding what the rollout
+    loads (the adapters alone when the policy has LoRA).
+    """
+    dtype: _builtins.str
+    """dtype to write ("float32", "bfloat16", "float16"); empty = the training dtype."""
     def __init__(
         self,
         *,
         path: _builtins.str = ...,
+        dtype: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dtype", b"dtype", "path", b"path"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -4,7 +4,6 @@
 import grpc
 import warnings
 
-from aflowrl._proto.v1 import common_pb2 as aflowrl_dot_v1_dot_common__pb2
 from aflowrl._proto.v1 import learner_pb2 as aflowrl_dot_v1_dot_learner__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -56,15 +55,30 @@ class LearnerServiceStub:
                 request_serializer=aflowrl_dot_v1_dot_learner__pb2.LoadCheckpointRequest.SerializeToString,
                 response_deserializer=aflowrl_dot_v1_dot_learner__pb2.CheckpointResponse.FromString,
                 _registered_method=True)
-        self.StreamWeights = channel.unary_stream(
-                '/aflowrl.v1.LearnerService/StreamWeights',
-                request_serializer=aflowrl_dot_v1_dot_learner__pb2.StreamWeightsRequest.SerializeToString,
-                response_deserializer=aflowrl_dot_v1_dot_common__pb2.WeightChunk.FromString,
+        self.PushWeights = channel.unary_unary(
+                '/aflowrl.v1.LearnerService/PushWeights',
+                request_serializer=aflowrl_dot_v1_dot_learner__pb2.PushWeightsRequest.SerializeToString,
+                response_deserializer=aflowrl_dot_v1_dot_learner__pb2.PushWeightsResponse.FromString,
                 _registered_method=True)
         self.ExportWeights = channel.unary_unary(
                 '/aflowrl.v1.LearnerService/ExportWeights',
                 request_serializer=aflowrl_dot_v1_dot_learner__pb2.ExportWeightsRequest.SerializeToString,
                 response_deserializer=aflowrl_dot_v1_dot_learner__pb2.ExportWeightsResponse.FromString,
+                _registered_method=True)
+        self.OpenWeightGroup = channel.unary_unary(
+                '/aflowrl.v1.LearnerService/OpenWeightGroup',
+                request_serializer=aflowrl_dot_v1_dot_learner__pb2.OpenWeightGroupRequest.SerializeToString,
+                response_deserializer=aflowrl_dot_v1_dot_learner__pb2.OpenWeightGroupResponse.FromString,
+                _registered_method=True)
+        self.BroadcastWeights = channel.unary_unary(
+                '/aflowrl.v1.LearnerService/BroadcastWeights',
+                request_serializer=aflowrl_dot_v1_dot_learner__pb2.BroadcastWeightsRequest.SerializeToString,
+                response_deserializer=aflowrl_dot_v1_dot_learner__pb2.BroadcastWeightsResponse.FromString,
+                _registered_method=True)
+        self.CloseWeightGroup = channel.unary_unary(
+                '/aflowrl.v1.LearnerService/CloseWeightGroup',
+                request_serializer=aflowrl_dot_v1_dot_learner__pb2.CloseWeightGroupRequest.SerializeToString,
+                response_deserializer=aflowrl_dot_v1_dot_learner__pb2.CloseWeightGroupResponse.FromString,
                 _registered_method=True)
         self.Status = channel.unary_unary(
                 '/aflowrl.v1.LearnerService/Status',
@@ -105,15 +119,41 @@ class LearnerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def StreamWeights(self, request, context):
-        """Stream the current policy weights (manifest, chunks, commit) for a rollout replica.
+    def PushWeights(self, request, context):
+        """grpc transport: stream the current policy weights (manifest, chunks, commit) straight to
+        every rollout replica named (RolloutService.UpdateWeights), one tensor at a time; replicas
+        already at this version are skipped and a failing replica does not stop the others.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ExportWeights(self, request, context):
-        """Export the current policy as a Hugging Face safetensors directory (filesystem transport).
+        """Export the current policy as a Hugging Face safetensors directory (filesystem transport,
+        and the nccl transport's fallback).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenWeightGroup(self, request, context):
+        """nccl transport: rank 0 opens the weight broadcast group (a store on weightTransport.port)
+        and waits until `world_size` members have joined (the rollout replicas' JoinWeightGroup).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BroadcastWeights(self, request, context):
+        """nccl transport: every rank gathers the full tensors, rank 0 broadcasts them in buckets to
+        the group (the replicas' ReceiveWeights run at the same time).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseWeightGroup(self, request, context):
+        """nccl transport: leave and destroy the weight broadcast group (idempotent).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -149,15 +189,30 @@ def add_LearnerServiceServicer_to_server(servicer, server):
                     request_deserializer=aflowrl_dot_v1_dot_learner__pb2.LoadCheckpointRequest.FromString,
                     response_serializer=aflowrl_dot_v1_dot_learner__pb2.CheckpointResponse.SerializeToString,
             ),
-            'StreamWeights': grpc.unary_stream_rpc_method_handler(
-                    servicer.StreamWeights,
-                    request_deserializer=aflowrl_dot_v1_dot_learner__pb2.StreamWeightsRequest.FromString,
-                    response_serializer=aflowrl_dot_v1_dot_common__pb2.WeightChunk.SerializeToString,
+            'PushWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushWeights,
+                    request_deserializer=aflowrl_dot_v1_dot_learner__pb2.PushWeightsRequest.FromString,
+                    response_serializer=aflowrl_dot_v1_dot_learner__pb2.PushWeightsResponse.SerializeToString,
             ),
             'ExportWeights': grpc.unary_unary_rpc_method_handler(
                     servicer.ExportWeights,
                     request_deserializer=aflowrl_dot_v1_dot_learner__pb2.ExportWeightsRequest.FromString,
                     response_serializer=aflowrl_dot_v1_dot_learner__pb2.ExportWeightsResponse.SerializeToString,
+            ),
+            'OpenWeightGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenWeightGroup,
+                    request_deserializer=aflowrl_dot_v1_dot_learner__pb2.OpenWeightGroupRequest.FromString,
+                    response_serializer=aflowrl_dot_v1_dot_learner__pb2.OpenWeightGroupResponse.SerializeToString,
+            ),
+            'BroadcastWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.BroadcastWeights,
+                    request_deserializer=aflowrl_dot_v1_dot_learner__pb2.BroadcastWeightsRequest.FromString,
+                    response_serializer=aflowrl_dot_v1_dot_learner__pb2.BroadcastWeightsResponse.SerializeToString,
+            ),
+            'CloseWeightGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseWeightGroup,
+                    request_deserializer=aflowrl_dot_v1_dot_learner__pb2.CloseWeightGroupRequest.FromString,
+                    response_serializer=aflowrl_dot_v1_dot_learner__pb2.CloseWeightGroupResponse.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -284,7 +339,7 @@ class LearnerService:
             _registered_method=True)
 
     @staticmethod
-    def StreamWeights(request,
+    def PushWeights(request,
             target,
             options=(),
             channel_credentials=None,
@@ -294,12 +349,12 @@ class LearnerService:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_stream(
+        return grpc.experimental.unary_unary(
             request,
             target,
-            '/aflowrl.v1.LearnerService/StreamWeights',
-            aflowrl_dot_v1_dot_learner__pb2.StreamWeightsRequest.SerializeToString,
-            aflowrl_dot_v1_dot_common__pb2.WeightChunk.FromString,
+            '/aflowrl.v1.LearnerService/PushWeights',
+            aflowrl_dot_v1_dot_learner__pb2.PushWeightsRequest.SerializeToString,
+            aflowrl_dot_v1_dot_learner__pb2.PushWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -327,6 +382,87 @@ class LearnerService:
             '/aflowrl.v1.LearnerService/ExportWeights',
             aflowrl_dot_v1_dot_learner__pb2.ExportWeightsRequest.SerializeToString,
             aflowrl_dot_v1_dot_learner__pb2.ExportWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenWeightGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aflowrl.v1.LearnerService/OpenWeightGroup',
+            aflowrl_dot_v1_dot_learner__pb2.OpenWeightGroupRequest.SerializeToString,
+            aflowrl_dot_v1_dot_learner__pb2.OpenWeightGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BroadcastWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aflowrl.v1.LearnerService/BroadcastWeights',
+            aflowrl_dot_v1_dot_learner__pb2.BroadcastWeightsRequest.SerializeToString,
+            aflowrl_dot_v1_dot_learner__pb2.BroadcastWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseWeightGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aflowrl.v1.LearnerService/CloseWeightGroup',
+            aflowrl_dot_v1_dot_learner__pb2.CloseWeightGroupRequest.SerializeToString,
+            aflowrl_dot_v1_dot_learner__pb2.CloseWeightGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,7 +6,6 @@ LearnerService: the FSDP2 learner. Rank 0 serves this API and broadcasts each ca
 other torchrun ranks.
 """
 
-from aflowrl._proto.v1 import common_pb2 as _common_pb2
 from aflowrl._proto.v1 import learner_pb2 as _learner_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
@@ -45,10 +44,25 @@ class LearnerServiceStub:
     """Save a sharded checkpoint (model, optimiser, scheduler, RNG, step)."""
     LoadCheckpoint: _grpc.UnaryUnaryMultiCallable[_learner_pb2.LoadCheckpointRequest, _learner_pb2.CheckpointResponse]
     """Restore a checkpoint written by SaveCheckpoint."""
-    StreamWeights: _grpc.UnaryStreamMultiCallable[_learner_pb2.StreamWeightsRequest, _common_pb2.WeightChunk]
-    """Stream the current policy weights (manifest, chunks, commit) for a rollout replica."""
+    PushWeights: _grpc.UnaryUnaryMultiCallable[_learner_pb2.PushWeightsRequest, _learner_pb2.PushWeightsResponse]
+    """grpc transport: stream the current policy weights (manifest, chunks, commit) straight to
+    every rollout replica named (RolloutService.UpdateWeights), one tensor at a time; replicas
+    already at this version are skipped and a failing replica does not stop the others.
+    """
     ExportWeights: _grpc.UnaryUnaryMultiCallable[_learner_pb2.ExportWeightsRequest, _learner_pb2.ExportWeightsResponse]
-    """Export the current policy as a Hugging Face safetensors directory (filesystem transport)."""
+    """Export the current policy as a Hugging Face safetensors directory (filesystem transport,
+    and the nccl transport's fallback).
+    """
+    OpenWeightGroup: _grpc.UnaryUnaryMultiCallable[_learner_pb2.OpenWeightGroupRequest, _learner_pb2.OpenWeightGroupResponse]
+    """nccl transport: rank 0 opens the weight broadcast group (a store on weightTransport.port)
+    and waits until `world_size` members have joined (the rollout replicas' JoinWeightGroup).
+    """
+    BroadcastWeights: _grpc.UnaryUnaryMultiCallable[_learner_pb2.BroadcastWeightsRequest, _learner_pb2.BroadcastWeightsResponse]
+    """nccl transport: every rank gathers the full tensors, rank 0 broadcasts them in buckets to
+    the group (the replicas' ReceiveWeights run at the same time).
+    """
+    CloseWeightGroup: _grpc.UnaryUnaryMultiCallable[_learner_pb2.CloseWeightGroupRequest, _learner_pb2.CloseWeightGroupResponse]
+    """nccl transport: leave and destroy the weight broadcast group (idempotent)."""
     Status: _grpc.UnaryUnaryMultiCallable[_learner_pb2.LearnerStatusRequest, _learner_pb2.LearnerStatusResponse]
     """Identity, step and version of the learner."""
 
@@ -65,10 +79,25 @@ class LearnerServiceAsyncStub(LearnerServiceStub):
     """Save a sharded checkpoint (model, optimiser, scheduler, RNG, step)."""
     LoadCheckpoint: _aio.UnaryUnaryMultiCallable[_learner_pb2.LoadCheckpointRequest, _learner_pb2.CheckpointResponse]  # type: ignore[assignment]
     """Restore a checkpoint written by SaveCheckpoint."""
-    StreamWeights: _aio.UnaryStreamMultiCallable[_learner_pb2.StreamWeightsRequest, _common_pb2.WeightChunk]  # type: ignore[assignment]
-    """Stream the current policy weights (manifest, chunks, commit) for a rollout replica."""
+    PushWeights: _aio.UnaryUnaryMultiCallable[_learner_pb2.PushWeightsRequest, _learner_pb2.PushWeightsResponse]  # type: ignore[assignment]
+    """grpc transport: stream the current policy weights (manifest, chunks, commit) straight to
+    every rollout replica named (RolloutService.UpdateWeights), one tensor at a time; replicas
+    already at this version are skipped and a failing replica does not stop the others.
+    """
     ExportWeights: _aio.UnaryUnaryMultiCallable[_learner_pb2.ExportWeightsRequest, _learner_pb2.ExportWeightsResponse]  # type: ignore[assignment]
-    """Export the current policy as a Hugging Face safetensors directory (filesystem transport)."""
+    """Export the current policy as a Hugging Face safetensors directory (filesystem transport,
+    and the nccl transport's fallback).
+    """
+    OpenWeightGroup: _aio.UnaryUnaryMultiCallable[_learner_pb2.OpenWeightGroupRequest, _learner_pb2.OpenWeightGroupResponse]  # type: ignore[assignment]
+    """nccl transport: rank 0 opens the weight broadcast group (a store on weightTransport.port)
+    and waits until `world_size` members have joined (the rollout replicas' JoinWeightGroup).
+    """
+    BroadcastWeights: _aio.UnaryUnaryMultiCallable[_learner_pb2.BroadcastWeightsRequest, _learner_pb2.BroadcastWeightsResponse]  # type: ignore[assignment]
+    """nccl transport: every rank gathers the full tensors, rank 0 broadcasts them in buckets to
+    the group (the replicas' ReceiveWeights run at the same time).
+    """
+    CloseWeightGroup: _aio.UnaryUnaryMultiCallable[_learner_pb2.CloseWeightGroupRequest, _learner_pb2.CloseWeightGroupResponse]  # type: ignore[assignment]
+    """nccl transport: leave and destroy the weight broadcast group (idempotent)."""
     Status: _aio.UnaryUnaryMultiCallable[_learner_pb2.LearnerStatusRequest, _learner_pb2.LearnerStatusResponse]  # type: ignore[assignment]
     """Identity, step and version of the learner."""
 
@@ -108,12 +137,15 @@ class LearnerServiceServicer(metaclass=_abc_1.ABCMeta):
         """Restore a checkpoint written by SaveCheckpoint."""
 
     @_abc_1.abstractmethod
-    def StreamWeights(
+    def PushWeights(
         self,
-        request: _learner_pb2.StreamWeightsRequest,
+        request: _learner_pb2.PushWeightsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_common_pb2.WeightChunk], _abc.AsyncIterator[_common_pb2.WeightChunk]]:
-        """Stream the current policy weights (manifest, chunks, commit) for a rollout replica."""
+    ) -> _typing.Union[_learner_pb2.PushWeightsResponse, _abc.Awaitable[_learner_pb2.PushWeightsResponse]]:
+        """grpc transport: stream the current policy weights (manifest, chunks, commit) straight to
+        every rollout replica named (RolloutService.UpdateWeights), one tensor at a time; replicas
+        already at this version are skipped and a failing replica does not stop the others.
+        """
 
     @_abc_1.abstractmethod
     def ExportWeights(
@@ -121,7 +153,37 @@ class LearnerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _learner_pb2.ExportWeightsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_learner_pb2.ExportWeightsResponse, _abc.Awaitable[_learner_pb2.ExportWeightsResponse]]:
-        """Export the current policy as a Hugging Face safetensors directory (filesystem transport)."""
+        """Export the current policy as a Hugging Face safetensors directory (filesystem transport,
+        and the nccl transport's fallback).
+        """
+
+    @_abc_1.abstractmethod
+    def OpenWeightGroup(
+        self,
+        request: _learner_pb2.OpenWeightGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_learner_pb2.OpenWeightGroupResponse, _abc.Awaitable[_learner_pb2.OpenWeightGroupResponse]]:
+        """nccl transport: rank 0 opens the weight broadcast group (a store on weightTransport.port)
+        and waits until `world_size` members have joined (the rollout replicas' JoinWeightGroup).
+        """
+
+    @_abc_1.abstractmethod
+    def BroadcastWeights(
+        self,
+        request: _learner_pb2.BroadcastWeightsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_learner_pb2.BroadcastWeightsResponse, _abc.Awaitable[_learner_pb2.BroadcastWeightsResponse]]:
+        """nccl transport: every rank gathers the full tensors, rank 0 broadcasts them in buckets to
+        the group (the replicas' ReceiveWeights run at the same time).
+        """
+
+    @_abc_1.abstractmethod
+    def CloseWeightGroup(
+        self,
+        request: _learner_pb2.CloseWeightGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_learner_pb2.CloseWeightGroupResponse, _abc.Awaitable[_learner_pb2.CloseWeightGroupResponse]]:
+        """nccl transport: leave and destroy the weight broadcast group (idempotent)."""
 
     @_abc_1.abstractmethod
     def Status(

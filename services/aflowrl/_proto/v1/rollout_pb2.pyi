@@ -350,26 +350,148 @@ class UpdateWeightsResponse(_message.Message):
     WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
     BYTES_FIELD_NUMBER: _builtins.int
     SECONDS_FIELD_NUMBER: _builtins.int
+    BUCKETS_FIELD_NUMBER: _builtins.int
     weight_version: _builtins.int
     """The version now serving."""
     bytes: _builtins.int
     """Bytes received or read."""
     seconds: _builtins.float
     """Seconds from the first byte to the swap."""
+    buckets: _builtins.int
+    """Pieces the weights were loaded into the engine in (each at most one bucket)."""
     def __init__(
         self,
         *,
         weight_version: _builtins.int = ...,
         bytes: _builtins.int = ...,
         seconds: _builtins.float = ...,
+        buckets: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "seconds", b"seconds", "weight_version", b"weight_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buckets", b"buckets", "bytes", b"bytes", "seconds", b"seconds", "weight_version", b"weight_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UpdateWeightsResponse: _TypeAlias = UpdateWeightsResponse  # noqa: Y015
+
+@_typing.final
+class JoinWeightGroupRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MASTER_ADDRESS_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
+    RANK_OFFSET_FIELD_NUMBER: _builtins.int
+    WORLD_SIZE_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    master_address: _builtins.str
+    """Learner rank 0's address and the port of its group store (weightTransport.port)."""
+    port: _builtins.int
+    group: _builtins.str
+    """Name of the group (OpenWeightGroupRequest.group)."""
+    rank_offset: _builtins.int
+    """Rank of this replica's first worker; its workers take rank_offset .. rank_offset+ranks-1."""
+    world_size: _builtins.int
+    """Members of the group, learner rank 0 included."""
+    timeout_s: _builtins.float
+    """Seconds to wait for every member."""
+    def __init__(
+        self,
+        *,
+        master_address: _builtins.str = ...,
+        port: _builtins.int = ...,
+        group: _builtins.str = ...,
+        rank_offset: _builtins.int = ...,
+        world_size: _builtins.int = ...,
+        timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "master_address", b"master_address", "port", b"port", "rank_offset", b"rank_offset", "timeout_s", b"timeout_s", "world_size", b"world_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JoinWeightGroupRequest: _TypeAlias = JoinWeightGroupRequest  # noqa: Y015
+
+@_typing.final
+class JoinWeightGroupResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RANKS_FIELD_NUMBER: _builtins.int
+    ranks: _builtins.int
+    """Ranks this replica took (its engine workers: the tensor-parallel size)."""
+    def __init__(
+        self,
+        *,
+        ranks: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ranks", b"ranks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JoinWeightGroupResponse: _TypeAlias = JoinWeightGroupResponse  # noqa: Y015
+
+@_typing.final
+class ReceiveWeightsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """The group the learner broadcasts on."""
+    version: _builtins.int
+    """The version the trainer expects (the broadcast header must agree)."""
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReceiveWeightsRequest: _TypeAlias = ReceiveWeightsRequest  # noqa: Y015
+
+@_typing.final
+class LeaveWeightGroupRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """The group to leave (nothing happens when it is not the joined one)."""
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaveWeightGroupRequest: _TypeAlias = LeaveWeightGroupRequest  # noqa: Y015
+
+@_typing.final
+class LeaveWeightGroupResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaveWeightGroupResponse: _TypeAlias = LeaveWeightGroupResponse  # noqa: Y015
 
 @_typing.final
 class RolloutStatusRequest(_message.Message):
@@ -397,6 +519,8 @@ class RolloutStatusResponse(_message.Message):
     QUEUED_REQUESTS_FIELD_NUMBER: _builtins.int
     RUNNING_REQUESTS_FIELD_NUMBER: _builtins.int
     GENERATED_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
+    WEIGHT_GROUP_RANKS_FIELD_NUMBER: _builtins.int
+    NEEDS_RELOAD_FIELD_NUMBER: _builtins.int
     backend: _builtins.str
     """"hf" or "vllm"."""
     model: _builtins.str
@@ -407,6 +531,12 @@ class RolloutStatusResponse(_message.Message):
     running_requests: _builtins.int
     generated_tokens_total: _builtins.int
     """Tokens generated since start."""
+    weight_group_ranks: _builtins.int
+    """Ranks this replica takes in a weight broadcast group (its engine workers)."""
+    needs_reload: _builtins.bool
+    """True after a weight broadcast broke off: the weights are incomplete, requests are refused
+    (UNAVAILABLE) until a complete version is loaded.
+    """
     @_builtins.property
     def service(self) -> _common_pb2.ServiceInfo:
         """Identity of the replica."""
@@ -421,10 +551,12 @@ class RolloutStatusResponse(_message.Message):
         queued_requests: _builtins.int = ...,
         running_requests: _builtins.int = ...,
         generated_tokens_total: _builtins.int = ...,
+        weight_group_ranks: _builtins.int = ...,
+        needs_reload: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["service", b"service"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "generated_tokens_total", b"generated_tokens_total", "model", b"model", "queued_requests", b"queued_requests", "running_requests", b"running_requests", "service", b"service", "weight_version", b"weight_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "generated_tokens_total", b"generated_tokens_total", "model", b"model", "needs_reload", b"needs_reload", "queued_requests", b"queued_requests", "running_requests", b"running_requests", "service", b"service", "weight_group_ranks", b"weight_group_ranks", "weight_version", b"weight_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -56,6 +56,21 @@ class RolloutServiceStub:
                 request_serializer=aflowrl_dot_v1_dot_rollout__pb2.LoadWeightsRequest.SerializeToString,
                 response_deserializer=aflowrl_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
                 _registered_method=True)
+        self.JoinWeightGroup = channel.unary_unary(
+                '/aflowrl.v1.RolloutService/JoinWeightGroup',
+                request_serializer=aflowrl_dot_v1_dot_rollout__pb2.JoinWeightGroupRequest.SerializeToString,
+                response_deserializer=aflowrl_dot_v1_dot_rollout__pb2.JoinWeightGroupResponse.FromString,
+                _registered_method=True)
+        self.ReceiveWeights = channel.unary_unary(
+                '/aflowrl.v1.RolloutService/ReceiveWeights',
+                request_serializer=aflowrl_dot_v1_dot_rollout__pb2.ReceiveWeightsRequest.SerializeToString,
+                response_deserializer=aflowrl_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
+                _registered_method=True)
+        self.LeaveWeightGroup = channel.unary_unary(
+                '/aflowrl.v1.RolloutService/LeaveWeightGroup',
+                request_serializer=aflowrl_dot_v1_dot_rollout__pb2.LeaveWeightGroupRequest.SerializeToString,
+                response_deserializer=aflowrl_dot_v1_dot_rollout__pb2.LeaveWeightGroupResponse.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/aflowrl.v1.RolloutService/Status',
                 request_serializer=aflowrl_dot_v1_dot_rollout__pb2.RolloutStatusRequest.SerializeToString,
@@ -96,6 +111,30 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JoinWeightGroup(self, request, context):
+        """nccl transport: join the learner's weight broadcast group (every engine worker of this
+        replica takes one rank); returns when the group is formed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReceiveWeights(self, request, context):
+        """nccl transport: take part in one broadcast of the learner (BroadcastWeights): header,
+        buckets, trailer. The new weights serve only once the trailer arrived; a broadcast that
+        breaks off leaves the replica unhealthy until it is reloaded (LoadWeights).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LeaveWeightGroup(self, request, context):
+        """nccl transport: leave the weight broadcast group (idempotent).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Identity, weight version and load of this replica.
         """
@@ -125,6 +164,21 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.LoadWeights,
                     request_deserializer=aflowrl_dot_v1_dot_rollout__pb2.LoadWeightsRequest.FromString,
                     response_serializer=aflowrl_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.SerializeToString,
+            ),
+            'JoinWeightGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinWeightGroup,
+                    request_deserializer=aflowrl_dot_v1_dot_rollout__pb2.JoinWeightGroupRequest.FromString,
+                    response_serializer=aflowrl_dot_v1_dot_rollout__pb2.JoinWeightGroupResponse.SerializeToString,
+            ),
+            'ReceiveWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReceiveWeights,
+                    request_deserializer=aflowrl_dot_v1_dot_rollout__pb2.ReceiveWeightsRequest.FromString,
+                    response_serializer=aflowrl_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.SerializeToString,
+            ),
+            'LeaveWeightGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.LeaveWeightGroup,
+                    request_deserializer=aflowrl_dot_v1_dot_rollout__pb2.LeaveWeightGroupRequest.FromString,
+                    response_serializer=aflowrl_dot_v1_dot_rollout__pb2.LeaveWeightGroupResponse.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -240,6 +294,87 @@ class RolloutService:
             '/aflowrl.v1.RolloutService/LoadWeights',
             aflowrl_dot_v1_dot_rollout__pb2.LoadWeightsRequest.SerializeToString,
             aflowrl_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinWeightGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aflowrl.v1.RolloutService/JoinWeightGroup',
+            aflowrl_dot_v1_dot_rollout__pb2.JoinWeightGroupRequest.SerializeToString,
+            aflowrl_dot_v1_dot_rollout__pb2.JoinWeightGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReceiveWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aflowrl.v1.RolloutService/ReceiveWeights',
+            aflowrl_dot_v1_dot_rollout__pb2.ReceiveWeightsRequest.SerializeToString,
+            aflowrl_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LeaveWeightGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aflowrl.v1.RolloutService/LeaveWeightGroup',
+            aflowrl_dot_v1_dot_rollout__pb2.LeaveWeightGroupRequest.SerializeToString,
+            aflowrl_dot_v1_dot_rollout__pb2.LeaveWeightGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

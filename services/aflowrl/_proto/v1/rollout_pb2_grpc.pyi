@@ -48,6 +48,17 @@ class RolloutServiceStub:
     """
     LoadWeights: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.LoadWeightsRequest, _rollout_pb2.UpdateWeightsResponse]
     """Load weights from a safetensors directory on a shared volume."""
+    JoinWeightGroup: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.JoinWeightGroupRequest, _rollout_pb2.JoinWeightGroupResponse]
+    """nccl transport: join the learner's weight broadcast group (every engine worker of this
+    replica takes one rank); returns when the group is formed.
+    """
+    ReceiveWeights: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.ReceiveWeightsRequest, _rollout_pb2.UpdateWeightsResponse]
+    """nccl transport: take part in one broadcast of the learner (BroadcastWeights): header,
+    buckets, trailer. The new weights serve only once the trailer arrived; a broadcast that
+    breaks off leaves the replica unhealthy until it is reloaded (LoadWeights).
+    """
+    LeaveWeightGroup: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.LeaveWeightGroupRequest, _rollout_pb2.LeaveWeightGroupResponse]
+    """nccl transport: leave the weight broadcast group (idempotent)."""
     Status: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.RolloutStatusRequest, _rollout_pb2.RolloutStatusResponse]
     """Identity, weight version and load of this replica."""
 
@@ -65,6 +76,17 @@ class RolloutServiceAsyncStub(RolloutServiceStub):
     """
     LoadWeights: _aio.UnaryUnaryMultiCallable[_rollout_pb2.LoadWeightsRequest, _rollout_pb2.UpdateWeightsResponse]  # type: ignore[assignment]
     """Load weights from a safetensors directory on a shared volume."""
+    JoinWeightGroup: _aio.UnaryUnaryMultiCallable[_rollout_pb2.JoinWeightGroupRequest, _rollout_pb2.JoinWeightGroupResponse]  # type: ignore[assignment]
+    """nccl transport: join the learner's weight broadcast group (every engine worker of this
+    replica takes one rank); returns when the group is formed.
+    """
+    ReceiveWeights: _aio.UnaryUnaryMultiCallable[_rollout_pb2.ReceiveWeightsRequest, _rollout_pb2.UpdateWeightsResponse]  # type: ignore[assignment]
+    """nccl transport: take part in one broadcast of the learner (BroadcastWeights): header,
+    buckets, trailer. The new weights serve only once the trailer arrived; a broadcast that
+    breaks off leaves the replica unhealthy until it is reloaded (LoadWeights).
+    """
+    LeaveWeightGroup: _aio.UnaryUnaryMultiCallable[_rollout_pb2.LeaveWeightGroupRequest, _rollout_pb2.LeaveWeightGroupResponse]  # type: ignore[assignment]
+    """nccl transport: leave the weight broadcast group (idempotent)."""
     Status: _aio.UnaryUnaryMultiCallable[_rollout_pb2.RolloutStatusRequest, _rollout_pb2.RolloutStatusResponse]  # type: ignore[assignment]
     """Identity, weight version and load of this replica."""
 
@@ -103,6 +125,35 @@ class RolloutServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_rollout_pb2.UpdateWeightsResponse, _abc.Awaitable[_rollout_pb2.UpdateWeightsResponse]]:
         """Load weights from a safetensors directory on a shared volume."""
+
+    @_abc_1.abstractmethod
+    def JoinWeightGroup(
+        self,
+        request: _rollout_pb2.JoinWeightGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_pb2.JoinWeightGroupResponse, _abc.Awaitable[_rollout_pb2.JoinWeightGroupResponse]]:
+        """nccl transport: join the learner's weight broadcast group (every engine worker of this
+        replica takes one rank); returns when the group is formed.
+        """
+
+    @_abc_1.abstractmethod
+    def ReceiveWeights(
+        self,
+        request: _rollout_pb2.ReceiveWeightsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_pb2.UpdateWeightsResponse, _abc.Awaitable[_rollout_pb2.UpdateWeightsResponse]]:
+        """nccl transport: take part in one broadcast of the learner (BroadcastWeights): header,
+        buckets, trailer. The new weights serve only once the trailer arrived; a broadcast that
+        breaks off leaves the replica unhealthy until it is reloaded (LoadWeights).
+        """
+
+    @_abc_1.abstractmethod
+    def LeaveWeightGroup(
+        self,
+        request: _rollout_pb2.LeaveWeightGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_pb2.LeaveWeightGroupResponse, _abc.Awaitable[_rollout_pb2.LeaveWeightGroupResponse]]:
+        """nccl transport: leave the weight broadcast group (idempotent)."""
 
     @_abc_1.abstractmethod
     def Status(

@@ -1,0 +1,328 @@
+"""The nccl weight transport: learner rank 0 broadcasts buckets to every rollout worker.
+
+A :class:`WeightGroup` is a process group of its own, outside torch.distributed's default group
+(the learner's ranks keep theirs; a vLLM worker keeps its tensor-parallel group): a store on
+learner rank 0 at ``weightTransport.port`` (:class:`GroupStore`), a name per group the trainer
+forms, and a ``ProcessGroupNCCL`` on GPUs or a ``ProcessGroupGloo`` on CPUs. The protocol is the
+same on both, so the CPU tests run the code the GPU runs:
+
+1. header: int64 ``[MAGIC, PROTOCOL, version, manifest bytes, bucket bytes, total bytes,
+   buckets, 0]``;
+2. the manifest (:meth:`~aflowrl.models.weights.Manifest.to_json`, uint8);
+3. the buckets of :func:`~aflowrl.models.weights.plan_buckets`: a tensor of at least
+   ``SOLO_BYTES`` goes as it is (no copy), smaller ones (norms, biases) are packed, whole and
+   concatenated, into uint8 buckets of at most ``weightTransport.bucketMib`` (as vLLM's
+   ``packed_nccl_broadcast_producer`` packs);
+4. trailer: int64 ``[END, version, buckets, total bytes, 0...]``.
+
+A receiver applies the new weights only after the trailer: :func:`receive_weights` calls
+``start`` before the first bucket, ``load`` per bucket and ``finish`` after the trailer, and a
+broadcast that breaks off in between raises :class:`~aflowrl.models.errors.BroadcastBrokenError`
+(after ``finish``, so an engine never keeps layers half-loaded: vLLM's layer-wise reload puts
+the old tensors back where nothing arrived). A receiver that refuses the manifest (another
+model, a stale version) still receives every bucket, drops them, and raises the refusal at the
+end, so the collective never waits for it.
+
+On CPU, gloo reports a member that died at the next collective ("Connection reset by peer"),
+and a sender that fails closes the group so the other members fail at once too; NCCL takes up
+to ``timeout_s`` to notice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from aflowrl.models.errors import BroadcastBrokenError, WeightMismatchError
+from aflowrl.models.weights import (
+    Manifest,
+    check_manifest,
+    plan_buckets,
+    spec_of,
+    unpack_bucket,
+)
+
+logger = logging.getLogger(__name__)
+
+MAGIC = 0x61666C77  # "aflw"
+END = 0x656E6421  # "end!"
+PROTOCOL = 2
+_WORDS = 8
+SOLO_BYTES = 1024 * 1024
+"""Tensors this large are broadcast on their own: packing would copy them (bench/weight_broadcast
+measures a third of gloo's time spent packing 8 MiB tensors), while a collective more costs
+microseconds on NCCL and about a millisecond on gloo."""
+
+NamedBucket = list[tuple[str, torch.Tensor]]
+
+
+def group_backend(device: torch.device) -> str:
+    """The collective a weight group on ``device`` uses: NCCL on CUDA, gloo elsewhere."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where and as whom to join a weight group."""
+
+    host: str
+    """Learner rank 0's address (the store's host)."""
+    port: int
+    """The store's port (weightTransport.port)."""
+    group: str
+    """The group's name: a new one for every group the trainer forms."""
+    rank: int
+    world_size: int
+    timeout_s: float
+
+
+class GroupStore:
+    """The TCP store of weight groups, hosted by learner rank 0 for its lifetime."""
+
+    def __init__(self, port: int, timeout_s: float) -> None:
+        self.port = port
+        self.store = dist.TCPStore(  # type: ignore[attr-defined]
+            "0.0.0.0",
+            port,
+            is_master=True,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+
+
+class WeightGroup:
+    """One formed weight group (see module docstring)."""
+
+    def __init__(self, pg: Any, rendezvous: Rendezvous, device: torch.device) -> None:
+        self._pg: Any = pg
+        self.rendezvous = rendezvous
+        self.device = device
+        self.backend = group_backend(device)
+
+    @property
+    def name(self) -> str:
+        return self.rendezvous.group
+
+    @classmethod
+    def join(
+        cls, rendezvous: Rendezvous, device: torch.device, *, store: Any = None
+    ) -> WeightGroup:
+        """Join (rank 0: with its own ``store``); returns once every member has joined."""
+        timeout = timedelta(seconds=rendezvous.timeout_s)
+        if store is None:
+            store = dist.TCPStore(  # type: ignore[attr-defined]
+                rendezvous.host, rendezvous.port, is_master=False, timeout=timeout
+            )
+        prefixed = dist.PrefixStore(  # type: ignore[attr-defined]
+            f"aflowrl-weights/{rendezvous.group}", store
+        )
+        rank, size = rendezvous.rank, rendezvous.world_size
+        pg: Any
+        if group_backend(device) == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            pg = dist.ProcessGroupNCCL(prefixed, rank, size, options)
+        else:
+            pg = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+            # gloo connects lazily per pair; one collective makes "joined" mean "connected".
+        group = cls(pg, rendezvous, device)
+        group.broadcast(torch.zeros(1, dtype=torch.int64, device=device))
+        return group
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Rank 0's ``tensor`` into every member's (in place); raises when a member is gone."""
+        if self._pg is None:
+            raise BroadcastBrokenError(f"weight group {self.name} is closed")
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        self._pg.broadcast([tensor], options).wait()
+
+    def close(self) -> None:
+        """Leave the group; members still waiting on it fail at once (gloo) or time out."""
+        pg, self._pg = self._pg, None
+        if pg is not None and hasattr(pg, "shutdown"):
+            try:
+                pg.shutdown()
+            except RuntimeError as exc:  # already broken: nothing left to release
+                logger.debug("weight group %s shutdown: %s", self.name, exc)
+        del pg
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What a receiver accepts (picklable: a vLLM worker process checks it)."""
+
+    version: int
+    """The version the trainer announced for this broadcast."""
+    serving_version: int
+    shapes: dict[str, tuple[int, ...]]
+    """The engine's :meth:`~aflowrl.rollout.engine.RolloutEngine.parameter_shapes`."""
+
+    def check(self, manifest: Manifest) -> None:
+        if manifest.version != self.version:
+            raise WeightMismatchError(
+                f"the broadcast carries version {manifest.version}, the trainer announced "
+                f"{self.version}",
+                field="version",
+            )
+        check_manifest(
+            manifest, self.shapes, serving_version=self.serving_version, field="broadcast"
+        )
+
+
+@dataclass(frozen=True)
+class BroadcastResult:
+    """What one broadcast moved."""
+
+    manifest: Manifest
+    buckets: int
+    bytes: int
+
+
+def _words(*values: int, device: torch.device) -> torch.Tensor:
+    padded = list(values) + [0] * (_WORDS - len(values))
+    return torch.tensor(padded, dtype=torch.int64, device=device)
+
+
+def send_weights(
+    group: WeightGroup,
+    version: int,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    specs: list[Any],
+    bucket_bytes: int,
+) -> BroadcastResult:
+    """Rank 0: broadcast ``tensors`` (named, in the order of ``specs``) as header, buckets, trailer.
+
+    ``tensors`` is consumed lazily, one bucket at a time (each may be a collective gather on the
+    learner's ranks); every tensor must match its spec, or the receivers would cut the stream
+    differently: a mismatch fails before its bucket is sent.
+    """
+    device = group.device
+    manifest = Manifest.of(version, specs)
+    plan = plan_buckets(manifest.tensors, bucket_bytes, solo_bytes=SOLO_BYTES)
+    blob = manifest.to_json()
+    header = _words(
+        MAGIC,
+        PROTOCOL,
+        version,
+        len(blob),
+        bucket_bytes,
+        manifest.total_bytes,
+        len(plan),
+        device=device,
+    )
+    group.broadcast(header)
+    group.broadcast(torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device))
+    stream = iter(tensors)
+    # Buckets of several tensors are packed into one buffer, reused bucket after bucket (each
+    # broadcast has completed before the next is packed): no allocation per bucket.
+    sizes = [sum(manifest.tensors[i].nbytes for i in bucket) for bucket in plan]
+    multi = [size for bucket, size in zip(plan, sizes, strict=True) if len(bucket) > 1]
+    staging = torch.empty(max(multi, default=0), dtype=torch.uint8, device=device)
+    for bucket, size in zip(plan, sizes, strict=True):
+        parts = []
+        for index in bucket:
+            expected = manifest.tensors[index]
+            name, tensor = next(stream)
+            got = spec_of(name, tensor)
+            if got != expected:
+                raise WeightMismatchError(
+                    f"tensor {index} is {got}, the manifest says {expected}", field="tensors"
+                )
+            parts.append(tensor.detach().to(device).contiguous().view(-1).view(torch.uint8))
+        if len(parts) == 1:
+            packed = parts[0]
+        else:
+            packed = staging[:size]
+            torch.cat(parts, out=packed)
+        group.broadcast(packed)
+    group.broadcast(_words(END, version, len(plan), manifest.total_bytes, device=device))
+    return BroadcastResult(manifest, len(plan), manifest.total_bytes)
+
+
+def receive_weights(
+    group: WeightGroup,
+    *,
+    accept: Callable[[Manifest], None],
+    start: Callable[[], None],
+    load: Callable[[NamedBucket], None],
+    finish: Callable[[], None],
+    on_bucket: Callable[[int], None] | None = None,
+) -> BroadcastResult:
+    """A member's side of one broadcast (module docstring).
+
+    ``accept`` raises to refuse the manifest (the buckets are then received and dropped, and
+    the refusal raised after the trailer); ``on_bucket`` is told each bucket's size as it lands.
+    """
+    device = group.device
+    try:
+        header = _words(device=device)
+        group.broadcast(header)
+        magic, protocol, version, blob_size, bucket_bytes, total, count, _ = header.tolist()
+        if magic != MAGIC or protocol != PROTOCOL:
+            raise BroadcastBrokenError(
+                f"not a weight broadcast header (magic {magic:#x}, protocol {protocol})"
+            )
+        blob = torch.empty(blob_size, dtype=torch.uint8, device=device)
+        group.broadcast(blob)
+    except RuntimeError as exc:
+        raise BroadcastBrokenError(f"the weight broadcast broke off: {exc}") from exc
+    manifest = Manifest.from_json(blob.cpu().numpy().tobytes())
+    plan = plan_buckets(manifest.tensors, bucket_bytes, solo_bytes=SOLO_BYTES)
+    if manifest.version != version or manifest.total_bytes != total or len(plan) != count:
+        raise BroadcastBrokenError(
+            f"header and manifest disagree (version {version} / {manifest.version}, "
+            f"{total} / {manifest.total_bytes} bytes, {count} / {len(plan)} buckets)"
+        )
+    refusal: Exception | None = None
+    try:
+        accept(manifest)
+    except Exception as exc:  # noqa: BLE001 - raised after the broadcast, which must go on
+        refusal = exc
+    started = False
+    load_error: Exception | None = None
+    try:
+        if refusal is None:
+            start()
+            started = True
+        for bucket in plan:
+            specs = [manifest.tensors[i] for i in bucket]
+            packed = torch.empty(sum(s.nbytes for s in specs), dtype=torch.uint8, device=device)
+            group.broadcast(packed)
+            if on_bucket is not None:
+                on_bucket(packed.numel())
+            if started and load_error is None:
+                try:
+                    load(unpack_bucket(specs, packed))
+                except Exception as exc:  # noqa: BLE001 - the others still need this member
+                    load_error = exc
+        trailer = _words(device=device)
+        group.broadcast(trailer)
+        if trailer.tolist()[:4] != [END, version, len(plan), total]:
+            raise BroadcastBrokenError(f"bad trailer {trailer.tolist()[:4]}")
+    except RuntimeError as exc:
+        raise BroadcastBrokenError(
+            f"the weight broadcast of version {version} broke off: {exc}"
+        ) from exc
+    finally:
+        if started:
+            finish()
+    if load_error is not None:
+        raise BroadcastBrokenError(
+            f"loading version {version} failed midway: {load_error}"
+        ) from load_error
+    if refusal is not None:
+        raise refusal
+    return BroadcastResult(manifest, len(plan), total)
+
+
+def drain(items: Iterator[Any]) -> None:
+    """Consume an iterator (a learner rank that gathers but does not send)."""
+    for _ in items:
+        pass

@@ -1,0 +1,184 @@
+"""The nccl weight transport on gloo: two learner ranks, two rollout replicas, real processes.
+
+The same code a GPU cluster runs with NCCL (:mod:`aflowrl.models.broadcast`), on CPUs:
+
+1. A push forms the weight group (learner rank 0 + both replicas) and broadcasts the weights in
+   buckets of 1 MiB (a ~14 MB model: many buckets; both learner ranks gather); both replicas
+   then sample with log-probs equal to the learner's.
+2. A participant killed mid-broadcast: replica B is frozen (SIGSTOP) after it answered the
+   push's status check, so the broadcast cannot complete; once replica A is inside it (its
+   weight update running, requests held at its gate), B is killed. The learner's broadcast
+   fails and closes the group, so A's receive breaks off: A must not serve (a Generate sent to
+   A mid-broadcast comes back UNAVAILABLE or served whole by the new version, never by the old
+   or a mixed one), and the trainer reloads A from a filesystem export; B is reported failed;
+   both learner ranks finish their gathers and go on. (The protocol's own cases, a member
+   broken after loading some buckets among them, are tests/unit/models/test_broadcast.py.)
+3. The next push forms a new group with A alone and broadcasts again (no fallback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+import yaml
+from grpc import aio
+
+from aflowrl._proto.v1 import learner_pb2, rollout_pb2
+from aflowrl.config import RunSpec
+from aflowrl.trainer import weight_sync
+
+sys.path.insert(0, str(Path(__file__).parent))
+from policy_services import SPEC, build_model, free_port, metrics_text, start_service
+from test_learner_service import TOL, _chat, _max_gap, _sample, _stubs
+
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.device_count() < 2,
+    reason="two NCCL ranks need two GPUs (hide the GPU, CUDA_VISIBLE_DEVICES='', to use gloo)",
+)
+
+
+def _metric(service, pattern: str) -> float:
+    match = re.search(r"^" + pattern + r" (\S+)$", metrics_text(service), re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def _buckets(service) -> float:
+    return _metric(service, r'aflowrl_rollout_weight_update_buckets_total\{transport="nccl"\}')
+
+
+def _receiving(service) -> bool:
+    return _metric(service, "aflowrl_rollout_weight_updates_running_requests") > 0
+
+
+async def _train(learner, rollout, iteration: int) -> int:
+    _, sequences = await _sample(rollout, seed=100 + iteration)
+    scored = await learner.ComputeLogProbs(learner_pb2.ComputeLogProbsRequest(sequences=sequences))
+    samples = [
+        learner_pb2.TrainSample(
+            sequence=s, old_logprobs=lp.values, advantages=[0.5 - i % 2] * len(lp.values)
+        )
+        for i, (s, lp) in enumerate(zip(sequences, scored.logprobs, strict=True))
+    ]
+    trained = await learner.Train(learner_pb2.TrainRequest(samples=samples, iteration=iteration))
+    return int(trained.policy_version)
+
+
+async def _agrees(learner, rollout, seed: int, version: int) -> None:
+    reply, sequences = await _sample(rollout, seed=seed)
+    assert reply.weight_version == version
+    scored = await learner.ComputeLogProbs(learner_pb2.ComputeLogProbsRequest(sequences=sequences))
+    assert scored.policy_version == version
+    assert _max_gap(reply, scored) < TOL
+
+
+async def _wait_for(condition, what: str) -> None:
+    """Poll ``condition`` (an event the services report), failing after two minutes."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 120.0
+    while not condition():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_broadcast_buckets_fencing_and_a_participant_killed_midway(tmp_path):
+    model = tmp_path / "model"
+    nbytes = build_model(model, hidden=256, layers=4)
+    spec_text = (
+        SPEC
+        + f"policy: {{model: {model}, dtype: float32}}\n"
+        + f"trainer: {{checkpointDir: {tmp_path / 'checkpoints'}}}\n"
+        + f"weightTransport: {{type: nccl, port: {free_port()}, bucketMib: 1, timeoutS: 60, "
+        + f"fallbackPath: {tmp_path / 'fallback'}}}\n"
+    )
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(spec_text)
+    spec = RunSpec.from_document(yaml.safe_load(spec_text))
+    learner_service = start_service("learner", spec_file, tmp_path, ranks=2, timeout=300)
+    replicas = []
+    try:
+        for name in ("rollout-a", "rollout-b"):
+            replicas.append(start_service("rollout", spec_file, tmp_path, name=name, timeout=300))
+        a, b = replicas
+        channels, learner, rollout_a = _stubs(learner_service, a)
+        more, _, rollout_b = _stubs(learner_service, b)
+        sync = weight_sync.make_weight_sync(spec, learner_service.target, [a.target, b.target])
+        assert isinstance(sync, weight_sync.NcclWeightSync)
+
+        # 1. Buckets: both replicas get version 1 by one broadcast of many 1 MiB buckets.
+        version = await _train(learner, rollout_a, 0)
+        report = await sync.push()
+        assert report.ok and [r.version for r in report.replicas] == [version, version]
+        assert not any(r.fallback for r in report.replicas)
+        buckets = _buckets(a)
+        assert buckets == _buckets(b) >= nbytes // (1024 * 1024)
+        log = learner_service.log.read_text()
+        assert f"broadcast weights v{version}" in log and f"{int(buckets)} buckets" in log
+        await _agrees(learner, rollout_a, 11, version)
+        await _agrees(learner, rollout_b, 12, version)
+        again = await sync.push()  # nothing new: no broadcast
+        assert again.ok and all(r.skipped for r in again.replicas) and _buckets(a) == buckets
+
+        # 2. B frozen after the status check, killed once A has its first bucket.
+        version = await _train(learner, rollout_a, 1)
+        statuses = sync._replicas.statuses
+
+        async def freeze_b_after_statuses():
+            answers = await statuses()
+            os.killpg(b.process.pid, signal.SIGSTOP)
+            return answers
+
+        sync._replicas.statuses = freeze_b_after_statuses
+        push = asyncio.ensure_future(sync.push())
+        await _wait_for(lambda: _receiving(a), "replica A inside the broadcast")
+        assert not push.done()
+        during = asyncio.ensure_future(
+            rollout_a.Generate(
+                rollout_pb2.GenerateRequest(
+                    prompts=[_chat("mid-broadcast")],
+                    sampling=rollout_pb2.SamplingParams(temperature=0.0, max_tokens=8),
+                )
+            )
+        )
+        b.stop(signal.SIGKILL)
+        report = await asyncio.wait_for(push, 300)
+        sync._replicas.statuses = statuses
+        result_a, result_b = report.replicas
+        assert result_a.error is None and result_a.fallback and result_a.version == version
+        assert result_b.error is not None and result_b.version is None
+        try:
+            served = await during
+        except aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+            assert "incomplete" in exc.details()
+        else:
+            assert served.weight_version == version  # after the reload, never the old one
+        status = await rollout_a.Status(rollout_pb2.RolloutStatusRequest())
+        assert not status.needs_reload and status.weight_version == version
+        await _agrees(learner, rollout_a, 13, version)
+        assert "weight_updates_refused_total" in metrics_text(a)
+
+        # 3. A new group with A alone; the broadcast works again.
+        version = await _train(learner, rollout_a, 2)
+        before = _buckets(a)
+        report = await sync.push()
+        result_a, result_b = report.replicas
+        assert result_a.error is None and not result_a.fallback and result_a.version == version
+        assert result_b.error is not None
+        assert _buckets(a) > before
+        await _agrees(learner, rollout_a, 14, version)
+        await sync.close()
+        for channel in (*channels, *more):
+            await channel.close()
+    finally:
+        for service in reversed(replicas):
+            service.stop(signal.SIGKILL)
+        learner_service.stop()
+    assert "Exception in thread" not in learner_service.log.read_text()

@@ -1,0 +1,168 @@
+"""The weight broadcast protocol on real gloo groups (members are threads of this process).
+
+Header, manifest, buckets cut alike on both sides, trailer; a member that refuses drains the
+broadcast without loading anything; a sender that dies after some buckets leaves a member that
+had started loading with ``finish`` called and a :class:`BroadcastBrokenError`; a member that dies
+makes the sender fail instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from aflowrl.models import broadcast, weights
+from aflowrl.models.errors import BroadcastBrokenError, StaleWeightsError, WeightMismatchError
+
+CPU = torch.device("cpu")
+KIB = 1024
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    sizes = {"embed": (64, 16), "a": (16, 16), "b": (16,), "c": (32, 16), "d": (8, 8), "e": (300,)}
+    out = {n: torch.randn(s, generator=generator) for n, s in sizes.items()}
+    out["b"] = out["b"].to(torch.bfloat16)
+    return out
+
+
+SHAPES = {n: tuple(t.shape) for n, t in _tensors().items()}
+
+
+def _run(members: list[Callable[[broadcast.WeightGroup], Any]]) -> list[Any]:
+    """Run each member (rank i) on its own thread in one fresh group; results or exceptions."""
+    port, name = _port(), f"g{_port()}"
+    store = broadcast.GroupStore(port, timeout_s=30)
+    results: list[Any] = [None] * len(members)
+
+    def member(rank: int) -> None:
+        try:
+            rendezvous = broadcast.Rendezvous(
+                "127.0.0.1", port, name, rank, len(members), timeout_s=20
+            )
+            group = broadcast.WeightGroup.join(
+                rendezvous, CPU, store=store.store if rank == 0 else None
+            )
+            try:
+                results[rank] = members[rank](group)
+            finally:
+                group.close()
+        except BaseException as exc:
+            results[rank] = exc
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(len(members))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(t.is_alive() for t in threads), "a member hung"
+    return results
+
+
+class Receiver:
+    """One member's engine: what it was asked to load, and when."""
+
+    def __init__(self, version: int = 5, serving: int = 4) -> None:
+        self.expectation = broadcast.Expectation(version, serving, dict(SHAPES))
+        self.events: list[str] = []
+        self.loaded: dict[str, torch.Tensor] = {}
+        self.buckets: list[int] = []
+
+    def __call__(self, group: broadcast.WeightGroup) -> broadcast.BroadcastResult:
+        def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
+            self.events.append("load")
+            self.loaded.update((n, t.clone()) for n, t in bucket)
+
+        return broadcast.receive_weights(
+            group,
+            accept=self.expectation.check,
+            start=lambda: self.events.append("start"),
+            load=load,
+            finish=lambda: self.events.append("finish"),
+            on_bucket=self.buckets.append,
+        )
+
+
+def _sender(tensors: dict[str, torch.Tensor], bucket_bytes: int, version: int = 5):
+    def send(group: broadcast.WeightGroup) -> broadcast.BroadcastResult:
+        specs = [weights.spec_of(n, t) for n, t in tensors.items()]
+        return broadcast.send_weights(group, version, tensors.items(), specs, bucket_bytes)
+
+    return send
+
+
+def test_every_member_gets_every_tensor_in_the_same_buckets():
+    tensors = _tensors()
+    first, second = Receiver(), Receiver()
+    sent, got, also = _run([_sender(tensors, 4 * KIB), first, second])
+    manifest = weights.build_manifest(5, tensors)
+    plan = weights.plan_buckets(manifest.tensors, 4 * KIB)
+    assert sent.buckets == got.buckets == also.buckets == len(plan) > 2
+    assert first.buckets == [sum(manifest.tensors[i].nbytes for i in r) for r in plan]
+    for receiver in (first, second):
+        assert receiver.events == ["start"] + ["load"] * len(plan) + ["finish"]
+        for name, tensor in tensors.items():
+            assert receiver.loaded[name].dtype == tensor.dtype
+            assert torch.equal(receiver.loaded[name], tensor)
+
+
+@pytest.mark.parametrize(
+    ("receiver", "error"),
+    [
+        (Receiver(version=6), WeightMismatchError),  # the trainer announced another version
+        (Receiver(serving=5), StaleWeightsError),  # this member serves that version already
+    ],
+)
+def test_a_member_that_refuses_drains_the_broadcast_without_loading(receiver, error):
+    tensors = _tensors()
+    other = Receiver()
+    sent, refused, got = _run([_sender(tensors, 4 * KIB), receiver, other])
+    assert isinstance(refused, error), refused
+    assert receiver.events == [] and receiver.loaded == {}
+    assert len(receiver.buckets) == sent.buckets  # it took part in every bucket
+    assert got.buckets == sent.buckets and set(other.loaded) == set(tensors)
+
+
+def test_a_sender_that_dies_midway_leaves_the_member_broken_but_finished():
+    tensors = _tensors()
+    plan = weights.plan_buckets(weights.build_manifest(5, tensors).tensors, 2 * KIB)
+    assert len(plan) > 3
+
+    def dies_after_two_buckets(group: broadcast.WeightGroup) -> None:
+        stream = iter(tensors.items())
+
+        def two_buckets():
+            for _ in range(len(plan[0]) + len(plan[1])):
+                yield next(stream)
+            group.close()  # the sender's process goes away here
+            raise RuntimeError("sender died")
+
+        specs = [weights.spec_of(n, t) for n, t in tensors.items()]
+        broadcast.send_weights(group, 5, two_buckets(), specs, 2 * KIB)
+
+    receiver = Receiver()
+    died, broken = _run([dies_after_two_buckets, receiver])
+    assert isinstance(died, RuntimeError)
+    assert isinstance(broken, BroadcastBrokenError), broken
+    assert receiver.events == ["start", "load", "load", "finish"]
+
+
+def test_a_member_that_dies_makes_the_sender_fail_rather_than_wait():
+    tensors = _tensors()
+
+    def dies_at_once(group: broadcast.WeightGroup) -> None:
+        group.close()
+
+    sent, _ = _run([_sender(tensors, 2 * KIB), dies_at_once])
+    assert isinstance(sent, RuntimeError | BroadcastBrokenError), sent

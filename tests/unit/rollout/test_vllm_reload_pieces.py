@@ -1,0 +1,111 @@
+"""Weights reach vLLM's workers in pieces: no message grows with the model (issue 16, item 1).
+
+vLLM 0.32's ``collective_rpc`` sends its arguments through msgspec's msgpack, which refuses any
+byte string over 2**32 - 1 bytes; the old reload packed the whole model into one (a 7B bf16
+policy is 15 GB). Here a model of 4.5 GiB (tensors produced lazily, views of one buffer, so the
+test allocates little) is reloaded through :func:`reload_in_pieces` into an engine that records
+what crosses the ``collective_rpc`` boundary: every call stays within one 64 MiB bucket, every
+byte string within the bucket, the pieces decode (on the worker's side) to the tensors sent, the
+reload is started once and finished once, and a tensor above the RPC part size travels in parts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from aflowrl.models import weights
+from aflowrl.rollout import vllm_engine, vllm_worker
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+MSGPACK_LIMIT = 2**32 - 1
+
+
+class RecordingEngine:
+    """The ``LLMEngine`` surface the reload uses; records each call's payload."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.largest_message = 0
+        self.largest_string = 0
+        self.pieces: list[tuple[Any, Any]] = []
+        self.prefix_cache_resets = 0
+
+    def collective_rpc(self, method: Any, args: tuple[Any, ...] = ()) -> list[Any]:
+        self.calls.append(method.__name__)
+        strings = _byte_strings(args)
+        self.largest_string = max([self.largest_string, *(len(b) for b in strings)])
+        self.largest_message = max(self.largest_message, sum(len(b) for b in strings))
+        if method is vllm_worker.load_piece:
+            specs, parts, _tied = args
+            if len(self.pieces) < 3:
+                self.pieces.append((specs, parts))
+        return [None]
+
+    def reset_prefix_cache(self) -> None:
+        self.prefix_cache_resets += 1
+
+
+def _byte_strings(value: Any) -> list[bytes]:
+    """Every byte string in an RPC's arguments (what msgpack would encode as bin)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [b for item in value for b in _byte_strings(item)]
+    return []
+
+
+def test_a_model_larger_than_4_gib_is_reloaded_in_bucket_sized_messages():
+    base = torch.arange(16 * MIB // 4, dtype=torch.float32)  # one 16 MiB buffer
+    count = (4 * GIB + GIB // 2) // (16 * MIB)  # 4.5 GiB of weights in all
+    produced = []
+
+    def lazily():
+        for i in range(count):
+            produced.append(i)
+            yield f"model.layers.{i}.mlp.weight", (base + i).view(1024, -1)
+
+    engine = RecordingEngine()
+    pieces = vllm_engine.reload_in_pieces(engine, lazily(), bucket_bytes=64 * MIB, tied=False)
+    total = count * 16 * MIB
+    assert total > MSGPACK_LIMIT and len(produced) == count
+    assert pieces == total // (64 * MIB)
+    assert engine.calls[0] == "start_update" and engine.calls[-1] == "finish_update"
+    assert engine.calls.count("load_piece") == pieces and engine.prefix_cache_resets == 1
+    assert engine.largest_message <= 64 * MIB < MSGPACK_LIMIT
+    assert engine.largest_string <= 16 * MIB
+    specs, parts = engine.pieces[1]
+    for (name, dtype, shape), data in zip(specs, parts, strict=True):
+        spec = weights.TensorSpec(name, dtype, tuple(shape))
+        index = int(name.split(".")[2])
+        assert torch.equal(vllm_worker._tensor(spec, data), (base + index).view(1024, -1))
+
+
+def test_a_tensor_above_the_part_size_travels_in_parts(monkeypatch):
+    monkeypatch.setattr(vllm_engine, "_MAX_PART", 3 * MIB)
+    big = torch.randn(10 * MIB // 4)
+    engine = RecordingEngine()
+    vllm_engine.reload_in_pieces(engine, [("embed.weight", big)], bucket_bytes=4 * MIB, tied=True)
+    (specs, parts), *_ = engine.pieces
+    assert [len(p) for p in parts[0]] == [3 * MIB, 3 * MIB, 3 * MIB, MIB]
+    spec = weights.TensorSpec(*specs[0][:2], tuple(specs[0][2]))
+    assert torch.equal(vllm_worker._tensor(spec, parts[0]), big)
+
+
+def test_a_failed_piece_still_finishes_the_reload():
+    class Failing(RecordingEngine):
+        def collective_rpc(self, method: Any, args: tuple[Any, ...] = ()) -> list[Any]:
+            result = super().collective_rpc(method, args)
+            if method is vllm_worker.load_piece:
+                raise RuntimeError("worker died")
+            return result
+
+    engine = Failing()
+    tensors = [(f"t{i}", torch.zeros(MIB // 4)) for i in range(4)]
+    with pytest.raises(RuntimeError, match="worker died"):
+        vllm_engine.reload_in_pieces(engine, tensors, bucket_bytes=MIB, tied=False)
+    assert engine.calls == ["start_update", "load_piece", "finish_update"]
+    assert engine.prefix_cache_resets == 0
