@@ -364,7 +364,8 @@ async def test_lora_learner_pushes_adapters_alone_and_exports_merged_weights(tmp
         await sync.close()
         assert report.ok and report.replicas[0].version == 2
         model_bytes = 4 * sum(
-            math.prod(shape) for shape in weights.shapes_from_config(builtin.ensure("tiny")).values()
+            math.prod(shape)
+            for shape in weights.shapes_from_config(builtin.ensure("tiny")).values()
         )
         assert 0 < report.replicas[0].bytes < model_bytes / 4  # the adapters, not the model
         reply, pushed = await _sample(rollout, seed=5)

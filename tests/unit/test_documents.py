@@ -18,7 +18,7 @@ from aflowrl.documents import DocumentError
 
 
 def test_json_within_the_bounds_is_the_standard_parse():
-    doc = {"a": [1, 2.5, None, True, {"b": "x\"y[{"}], "c": {"d": []}, "é": "ü"}
+    doc = {"a": [1, 2.5, None, True, {"b": 'x"y[{'}], "c": {"d": []}, "é": "ü"}
     text = json.dumps(doc, ensure_ascii=False)
     assert documents.load_json(text, source="t") == doc
     assert documents.load_json(text.encode(), source="t") == doc
@@ -119,9 +119,7 @@ def test_yaml_aliases_are_refused_at_once():
 
 
 def test_yaml_merge_keys_without_aliases_still_merge():
-    assert documents.load_yaml("a: {<<: {x: 1, y: 2}, x: 3}", source="t") == {
-        "a": {"x": 3, "y": 2}
-    }
+    assert documents.load_yaml("a: {<<: {x: 1, y: 2}, x: 3}", source="t") == {"a": {"x": 3, "y": 2}}
 
 
 @pytest.mark.parametrize(

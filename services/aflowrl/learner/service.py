@@ -444,9 +444,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     ) -> learner_pb2.ExportWeightsResponse:
         target = await _writable_dir(request.path, "path") if request.path else None
         started = time.perf_counter()
-        path, nbytes, version = await self._run(
-            ExportCommand(target, self._dtype(request.dtype))
-        )
+        path, nbytes, version = await self._run(ExportCommand(target, self._dtype(request.dtype)))
         self.metrics.weight_push_duration.labels("filesystem").observe(
             time.perf_counter() - started
         )

@@ -10,9 +10,9 @@ import pytest
 
 from aflowrl.config import RunSpec
 from aflowrl.errors import InvalidInputError
+from aflowrl.seeding import derive_seed
 from aflowrl.trainer import tasks
 from aflowrl.trainer.collect import group_episodes, seed_workflows
-from aflowrl.seeding import derive_seed
 
 
 def _spec(**environment: object) -> RunSpec:
