@@ -20,7 +20,8 @@ from aflowrl._proto.v1 import environment_pb2 as pb
 from aflowrl.config import RunSpec
 from aflowrl.envsvc.server import running_server
 from aflowrl.errors import InvalidInputError
-from aflowrl.trainer.acting import Actor, Observed, UniformActor, choice_response
+from aflowrl.search import encoding
+from aflowrl.trainer.acting import Actor, IndexActor, Observed, UniformActor
 from aflowrl.trainer.clients import EnvironmentClient
 from aflowrl.trainer.evaluate import evaluate_policy, policy_table, summarize
 from aflowrl.trainer.rows import Decision
@@ -30,16 +31,13 @@ from aflowrl.workflow import library
 MAX_STEPS = 3
 
 
-class FixedChoice(Actor):
-    """Always the ``k``-th listed action (a deterministic policy)."""
-
-    def __init__(self, k: int) -> None:
-        self.k = k
+class Unlisted(Actor):
+    """Always an action the observation does not list (every step an invalid no-op)."""
 
     async def act(
         self, observed: Sequence[Observed], *, rng: np.random.Generator, seed: int
     ) -> list[Decision]:
-        return [Decision(action=choice_response(self.k)) for _ in observed]
+        return [Decision(action=encoding.action_reply("no such action")) for _ in observed]
 
 
 def _spec(data: Path) -> RunSpec:
@@ -50,7 +48,12 @@ def _spec(data: Path) -> RunSpec:
                 "heldOutBenchmarks": ["drop"],
                 "data": {"dir": str(data)},
                 "evaluation": {"maxProblems": 5, "repeats": 1},
-                "search": {"maxSteps": MAX_STEPS, "maxAdmissibleActions": 9},
+                "search": {
+                    "maxSteps": MAX_STEPS,
+                    "maxAdmissibleActions": 9,
+                    "selection": "ucb",
+                    "valueSource": "none",
+                },
             },
             "trainer": {"tasksPerIteration": 2, "groupSize": 2},
             "learner": {"loss": {"miniBatchSize": 8, "microBatchSize": 8}},
@@ -72,14 +75,16 @@ async def _replay(env: EnvironmentClient, task: Task, k: int) -> dict[str, Any]:
         key=seed.content_hash,
     )
     state, rewards, best = reply.state, [], reply.seed_score
+    listed = list(reply.observation.admissible_actions)
     duplicates = invalid = 0
     while True:
-        step, _ = await env.step(state, choice_response(k), episode_key="replay")
+        action = encoding.action_reply(listed[min(k, len(listed) - 1)])
+        step, _ = await env.step(state, action, episode_key="replay")
         rewards.append(step.reward)
         best = max(best, step.info.best_score)
         duplicates += step.info.valid_action and step.info.duplicate
         invalid += not step.info.valid_action
-        state = step.state
+        state, listed = step.state, list(step.observation.admissible_actions)
         if step.done:
             break
     return {
@@ -98,7 +103,7 @@ async def test_episodes_of_a_fixed_policy_match_a_replay_by_hand(aflow_data):
         env = EnvironmentClient([f"127.0.0.1:{server.port}"])
         try:
             tasks = [Task("gsm8k", 7), Task("drop", 2**31 + 5)]
-            results = await evaluate_policy(spec, env, FixedChoice(1), tasks, episodes_per_task=2)
+            results = await evaluate_policy(spec, env, IndexActor(1), tasks, episodes_per_task=2)
             assert [(r.benchmark, r.seed) for r in results] == [
                 ("gsm8k", 7),
                 ("gsm8k", 7),
@@ -109,8 +114,8 @@ async def test_episodes_of_a_fixed_policy_match_a_replay_by_hand(aflow_data):
                 replayed = await _replay(env, task, 1)
                 got = {key: getattr(result, key) for key in replayed}
                 assert got == pytest.approx(replayed)
-            # A number the observation does not list: every step is an invalid no-op.
-            invalid = await evaluate_policy(spec, env, FixedChoice(50), tasks[:1])
+            # An action the observation does not list: every step is an invalid no-op.
+            invalid = await evaluate_policy(spec, env, Unlisted(), tasks[:1])
             assert invalid[0].invalid_steps == invalid[0].steps == MAX_STEPS
             assert invalid[0].episode_return == 0.0
         finally:
@@ -124,20 +129,20 @@ async def test_a_seeded_evaluation_repeats_and_refuses_unserved_tasks(aflow_data
         try:
             tasks = held_out_tasks(["gsm8k", "drop"], 2, seed=3)
             first = await evaluate_policy(
-                spec, env, UniformActor("choice"), tasks, episodes_per_task=2, seed=9
+                spec, env, UniformActor(), tasks, episodes_per_task=2, seed=9
             )
             again = await evaluate_policy(
-                spec, env, UniformActor("choice"), tasks, episodes_per_task=2, seed=9
+                spec, env, UniformActor(), tasks, episodes_per_task=2, seed=9
             )
             assert first == again and len(first) == 8
             assert all(r.steps == MAX_STEPS for r in first)
             with pytest.raises(InvalidInputError) as caught:
-                await evaluate_policy(spec, env, UniformActor("choice"), [*tasks, Task("mbpp", 1)])
+                await evaluate_policy(spec, env, UniformActor(), [*tasks, Task("mbpp", 1)])
             assert caught.value.field == "tasks[4].benchmark"
             with pytest.raises(InvalidInputError) as caught:
-                await evaluate_policy(spec, env, UniformActor("choice"), tasks, episodes_per_task=0)
+                await evaluate_policy(spec, env, UniformActor(), tasks, episodes_per_task=0)
             assert caught.value.field == "episodes_per_task"
-            assert await evaluate_policy(spec, env, UniformActor("choice"), []) == []
+            assert await evaluate_policy(spec, env, UniformActor(), []) == []
         finally:
             await env.close()
     summaries = summarize(first, held_out=["drop"])
