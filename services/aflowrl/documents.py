@@ -207,6 +207,15 @@ class _StrictLoader(_BaseLoader):  # type: ignore[misc,valid-type]
         return result
 
 
+# YAML 1.2 (what kubectl's reader follows) reads ``1e-08`` as a number; PyYAML's YAML 1.1
+# resolver needs a dot (``1.0e-08``) and would read a string, which the spec then refuses.
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def _yaml_line(exc: yaml.YAMLError) -> int | None:
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     return mark.line + 1 if mark is not None else None

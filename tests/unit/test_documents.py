@@ -181,3 +181,9 @@ def test_read_text_refuses_what_is_not_a_small_utf8_file(tmp_path):
         with pytest.raises(DocumentError, match=message) as caught:
             documents.read_text(path, source="-f", max_bytes=10)
         assert caught.value.field == "-f"
+
+
+def test_yaml_exponent_floats_without_a_dot_are_numbers_as_kubectl_reads_them():
+    doc = documents.load_yaml("a: 1e-08\nb: -2E3\nc: 10\nd: '1e5'\ne: 3e\n", source="x")
+    assert doc == {"a": 1e-08, "b": -2000.0, "c": 10, "d": "1e5", "e": "3e"}
+    assert isinstance(doc["c"], int)

@@ -14,8 +14,14 @@ never draws); a benchmark of ``environment.heldOutBenchmarks`` is served by the 
 never trained on, so playing it measures transfer. :func:`summarize` and :func:`policy_table`
 aggregate the results per benchmark (mean ± standard error over episodes).
 
-Used by :mod:`aflowrl.trainer.loop` (the final evaluation of a run with held-out benchmarks)
-and ``bench/learning.py`` (each method's final policy on the same held-out tasks).
+:func:`proposer_comparison` plays the trained policy (searching with its own values under
+``fused`` selection) and the random proposer (UCB alone) on the same held-out tasks, episodes
+and seeds, so both spend the same evaluation budget; :func:`comparison_table` shows the policy's
+lead in best-gain (the best score among new workflows minus the seed's) with its standard error.
+
+Used by :mod:`aflowrl.trainer.loop` (every run ends with the comparison, and with the per-
+benchmark table when it has held-out benchmarks) and ``bench/learning.py`` (each method's final
+policy on the same held-out tasks).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any
 
 from aflowrl.config import RunSpec
 from aflowrl.errors import InvalidInputError
-from aflowrl.trainer.acting import Actor, ChoiceActor, TextActor, ValueReader
+from aflowrl.trainer.acting import Actor, ChoiceActor, TextActor, UniformActor, ValueReader
 from aflowrl.trainer.clients import EnvironmentClient, RolloutClient
 from aflowrl.trainer.clock import Timeline
 from aflowrl.trainer.collect import Collector, group_episodes, seed_workflows
@@ -257,3 +263,56 @@ def policy_table(summaries: Sequence[BenchmarkSummary], *, title: str) -> str:
         for s in summaries
     ]
     return aligned_table(title, header, body)
+
+
+async def proposer_comparison(
+    spec: RunSpec, env: EnvironmentClient, actor: Actor
+) -> tuple[list[EpisodeResult], list[EpisodeResult]]:
+    """(the policy's, the random proposer's) episodes on the same held-out tasks.
+
+    The policy searches as the run does (``fused`` selection on a fresh table its own values
+    fill); the random proposer picks uniformly among the listed actions and, having no values,
+    searches with UCB alone (an empty table). Same tasks, episodes, steps and seeds: the same
+    number of workflow evaluations.
+    """
+    policy = await held_out_evaluation(spec, env, actor)
+    empty = ValueTable.empty() if value_table(spec) is not None else None
+    random = await held_out_evaluation(spec, env, UniformActor(), values=empty)
+    return policy, random
+
+
+def comparison_table(
+    policy: Sequence[EpisodeResult], random: Sequence[EpisodeResult], *, title: str
+) -> str:
+    """The two proposers side by side (means ± standard errors over episodes), and the policy's
+    best-gain lead over random, paired by episode, in standard errors."""
+    header = ("proposer", "episodes", "evaluations", "best gain", "return", "duplicates")
+
+    def row(name: str, results: Sequence[EpisodeResult]) -> tuple[str, ...]:
+        gains = [r.best_gain for r in results]
+        returns = [r.episode_return for r in results]
+        steps = sum(r.steps for r in results)
+        dups = sum(r.duplicates for r in results)
+        return (
+            name,
+            str(len(results)),
+            str(sum(r.steps - r.invalid_steps for r in results)),
+            f"{mean(gains):+.4f} ± {_se_text(gains)}",
+            f"{mean(returns):+.4f} ± {_se_text(returns)}",
+            f"{dups / steps:.0%}" if steps else "-",
+        )
+
+    table = aligned_table(
+        title, header, [row("trained policy (fused)", policy), row("random (ucb)", random)]
+    )
+    if len(policy) != len(random) or not policy:
+        return table
+    leads = [a.best_gain - b.best_gain for a, b in zip(policy, random, strict=True)]
+    se = _standard_error(leads)
+    margin = "-" if math.isnan(se) or se == 0 else f"{mean(leads) / se:+.1f} SE"
+    return f"{table}\nbest-gain lead of the policy over random: {mean(leads):+.4f} ({margin})"
+
+
+def _se_text(values: Sequence[float]) -> str:
+    se = _standard_error(values)
+    return "-" if math.isnan(se) else f"{se:.4f}"

@@ -37,6 +37,11 @@ per-benchmark scalars, and the final comparison is one table per training benchm
 benchmark and plays the final policy on held-out tasks of every served benchmark
 (:mod:`aflowrl.trainer.evaluate`; ``held_out.json``).
 
+**Every run ends** with the trained policy against the random proposer on held-out tasks of
+every served benchmark (task seeds training never drew): the policy searching with its own
+values (``fused``), random with UCB alone, the same tasks, episodes and evaluation budget
+(:func:`aflowrl.trainer.evaluate.proposer_comparison`); the table closes ``final.md``.
+
 Runs are reproducible on a CPU with overlap off (every random choice derives from
 ``trainer.seed`` and the iteration). Called by ``aflowrl train`` (:mod:`aflowrl.cli.train`).
 """
@@ -64,9 +69,10 @@ from aflowrl.trainer.clock import Timeline
 from aflowrl.trainer.errors import LearnerDivergedError, NoReplicaError
 from aflowrl.trainer.evaluate import (
     EpisodeResult,
-    held_out_evaluation,
+    comparison_table,
     policy_actor,
     policy_table,
+    proposer_comparison,
     summarize,
 )
 from aflowrl.trainer.final import FinalRow, final_comparison, final_table
@@ -121,7 +127,9 @@ class RunResult:
     best_dirs: dict[str, Path] = field(default_factory=dict)
     """Training benchmark -> the folder of the workflow its final comparison chose."""
     held_out: list[EpisodeResult] = field(default_factory=list)
-    """The final policy's episodes on held-out tasks (runs with held-out benchmarks)."""
+    """The trained policy's episodes on held-out tasks (the final comparison)."""
+    random_held_out: list[EpisodeResult] = field(default_factory=list)
+    """The random proposer's episodes on the same tasks."""
 
 
 def recompute_all_old_logprobs(spec: RunSpec) -> bool:
@@ -627,12 +635,23 @@ class Trainer:
             for name, rows in by_benchmark.items()
         ]
         result.final_rows = [row for rows in by_benchmark.values() for row in rows]
-        if held_out:
-            if self.progress is not None:
-                self.progress.write("playing the policy on held-out tasks")
-            result.held_out = await held_out_evaluation(
-                self.spec, self.services.env, self.actor, values=self.values
+        if self.progress is not None:
+            self.progress.write(
+                "playing the trained policy and the random proposer on held-out tasks"
             )
+        result.held_out, random = await proposer_comparison(
+            self.spec, self.services.env, self.actor
+        )
+        result.random_held_out = random
+        tables.append(
+            comparison_table(
+                result.held_out,
+                random,
+                title="The trained policy against the random proposer on held-out tasks "
+                "(same tasks, episodes and evaluation budget)",
+            )
+        )
+        if held_out:
             summaries = summarize(result.held_out, held_out=held_out)
             tables.append(
                 policy_table(
