@@ -286,7 +286,7 @@ def comparison_table(
 ) -> str:
     """The two proposers side by side (means ± standard errors over episodes), and the policy's
     best-gain lead over random, paired by episode, in standard errors."""
-    header = ("proposer", "episodes", "evaluations", "best gain", "return", "duplicates")
+    header = ("proposer", "episodes", "steps", "best gain", "return", "duplicates")
 
     def row(name: str, results: Sequence[EpisodeResult]) -> tuple[str, ...]:
         gains = [r.best_gain for r in results]
@@ -296,7 +296,7 @@ def comparison_table(
         return (
             name,
             str(len(results)),
-            str(sum(r.steps - r.invalid_steps for r in results)),
+            str(sum(r.steps for r in results)),
             f"{mean(gains):+.4f} ± {_se_text(gains)}",
             f"{mean(returns):+.4f} ± {_se_text(returns)}",
             f"{dups / steps:.0%}" if steps else "-",
