@@ -415,6 +415,14 @@ async def test_evaluate_scores_a_workflow_with_repeats_and_caches_it(replicas):
 
 
 # ------------------------------------------------------------------------------ metrics
+def _sorted_labels(series: str) -> str:
+    """A series name with its labels in sorted order (exposition order is not fixed)."""
+    if "{" not in series:
+        return series
+    name, labels = series.rstrip("}").split("{", 1)
+    return name + "{" + ",".join(sorted(labels.split(","))) + "}"
+
+
 async def test_metrics_are_exported(replicas):
     async with _stubs(replicas[0].target) as (stub,):
         reply = await stub.Reset(pb.ResetRequest(task="gsm8k", seed=61))
@@ -422,7 +430,7 @@ async def test_metrics_are_exported(replicas):
         await stub.Step(pb.StepRequest(state=reply.state, action="nothing"))
     text = metrics_text(replicas[0])
     values = {
-        line.split(" ")[0]: float(line.split(" ")[-1])
+        _sorted_labels(line.split(" ")[0]): float(line.split(" ")[-1])
         for line in text.splitlines()
         if line.startswith(("aflowrl_environment_", "grpc_server_", "process_"))
     }
@@ -443,7 +451,7 @@ async def test_metrics_are_exported(replicas):
         "process_cpu_seconds_total",
         "process_resident_memory_bytes",
     ):
-        assert values.get(name, 0.0) > 0, name
+        assert values.get(_sorted_labels(name), 0.0) > 0, name
     assert 0.0 < values["aflowrl_environment_cache_hit_ratio"] < 1.0
 
 
