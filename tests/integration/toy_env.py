@@ -10,9 +10,13 @@ service's is; Step is deterministic, so a retry on another replica gives the sam
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
+from collections.abc import Awaitable, Callable
+
+import grpc
 
 from aflowrl._proto.v1 import environment_pb2, environment_pb2_grpc
 from aflowrl.common.server import GrpcServer, ServerOptions, ServiceRegistration
@@ -35,10 +39,15 @@ def _hash(*parts: str) -> str:
 
 
 class ToyEnv(environment_pb2_grpc.EnvironmentServiceServicer):
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, stop_after_steps: int | None = None) -> None:
         self.name = name
         self.steps = 0
         self.evaluations = 0
+        self.stop_after_steps = stop_after_steps
+        """Answer this many Steps, then stop the server on the next one (a replica going away
+        at a point fixed by the request count, not by the clock)."""
+        self.stop_server: Callable[[], Awaitable[None]] | None = None
+        self.stopping: asyncio.Task[None] | None = None
 
     def _observation(self, state: dict) -> environment_pb2.Observation:
         text = (
@@ -94,6 +103,10 @@ class ToyEnv(environment_pb2_grpc.EnvironmentServiceServicer):
         )
 
     async def Step(self, request, context):
+        if self.stop_after_steps is not None and self.steps >= self.stop_after_steps:
+            if self.stopping is None and self.stop_server is not None:
+                self.stopping = asyncio.create_task(self.stop_server())
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"replica {self.name} is stopping")
         self.steps += 1
         state = self._decode(request.state)
         k = self._choice(request.action)
@@ -139,9 +152,10 @@ class ToyEnv(environment_pb2_grpc.EnvironmentServiceServicer):
         return environment_pb2.EnvInfoResponse(tasks=["humaneval"], executor_id="toy")
 
 
-async def serve_toy(name: str) -> tuple[GrpcServer, ToyEnv]:
-    """A started toy replica on a free loopback port (stop it with ``await server.stop()``)."""
-    servicer = ToyEnv(name)
+async def serve_toy(name: str, *, stop_after_steps: int | None = None) -> tuple[GrpcServer, ToyEnv]:
+    """A started toy replica on a free loopback port (stop it with ``await server.stop()``);
+    with ``stop_after_steps`` it stops itself on the Step after that many."""
+    servicer = ToyEnv(name, stop_after_steps=stop_after_steps)
     registration = ServiceRegistration(
         servicer, environment_pb2_grpc.add_EnvironmentServiceServicer_to_server, SERVICE
     )
@@ -149,5 +163,6 @@ async def serve_toy(name: str) -> tuple[GrpcServer, ToyEnv]:
         ServerOptions(component="environment", host="127.0.0.1", port=0, grace_s=0.5),
         [registration],
     )
+    servicer.stop_server = server.stop
     await server.start()
     return server, servicer

@@ -251,6 +251,14 @@ class RoutingStats:
     failovers: list[Failover] = field(default_factory=list)
 
 
+_REPLICA_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+"""Codes on which an environment call moves to the next replica. UNAVAILABLE: the replica is
+down or draining. CANCELLED reaches this client only from the server's side (a cancellation of
+ours raises ``asyncio.CancelledError`` instead): a replica stopping cancels its in-flight calls
+when its grace period ends. Every environment call may be repeated (a retried Step returns the
+same state and reward), so both move on."""
+
+
 class EnvironmentClient:
     """The environment replicas behind one target, with routing and failover (module docstring)."""
 
@@ -341,7 +349,7 @@ class EnvironmentClient:
             try:
                 response = await invoke(replica.stub)
             except aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                if exc.code() not in _REPLICA_GONE:
                     raise error_from_rpc(exc, f"environment {method} on {address}") from exc
                 replica.down_until = time.monotonic() + self.cooldown_s
                 reason = f"{exc.code().name}: {exc.details()}"
