@@ -321,7 +321,7 @@ class EnvironmentSpec(SpecModel):
         CelRule(
             f"{{benchmarkWeights}}.all(k, ('{MIXED}' in {{benchmarks}}) "
             f"? (k in {list(BENCHMARKS)!r} && !(k in {{heldOutBenchmarks}})) "
-            ": (k in {{benchmarks}}))",
+            ": (k in {benchmarks}))",
             "benchmarkWeights names a benchmark that is not a training benchmark",
             "benchmarkWeights",
         ),

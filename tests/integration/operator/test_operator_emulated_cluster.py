@@ -150,7 +150,7 @@ async def test_a_run_becomes_every_child_with_its_key_fields(cluster: Cluster):
         "/etc/aflowrl/spec.yaml",
     ]
     assert main["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    assert main["readinessProbe"]["grpc"]["port"] == 50052
+    assert main["readinessProbe"]["grpc"]["port"] == 50050  # TLS: the plaintext health port
     pod = rollout["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"gpu": "h100"} and pod["tolerations"][0]["operator"] == "Exists"
     assert pod["priorityClassName"] == "training"
@@ -408,7 +408,7 @@ async def test_suspend_scales_to_zero_and_resume_brings_the_run_back(cluster: Cl
 
 
 async def test_an_invalid_spec_is_rejected_with_a_condition_then_fixed(cluster: Cluster):
-    await cluster.create_run("bad", {"trainer": {"iterations": 0}, "learner": {"nodez": 2}})
+    await cluster.create_run("bad", {"trainer": {"iterations": -1}, "learner": {"nodez": 2}})
     ready = await cluster.eventually(lambda: cluster.condition("bad", "Ready"), what="status")
     assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
     degraded = cluster.condition("bad", "Degraded")

@@ -89,7 +89,7 @@ def test_default_and_example_specs_validate_against_the_crd_schema():
     )
     jsonschema.validate(spec.to_document(), schema)
     bad = RunSpec().to_document()
-    bad["trainer"]["iterations"] = 0
+    bad["trainer"]["iterations"] = -1
     try:
         jsonschema.validate(bad, schema)
     except jsonschema.ValidationError:

@@ -72,7 +72,7 @@ def test_yaml_with_discriminated_unions():
 INVALID = [
     ({"learner": {"optimizer": {"lr": -1}}}, "spec.learner.optimizer.lr"),
     ({"learner": {"optimizer": {"lr": "fast"}}}, "spec.learner.optimizer.lr"),
-    ({"trainer": {"iterations": 0}}, "spec.trainer.iterations"),
+    ({"trainer": {"iterations": -1}}, "spec.trainer.iterations"),
     ({"rollut": {}}, "spec.rollut"),
     ({"rollout": {"sampling": {"topP": 0}}}, "spec.rollout.sampling.topP"),
     ({"rollout": {"resources": {"memory": "lots"}}}, "spec.rollout.resources.memory"),
@@ -161,7 +161,7 @@ def test_mixed_means_every_benchmark_but_the_held_out_ones():
 def test_all_problems_are_reported_at_once():
     with pytest.raises(ConfigError) as info:
         RunSpec.from_document(
-            {"trainer": {"iterations": 0, "seed": -1}, "policy": {"dtype": "int4"}}
+            {"trainer": {"iterations": -1, "seed": -1}, "policy": {"dtype": "int4"}}
         )
     assert len(info.value.problems) == 3
 
@@ -169,7 +169,7 @@ def test_all_problems_are_reported_at_once():
 def test_wrong_kind_and_bad_yaml_are_clear():
     with pytest.raises(ConfigError, match="expected kind TrainingRun"):
         RunSpec.from_document({"apiVersion": "v1", "kind": "Pod", "spec": {}})
-    with pytest.raises(ConfigError, match=r"run\.yaml: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"run\.yaml: (line \d+: )?not valid YAML"):
         RunSpec.from_yaml("a: [1, 2", source="run.yaml")
     with pytest.raises(ConfigError, match="expected a mapping"):
         RunSpec.from_document(["a"])

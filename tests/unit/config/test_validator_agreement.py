@@ -107,11 +107,11 @@ INVALID: list[tuple[dict, str | set[str]]] = [
     # cross-field rules
     (run({"environment": {"replicas": {"min": 3, "max": 2}}}), "spec.environment.replicas.min"),
     (run({"rollout": {"sampling": {"maxTokens": 512}}}), "spec.rollout.sampling.maxTokens"),
-    (run({"environment": {"search": {"selection": "fused"}}}), "spec.environment.search.valueSource"),
+    (run({"environment": {"search": {"selection": "fused", "valueSource": "none"}}}), "spec.environment.search.valueSource"),
     (run({"environment": {"search": {"valueSource": "critic"}}}), "spec.environment.search.valueSource"),
     (run({"trainer": {"groupSize": 1}, "learner": {"loss": {"miniBatchSize": 8}}}), "spec.trainer.groupSize"),
     (run({"trainer": {"groupSize": 1}}), {"spec.trainer.groupSize", "spec.learner.loss.miniBatchSize"}),
-    (run({"weightTransport": {"type": "nccl"}}), "spec.weightTransport.type"),
+    (run({"learner": {"resources": {"gpus": 1}}, "weightTransport": {"type": "nccl"}}), "spec.weightTransport.type"),
     (run({"rollout": {"engine": "vllm", "vllm": {"maxModelLen": 1024}}}), "spec.rollout.vllm.maxModelLen"),
     (run({"rollout": {"engine": "vllm", "resources": GPU, "vllm": {"tensorParallelSize": 4}}}), "spec.rollout.vllm.tensorParallelSize"),
     (run({"learner": {"loss": {"miniBatchSize": 4, "microBatchSize": 8}}}), "spec.learner.loss.microBatchSize"),
