@@ -4,11 +4,14 @@
 :meth:`RunContext.llm` and :meth:`RunContext.run_code`, which record every executor call and
 sandbox run as a :class:`TraceEvent` and add up what the run paid (:class:`Bill`).
 
-Seeds: a node's calls derive their seeds from the run's seed and the hash of the node's
-*upstream subgraph* (:func:`aflowrl.workflow.canonical.upstream_hashes`), never from its id,
-its position in the graph or the order calls happen in. So renamed copies of a graph make
-identical requests, and so does any other workflow containing the same node with the same
-upstream: which is what lets a draw be reused.
+Seeds: a node's calls derive their seeds from the run's seed and the *shape* of the node's
+upstream subgraph, its prompts' texts left out (``UpstreamHash.seed`` of
+:func:`aflowrl.workflow.canonical.upstream_hashes`), never from its id, its position in the
+graph or the order calls happen in. So renamed copies of a graph make identical requests, so
+does any other workflow containing the same node with the same upstream (which is what lets a
+draw be reused), and a workflow that differs from its parent only in a prompt draws with the
+parent's random numbers: the score change a prompt edit earns is the prompt's effect on the same
+draws, not sampling noise (common random numbers).
 
 Draws: operators wrap each independent piece of work in :meth:`RunContext.draw` (one fan-out
 sample, one MedPrompt vote, or a whole node for the other operators). With a :class:`DrawStore`
@@ -61,13 +64,13 @@ class RunSettings:
     def fingerprint(self) -> str:
         """What of these settings changes answers (part of the evaluation cache key).
 
-        ``seeds=2`` names how calls derive their seeds (from upstream hashes): episodes scored
+        ``seeds=3`` names how calls derive their seeds (from upstream shapes, prompts left out): episodes scored
         under the earlier rule (node positions) are refused rather than continued with other
         draws.
         """
         return (
             f"t={self.temperature};max_tokens={self.max_tokens};code_s={self.code_timeout_s}"
-            f";code_mb={self.code_memory_mb};seeds=2"
+            f";code_mb={self.code_memory_mb};seeds=3"
         )
 
 
@@ -201,12 +204,17 @@ class RunContext:
         return step
 
     def draw_hash(self, node: Node) -> str:
-        """The hash a node's draws are keyed and seeded by."""
-        return self.upstream[node.id].draw
+        """The key a node's draws are stored under (its content and its seeds)."""
+        return self.upstream[node.id].key()
+
+    def seed_hash(self, node: Node) -> str:
+        """The hash a node's calls are seeded by: its upstream shape, prompts left out
+        (:class:`~aflowrl.workflow.canonical.UpstreamHash`), never its id."""
+        return self.upstream[node.id].seed
 
     def call_seed(self, node: Node, sample: int, step: int) -> int:
-        """Seed of call ``step`` of draw ``sample`` of ``node`` (upstream hash, never the id)."""
-        return derive_seed(self.seed, self.draw_hash(node), sample, step)
+        """Seed of call ``step`` of draw ``sample`` of ``node``."""
+        return derive_seed(self.seed, self.seed_hash(node), sample, step)
 
     async def draw(
         self, node: Node, index: int | None, make: Callable[[], Awaitable[DrawValue]]
