@@ -87,10 +87,10 @@ async def test_an_invalid_action_is_a_no_op_with_a_flag(make_context, executor):
 
 
 async def test_an_existing_workflow_is_reported_not_re_evaluated(make_context, executor):
-    ctx = make_context(max_steps=4, selection="ucb", ucb_c=0.0)
+    ctx = make_context(max_steps=4, selection="ucb", ucb_c=1.0)
     start = await reset(ctx, seed=1)
     first = await step(ctx, start.state, "<action>1</action>")  # + ScEnsemble, fan-out 5
-    assert first.state.parent == first.info.child_index  # greedy UCB: the better child
+    assert first.state.parent == first.info.child_index  # UCB: the unexplored child
     calls = len(executor.calls)
     removal = _choose(first.observation, "remove ensemble")
     back = await step(ctx, first.state, removal)  # back to the seed workflow

@@ -131,9 +131,9 @@ def test_freeform_mode_validates_a_whole_graph():
 @pytest.mark.parametrize(
     ("payload", "reason"),
     [
-        ("{not json", "not valid JSON"),
+        ("{not json", "not (valid )?JSON"),
         ("[" * 5000 + "]" * 5000, "unknown verb|unexpected"),
-        ("{" + '"a":' * 3000 + "1" + "}" * 3000, "not valid JSON|nested too deeply|invalid"),
+        ("{" + '"a":' * 3000 + "1" + "}" * 3000, "not (valid )?JSON|nested too deeply|invalid"),
         (json.dumps(library.load("seed", "math").to_dict()), "same as the one to modify"),
         (json.dumps(library.load("seed", "code").to_dict()), "for code tasks"),
         (json.dumps({"nodes": [{"id": "a", "op": "Nope"}], "output": "a"}), "invalid workflow"),
