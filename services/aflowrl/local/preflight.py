@@ -11,7 +11,6 @@ checks look at what the spec points to:
 - the executor: an ``openai`` endpoint must answer HTTP at ``baseUrl`` (any status will do: it
   proves something listens); ``serve`` exists only on Kubernetes;
 - the policy: a model directory must hold a ``config.json``; ``tiny`` is built on first use;
-- the weight transport: ``nccl`` is not implemented;
 - gRPC TLS: ``grpc.tlsSecret`` is a Kubernetes Secret, so a local run takes the directory of
   ``AFLOWRL_TLS_DIR`` instead, and its certificate files must load (``grpc.mtls`` needs TLS).
 
@@ -98,14 +97,6 @@ def check_policy(spec: RunSpec) -> None:
         )
 
 
-def check_transport(spec: RunSpec) -> None:
-    if spec.weight_transport.type == "nccl":
-        raise PreflightError(
-            "nccl is not implemented yet; use 'grpc' or 'filesystem'",
-            field="spec.weightTransport.type",
-        )
-
-
 def check_tls(spec: RunSpec) -> None:
     """TLS asked for has its certificates here (module docstring)."""
     if spec.grpc.tls_secret is not None and envs.AFLOWRL_TLS_DIR is None:
@@ -127,7 +118,6 @@ def check_tls(spec: RunSpec) -> None:
 def check_local_run(spec: RunSpec) -> None:
     """Every check of the module docstring, cheapest first."""
     check_tls(spec)
-    check_transport(spec)
     check_policy(spec)
     check_executor(spec)
     check_data(spec)

@@ -111,9 +111,10 @@ async def test_replicas_that_end_early_neither_block_the_push_nor_leak_its_tasks
     assert early.version == VERSION and early.error is None
     assert healthy.version == VERSION and healthy.error is None
     assert current.skipped and current.error is None and replicas[3].received == 0
-    # manifest + one message per tensor (each fits a chunk) + commit
-    assert replicas[2].received == TENSORS + 2 and replicas[2].commits == 1
-    assert replicas[0].received == 1 and replicas[1].received == TENSORS + 2
+    # manifest + the tensors coalesced into 1 KiB chunks (16 tensors of 64 bytes each) + commit
+    messages = 2 + -(-TENSORS * 64 // 1024)
+    assert replicas[2].received == messages and replicas[2].commits == 1
+    assert replicas[0].received == 1 and replicas[1].received == messages
     await asyncio.sleep(0.1)
     pending = [
         t

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from aflowrl.config import RunSpec
+from aflowrl.config import ConfigError, RunSpec
 from aflowrl.local import preflight
 from aflowrl.local.errors import PreflightError
 from aflowrl.local.launcher import default_run, local_spec, service_commands
@@ -100,13 +100,10 @@ def test_a_missing_policy_directory_is_named(tmp_path):
     assert info.value.field == "spec.policy.model" and "nothing is downloaded" in str(info.value)
 
 
-def test_nccl_is_refused():
-    doc = {
-        "weightTransport": {"type": "nccl"},
-        "rollout": {"engine": "vllm", "resources": {"gpus": 1}},
-    }
-    with pytest.raises(PreflightError, match="nccl is not implemented"):
-        preflight.check_transport(_spec(**doc))
+def test_the_nccl_transport_is_accepted_on_cpus_and_refused_across_device_kinds():
+    preflight.check_local_run(_spec(weightTransport={"type": "nccl"}))  # gloo between CPUs
+    with pytest.raises(ConfigError, match="same kind of device"):
+        _spec(weightTransport={"type": "nccl"}, rollout={"resources": {"gpus": 1}})
 
 
 def test_cluster_paths_move_into_the_run_directory(tmp_path):

@@ -43,7 +43,7 @@ def _describe(pid: int, child: int, grandchild: int) -> str:
     return f"{role} {pid}: " + ", ".join(f"{k}={fields.get(k, '').strip()}" for k in keep)
 
 
-def _wait_gone(pids: list[int], timeout: float = 30.0) -> list[int]:
+def _wait_gone(pids: list[int], timeout: float = 120.0) -> list[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         left = [p for p in pids if _alive(p)]
@@ -61,7 +61,7 @@ def _start(group: ProcessGroup, name: str, tmp_path: Path, *flags: str):
 
 
 def _grandchild(pidfile: Path) -> int:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if pidfile.is_file() and pidfile.read_text().strip():
             return int(pidfile.read_text())

@@ -306,6 +306,7 @@ def test_optional_children_appear_and_disappear_with_the_spec():
         ("Deployment", "demo-executor"),
         ("Service", "demo-executor"),
         ("PodMonitor", "demo"),
+        ("PodGroup", "demo-gpu"),  # no gang scheduling: a PodGroup left from before goes
     }
     full = children.build(
         RUN, RunSpec.from_document(SPECS["multi-node"]), RUNNING, monitoring_api=True
