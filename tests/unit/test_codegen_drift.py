@@ -45,7 +45,8 @@ def test_generated_modules_import_under_the_private_package():
     assert (
         "UpdateWeights" in rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].methods_by_name
     )
-    assert "PushWeights" in learner_pb2.DESCRIPTOR.services_by_name["LearnerService"].methods_by_name
+    learner = learner_pb2.DESCRIPTOR.services_by_name["LearnerService"]
+    assert "PushWeights" in learner.methods_by_name
 
 
 def _undocumented(text: str) -> list[str]:

@@ -64,9 +64,9 @@ class RunSettings:
     def fingerprint(self) -> str:
         """What of these settings changes answers (part of the evaluation cache key).
 
-        ``seeds=3`` names how calls derive their seeds (from upstream shapes, prompts left out): episodes scored
-        under the earlier rule (node positions) are refused rather than continued with other
-        draws.
+        ``seeds=3`` names how calls derive their seeds (from upstream shapes, prompts left
+        out): episodes scored under earlier rules are refused rather than continued with
+        other draws.
         """
         return (
             f"t={self.temperature};max_tokens={self.max_tokens};code_s={self.code_timeout_s}"

@@ -81,7 +81,7 @@ async def test_a_raced_node_is_scored_in_full_before_it_is_modified(racing_conte
 
 
 async def test_a_duplicate_of_a_raced_node_completes_it_before_the_reward(racing_context):
-    ctx, start, outcome = await _raced_child(racing_context())
+    ctx, _, outcome = await _raced_child(racing_context())
     index = outcome.info.child_index
     again = await step(
         ctx, outcome.state.model_copy(update={"parent": 0}), f"<action>{ADD_FORMAT}</action>"
