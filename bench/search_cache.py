@@ -107,7 +107,7 @@ async def _executor(kind: str, problems: Sequence[Problem], stack: AsyncExitStac
 async def main(args: argparse.Namespace) -> None:
     benchmark = get_benchmark(args.benchmark)
     validate = benchmark.load("validate", args.data_dir)
-    spec = SearchSpec(max_steps=args.rounds)
+    spec = SearchSpec(max_steps=args.rounds, selection="aflow")  # AFlow's search, as today
     evaluation = EvaluationSpec(max_problems=args.problems)
     rows: list[tuple[str, int, int, float]] = []
     async with AsyncExitStack() as stack:

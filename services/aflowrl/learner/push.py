@@ -62,12 +62,19 @@ class ReplicaFanout:
     """One push to several replicas (module docstring). Create, :meth:`open`, send, close."""
 
     def __init__(
-        self, targets: Sequence[str], options: ChannelOptions, *, queue_chunks: int = 4
+        self,
+        targets: Sequence[str],
+        options: ChannelOptions,
+        *,
+        queue_chunks: int = 4,
+        server_name: str | None = None,
     ) -> None:
+        """``server_name``: with TLS, the name each replica's certificate is verified against
+        (the Service the targets were resolved from)."""
         self.targets = list(targets)
         self.queue_chunks = queue_chunks
         self.outcomes = [ReplicaOutcome(t) for t in self.targets]
-        self._channels = [make_channel(t, options) for t in self.targets]
+        self._channels = [make_channel(t, options, server_name=server_name) for t in self.targets]
         self._queues: dict[int, asyncio.Queue[bytes | None]] = {}
         self._waits: dict[int, asyncio.Future[Any]] = {}
         self._calls: dict[int, Any] = {}

@@ -9,11 +9,11 @@ rank 0 also dials the rollout replicas it pushes to, with the run's bearer token
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import threading
 
-from aflowrl import envs
 from aflowrl._proto.v1 import learner_pb2_grpc
 from aflowrl.common.client import ChannelOptions
 from aflowrl.common.server import GrpcServer, ServerOptions, ServiceRegistration
@@ -73,11 +73,10 @@ async def serve(
         learner,
         metrics,
         default_chunk_bytes=_chunk_bytes(spec),
-        push_options=ChannelOptions(
-            timeout_s=3600.0,
-            max_attempts=1,
-            max_message_bytes=spec.grpc.max_message_mib * 1024 * 1024,
-            auth_token=envs.AFLOWRL_AUTH_TOKEN,
+        # Rank 0 dials the rollout replicas it pushes to as the trainer does: the run's TLS
+        # (client certificate under mTLS) and bearer token, one attempt per push.
+        push_options=dataclasses.replace(
+            ChannelOptions.from_spec(spec.grpc, timeout_s=3600.0), max_attempts=1
         ),
     )
     metrics.policy_version.set(learner.state.policy_version)

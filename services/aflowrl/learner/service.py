@@ -399,7 +399,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         dtype = self._dtype(request.dtype)
         chunk = min(request.chunk_bytes or self.default_chunk_bytes, self.default_chunk_bytes)
         started = time.perf_counter()
-        fanout = ReplicaFanout(targets, self.push_options)
+        fanout = ReplicaFanout(targets, self.push_options, server_name=request.server_name or None)
         version = self.learner.state.policy_version
         try:
             await fanout.versions()

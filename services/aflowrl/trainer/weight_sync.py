@@ -105,6 +105,7 @@ class _Replicas:
             list(rollouts), options=options, server_name=rollout_server_name
         )
         self.targets = list(rollouts)
+        self.server_name = rollout_server_name
 
     async def versions(self) -> list[int | str]:
         """Each replica's serving version, or the error that prevented asking it."""
@@ -178,7 +179,10 @@ class GrpcWeightSync(WeightSync):
         started = time.perf_counter()
         replicas = self._replicas
         request = learner_pb2.PushWeightsRequest(
-            targets=replicas.targets, chunk_bytes=self.chunk_bytes, dtype=self.dtype
+            targets=replicas.targets,
+            chunk_bytes=self.chunk_bytes,
+            dtype=self.dtype,
+            server_name=replicas.server_name or "",
         )
         try:
             reply: learner_pb2.PushWeightsResponse = await replicas.learner.stub.PushWeights(

@@ -438,10 +438,15 @@ class PushWeightsRequest(_message.Message):
     TARGETS_FIELD_NUMBER: _builtins.int
     CHUNK_BYTES_FIELD_NUMBER: _builtins.int
     DTYPE_FIELD_NUMBER: _builtins.int
+    SERVER_NAME_FIELD_NUMBER: _builtins.int
     chunk_bytes: _builtins.int
     """Chunk size in bytes; 0 = the server's default."""
     dtype: _builtins.str
     """dtype to send ("float32", "bfloat16", "float16"); empty = the training dtype."""
+    server_name: _builtins.str
+    """With TLS: the name the replicas' certificates are verified against (the rollout Service's
+    DNS name the targets were resolved from); empty: grpc.tlsServerName, else the host dialled.
+    """
     @_builtins.property
     def targets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Rollout replicas to push to ("host:port" each, as the trainer resolved them)."""
@@ -452,10 +457,11 @@ class PushWeightsRequest(_message.Message):
         targets: _abc.Iterable[_builtins.str] | None = ...,
         chunk_bytes: _builtins.int = ...,
         dtype: _builtins.str = ...,
+        server_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_bytes", b"chunk_bytes", "dtype", b"dtype", "targets", b"targets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_bytes", b"chunk_bytes", "dtype", b"dtype", "server_name", b"server_name", "targets", b"targets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
