@@ -123,7 +123,7 @@ def spec_file(tmp_path: Path, aflow_data: Path) -> Path:
         + f"trainer: {{checkpointDir: {tmp_path / 'checkpoints'}}}\n"
         + f"grpc: {{maxMessageMib: {MAX_MESSAGE_MIB}}}\n"
         + "environment:\n"
-        + "  benchmark: gsm8k\n"
+        + "  benchmarks: [gsm8k]\n"
         + f"  data: {{dir: {aflow_data}}}\n"
         + "  executor: {type: surrogate}\n"
         + "  evaluation: {maxProblems: 2, repeats: 1}\n"

@@ -43,7 +43,7 @@ learner:
   fsdp: {mixedPrecision: none}
   loss: {miniBatchSize: 2, microBatchSize: 2, klCoef: 0.0}
 environment:
-  benchmark: humaneval
+  benchmarks: [humaneval]
   executor: {type: surrogate}
   replicas: {min: 2, max: 2}
   evaluation: {maxProblems: 2, repeats: 1}
