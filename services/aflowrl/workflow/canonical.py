@@ -111,21 +111,21 @@ class UpstreamHash:
     whole node for other operators): it covers everything upstream but not the number of draws
     (``samples``, ``votes``), so a fan-out that grows from 3 to 5 samples shares its first 3.
     ``node`` adds that number: it is what the node's readers depend on.
-    ``seed`` is the same chain with every instruction left out (its text, and whether there is
-    one): calls are seeded by it, so two workflows that differ only in a prompt draw with the
-    same random numbers (common random numbers: a child that changes one prompt is compared
-    with its parent on the same draws, and its score change is the prompt's effect, not noise).
-    A draw is keyed by ``draw`` and ``seed`` together (:meth:`key`), so a reused draw is exactly
-    the one a fresh run would make.
+    ``position`` is the node's canonical position (:func:`canonical_index`): calls are seeded by
+    it, never by the node's content, so a workflow that differs from its parent only in a
+    prompt draws with the parent's random numbers (common random numbers: the score change a
+    prompt edit earns is the prompt's effect on the same draws, not sampling noise). A draw is
+    stored under its content and its position together (:meth:`key`), so a reused draw is
+    exactly the one a fresh run would make.
     """
 
     draw: str
     node: str
-    seed: str = ""
+    position: int = 0
 
     def key(self) -> str:
-        """The store key of the node's draws: its content and its seeds."""
-        return self.draw if not self.seed else f"{self.draw}:{self.seed[:16]}"
+        """The store key of the node's draws: its content and the position its seeds follow."""
+        return f"{self.draw}@{self.position}"
 
 
 def _digest(doc: object) -> str:
@@ -144,41 +144,31 @@ def upstream_hashes(graph: Graph) -> dict[str, UpstreamHash]:
     canonical form.
     """
     hashes: dict[str, UpstreamHash] = {}
-    seeds: dict[str, str] = {}
-    """Node id -> the node's seed chain hash (with the fan-out count, what readers seed by)."""
     seen: Counter[str] = Counter()
-    seen_shape: Counter[str] = Counter()
-    for node in canonical_order(graph):
+    for position, node in enumerate(canonical_order(graph)):
         fan_out = OPS[node.op].fan_out
         params = node.param_dict(defaults=True)
         count = params.pop(fan_out) if fan_out is not None else None
-        shape_params = dict(params)
         if "instruction" in params:
             name = params["instruction"]
             params["instruction"] = None if name is None else graph.prompts[name]
-            del shape_params["instruction"]  # a prompt, or none, draws with the same numbers
         inputs = {
             slot: [PROBLEM if r == PROBLEM else hashes[r].node for r in refs]
             for slot, refs in node.inputs.items()
         }
-        shape_inputs = {
-            slot: [PROBLEM if r == PROBLEM else seeds[r] for r in refs]
-            for slot, refs in node.inputs.items()
-        }
-        head = {
-            "version": [HASH_VERSION, UPSTREAM_VERSION],
-            "task_type": graph.task_type,
-            "op": node.op,
-        }
-        base = _digest({**head, "params": params, "inputs": inputs})
-        shape = _digest({**head, "params": shape_params, "inputs": shape_inputs})
-        twin, shape_twin = seen[base], seen_shape[shape]
+        base = _digest(
+            {
+                "version": [HASH_VERSION, UPSTREAM_VERSION],
+                "task_type": graph.task_type,
+                "op": node.op,
+                "params": params,
+                "inputs": inputs,
+            }
+        )
+        twin = seen[base]
         seen[base] += 1
-        seen_shape[shape] += 1
         draw = _digest([base, twin])
-        seed = _digest([shape, shape_twin])
-        seeds[node.id] = seed if count is None else _digest([seed, count])
         hashes[node.id] = UpstreamHash(
-            draw, draw if count is None else _digest([draw, count]), seed
+            draw, draw if count is None else _digest([draw, count]), position
         )
     return hashes

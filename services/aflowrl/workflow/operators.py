@@ -199,7 +199,7 @@ async def _ensemble_vote(
     """One vote over the pool (shuffled for MdEnsemble); the original index chosen, or None."""
     order = list(range(len(pool)))
     if shuffle:
-        random.Random(derive_seed(ctx.seed, ctx.seed_hash(node), "shuffle", vote)).shuffle(order)
+        random.Random(derive_seed(ctx.seed, ctx.position(node), "shuffle", vote)).shuffle(order)
     shown = [pool[i] for i in order]
     build = prompts.md_ensemble if shuffle else prompts.sc_ensemble
     text, event = await ctx.llm(node, vote, build(ctx.question, shown))

@@ -4,14 +4,14 @@
 :meth:`RunContext.llm` and :meth:`RunContext.run_code`, which record every executor call and
 sandbox run as a :class:`TraceEvent` and add up what the run paid (:class:`Bill`).
 
-Seeds: a node's calls derive their seeds from the run's seed and the *shape* of the node's
-upstream subgraph, its prompts' texts left out (``UpstreamHash.seed`` of
-:func:`aflowrl.workflow.canonical.upstream_hashes`), never from its id, its position in the
-graph or the order calls happen in. So renamed copies of a graph make identical requests, so
-does any other workflow containing the same node with the same upstream (which is what lets a
-draw be reused), and a workflow that differs from its parent only in a prompt draws with the
+Seeds: a node's calls derive their seeds from the run's seed and the node's *canonical
+position* (``UpstreamHash.position`` of :func:`aflowrl.workflow.canonical.upstream_hashes`),
+never from its id, its content or the order calls happen in. So renamed copies of a graph make
+identical requests, and a workflow that differs from its parent only in a prompt draws with the
 parent's random numbers: the score change a prompt edit earns is the prompt's effect on the same
-draws, not sampling noise (common random numbers).
+draws, not sampling noise (common random numbers). Draws are stored under the node's upstream
+content and its position, so any other workflow holding the same upstream at the same position
+reuses them, exactly.
 
 Draws: operators wrap each independent piece of work in :meth:`RunContext.draw` (one fan-out
 sample, one MedPrompt vote, or a whole node for the other operators). With a :class:`DrawStore`
@@ -64,9 +64,9 @@ class RunSettings:
     def fingerprint(self) -> str:
         """What of these settings changes answers (part of the evaluation cache key).
 
-        ``seeds=3`` names how calls derive their seeds (from upstream shapes, prompts left
-        out): episodes scored under earlier rules are refused rather than continued with
-        other draws.
+        ``seeds=3`` names how calls derive their seeds (canonical positions; draws stored by
+        upstream content and position): episodes scored under earlier rules are refused rather
+        than continued with other draws.
         """
         return (
             f"t={self.temperature};max_tokens={self.max_tokens};code_s={self.code_timeout_s}"
@@ -207,14 +207,14 @@ class RunContext:
         """The key a node's draws are stored under (its content and its seeds)."""
         return self.upstream[node.id].key()
 
-    def seed_hash(self, node: Node) -> str:
-        """The hash a node's calls are seeded by: its upstream shape, prompts left out
-        (:class:`~aflowrl.workflow.canonical.UpstreamHash`), never its id."""
-        return self.upstream[node.id].seed
+    def position(self, node: Node) -> int:
+        """The node's canonical position, which its calls are seeded by (never its id or
+        content: :class:`~aflowrl.workflow.canonical.UpstreamHash`)."""
+        return self.upstream[node.id].position
 
     def call_seed(self, node: Node, sample: int, step: int) -> int:
         """Seed of call ``step`` of draw ``sample`` of ``node``."""
-        return derive_seed(self.seed, self.seed_hash(node), sample, step)
+        return derive_seed(self.seed, self.position(node), sample, step)
 
     async def draw(
         self, node: Node, index: int | None, make: Callable[[], Awaitable[DrawValue]]
