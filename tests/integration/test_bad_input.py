@@ -127,7 +127,7 @@ def spec_file(tmp_path: Path, aflow_data: Path) -> Path:
         + f"  data: {{dir: {aflow_data}}}\n"
         + "  executor: {type: surrogate}\n"
         + "  evaluation: {maxProblems: 2, repeats: 1}\n"
-        + "  search: {maxSteps: 2}\n"
+        + "  search: {maxSteps: 2, selection: ucb, valueSource: none}\n"
     )
     return path
 
@@ -352,8 +352,11 @@ async def test_learner_refuses_bad_input_on_every_rpc(started: Service, tmp_path
                 "path",
                 code=grpc.StatusCode.NOT_FOUND,
             )
-        await refused("StreamWeights", pb.StreamWeightsRequest(dtype="x" * 1000), "dtype")
-        await refused("StreamWeights", pb.StreamWeightsRequest(chunk_bytes=-1), "chunk_bytes")
+        target = ["127.0.0.1:1"]  # never dialled: the request is refused before
+        await refused("PushWeights", pb.PushWeightsRequest(targets=target, dtype="x" * 9), "dtype")
+        await refused(
+            "PushWeights", pb.PushWeightsRequest(targets=target, chunk_bytes=-1), "chunk_bytes"
+        )
     _stopped_without_traceback(started)
 
 

@@ -65,7 +65,10 @@ Chunk = common_pb2.WeightChunk | wire.DataChunk | wire.MalformedChunk
 
 def _message(item: Chunk) -> common_pb2.WeightChunk | wire.DataChunk:
     if isinstance(item, wire.MalformedChunk):
-        raise WeightMismatchError(f"not a WeightChunk: {item.reason}", field="data")
+        raise WeightMismatchError(
+            f"the request does not parse as the method's message (a WeightChunk: {item.reason})",
+            field=f"/{SERVICE_NAME}/UpdateWeights",
+        )
     return item
 
 
