@@ -37,7 +37,7 @@ def _doc(data: Path, benchmarks: list[str], held_out: list[str] | None = None) -
             "heldOutBenchmarks": held_out or [],
             "data": {"dir": str(data)},
             "evaluation": {"maxProblems": 6, "repeats": 1},
-            "search": {"maxSteps": 4},
+            "search": {"maxSteps": 4, "selection": "ucb", "valueSource": "none"},
         }
     }
 

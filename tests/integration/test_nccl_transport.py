@@ -92,8 +92,7 @@ async def test_broadcast_buckets_fencing_and_a_participant_killed_midway(tmp_pat
     model = tmp_path / "model"
     nbytes = build_model(model, hidden=256, layers=4)
     spec_text = (
-        SPEC
-        + f"policy: {{model: {model}, dtype: float32}}\n"
+        SPEC.replace("policy: {dtype: float32}", f"policy: {{model: {model}, dtype: float32}}")
         + f"trainer: {{checkpointDir: {tmp_path / 'checkpoints'}}}\n"
         + f"weightTransport: {{type: nccl, port: {free_port()}, bucketMib: 1, timeoutS: 60, "
         + f"fallbackPath: {tmp_path / 'fallback'}}}\n"
