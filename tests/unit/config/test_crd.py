@@ -10,6 +10,7 @@ import yaml
 from aflowrl.cli._io import dump_yaml
 from aflowrl.config import CONDITION_TYPES, RunSpec, TrainingRunStatus
 from aflowrl.config.crd import training_run_crd
+from crd_admission import to_jsonschema
 
 ROOT = Path(__file__).resolve().parents[3]
 CRD_FILE = ROOT / "manifests" / "crds" / "trainingruns.aflowrl.io.yaml"
@@ -53,27 +54,8 @@ def test_schema_is_structural():
             ), f"{path}: object without a schema for its fields"
 
 
-def _to_jsonschema(node):
-    """OpenAPI v3.0 (nullable, boolean exclusive bounds) -> JSON Schema for jsonschema."""
-    if isinstance(node, list):
-        return [_to_jsonschema(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: _to_jsonschema(v) for k, v in node.items() if not k.startswith("x-kubernetes")}
-    if out.pop("nullable", False):
-        out["type"] = [out["type"], "null"] if "type" in out else None
-        if "enum" in out:
-            out["enum"] = [*out["enum"], None]
-    for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
-        if out.get(bound) is True:
-            out[bound] = out.pop(plain)
-    if isinstance(out.get("properties"), dict) and out.get("type") == "object":
-        out["additionalProperties"] = out.get("additionalProperties", False)
-    return out
-
-
 def test_default_and_example_specs_validate_against_the_crd_schema():
-    schema = _to_jsonschema(_schema(training_run_crd())["properties"]["spec"])
+    schema = to_jsonschema(_schema(training_run_crd())["properties"]["spec"])
     jsonschema.validate(RunSpec().to_document(), schema)
     spec = RunSpec.from_yaml(
         """
