@@ -6,11 +6,13 @@ model's tokenizer, so nothing is downloaded), starts ``aflowrl serve learner`` a
 
 1. Generate: a batch of prompts through the rollout service (tokens/s, second round);
 2. ComputeLogProbs on the learner: max |rollout - learner| log-prob gap (bf16 on GPU: loose);
-3. Train: one PPO update on those rows (seconds, tokens/s, the learner's metrics);
-4. weight push over gRPC learner -> rollout (MB/s) and the rollout's new version;
-5. Generate again: the response carries the new version and the gap is recomputed.
+3. twice: Train (one update on those rows: seconds, the learner's metrics), a weight push over
+   gRPC learner -> rollout (MB/s), and Generate again: the response carries the new version and
+   the gap is recomputed under the new weights.
 
-Prints one table. On a CPU it runs too (use small ``--hidden/--layers`` there).
+``--dtype float32 --policy-dtype float32`` serves and pushes float32 weights (Qwen2.5-1.5B
+shapes are then over 4 GiB). Prints one table. On a CPU it runs too (use small
+``--hidden/--layers/--vocab`` there).
 
     python bench/gpu_services.py [--hidden 896 --layers 24 --heads 14 --kv-heads 2
                                   --intermediate 4864 --batch 32 --max-tokens 256]
@@ -22,7 +24,6 @@ import argparse
 import asyncio
 import json
 import random
-import shutil
 import sys
 import tempfile
 import time
@@ -34,40 +35,27 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 def build_model(out: Path, args: argparse.Namespace) -> int:
     """A random Qwen2 model with the tiny tokenizer; returns its parameter count."""
-    import torch
-    from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
+    from qwen_shapes import build_random_qwen
 
-    from aflowrl.models import builtin
-
-    tiny_dir = builtin.build(out.parent / "tiny")
-    for file in tiny_dir.iterdir():
-        if "token" in file.name or file.name in {"generation_config.json", "chat_template.jinja"}:
-            shutil.copy(file, out / file.name)
-    fields = AutoConfig.from_pretrained(tiny_dir).to_dict()
-    for derived in ("layer_types", "architectures", "transformers_version", "model_type"):
-        fields.pop(derived, None)
-    fields.update(
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        head_dim=args.hidden // args.heads,
-        tie_word_embeddings=True,
+    return build_random_qwen(
+        out,
+        hidden=args.hidden,
+        layers=args.layers,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        intermediate=args.intermediate,
+        vocab=args.vocab,
+        tied=True,
+        dtype=args.dtype,
     )
-    config = Qwen2Config(**fields)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(out, safe_serialization=True)
-    return sum(p.numel() for p in model.parameters())
 
 
 def spec_text(model: Path, checkpoints: Path, args: argparse.Namespace) -> str:
     return f"""
-policy: {{model: {model}, dtype: auto, maxResponseTokens: {args.max_tokens}}}
+policy: {{model: {model}, dtype: {args.policy_dtype}, maxResponseTokens: {args.max_tokens}}}
 rollout: {{maxBatchSize: {args.batch}, sampling: {{maxTokens: {args.max_tokens}}}}}
 learner:
-  fsdp: {{mixedPrecision: bf16}}
+  fsdp: {{mixedPrecision: {args.mixed_precision}}}
   loss: {{miniBatchSize: {args.batch}, microBatchSize: {args.micro}, klCoef: 0.001}}
   optimizer: {{lr: 1.0e-6}}
 trainer: {{tasksPerIteration: {args.batch}, groupSize: 2, checkpointDir: {checkpoints}}}
@@ -138,6 +126,34 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, object]:
         theirs = [v for x in scored.logprobs for v in x.values]
         return max(abs(a - b) for a, b in zip(mine, theirs, strict=True))
 
+    async def train(reply: rollout_pb2.GenerateResponse, iteration: int) -> None:
+        sequences = rows(reply)
+        ref = await learner.ComputeLogProbs(
+            learner_pb2.ComputeLogProbsRequest(sequences=sequences, reference=True)
+        )
+        rng = random.Random(iteration)
+        samples = [
+            learner_pb2.TrainSample(
+                sequence=seq,
+                old_logprobs=list(completion.logprobs),
+                ref_logprobs=list(ref_lp.values),
+                advantages=[rng.choice([-1.0, 1.0])] * len(seq.response_token_ids),
+            )
+            for seq, ref_lp, completion in zip(
+                sequences,
+                ref.logprobs,
+                [c for r in reply.results for c in r.completions],
+                strict=True,
+            )
+        ]
+        t0 = time.perf_counter()
+        trained = await learner.Train(
+            learner_pb2.TrainRequest(samples=samples, iteration=iteration)
+        )
+        result[f"train{iteration}_seconds"] = time.perf_counter() - t0
+        result[f"train{iteration}_metrics"] = dict(trained.metrics.values)
+        result[f"policy_version{iteration}"] = trained.policy_version
+
     try:
         await generate(seed=0)  # warm-up (CUDA kernels, allocator)
         reply, seconds = await generate(seed=1)
@@ -145,53 +161,30 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, object]:
         result["rollout_tokens_per_s"] = tokens / seconds
         result["rollout_batch_seconds"] = seconds
         result["rollout_generated_tokens"] = tokens
-        sequences = rows(reply)
         t0 = time.perf_counter()
         scored = await learner.ComputeLogProbs(
-            learner_pb2.ComputeLogProbsRequest(sequences=sequences)
+            learner_pb2.ComputeLogProbsRequest(sequences=rows(reply))
         )
         result["logprob_seconds"] = time.perf_counter() - t0
         result["logprob_gap_v0"] = gap(reply, scored)
-        ref = await learner.ComputeLogProbs(
-            learner_pb2.ComputeLogProbsRequest(sequences=sequences, reference=True)
-        )
-        rng = random.Random(0)
-        samples = []
-        for seq, old, ref_lp, completion in zip(
-            sequences,
-            scored.logprobs,
-            ref.logprobs,
-            [c for r in reply.results for c in r.completions],
-            strict=True,
-        ):
-            advantage = rng.choice([-1.0, 1.0])
-            samples.append(
-                learner_pb2.TrainSample(
-                    sequence=seq,
-                    old_logprobs=list(completion.logprobs),
-                    ref_logprobs=list(ref_lp.values),
-                    advantages=[advantage] * len(seq.response_token_ids),
-                )
-            )
-            del old
-        t0 = time.perf_counter()
-        trained = await learner.Train(learner_pb2.TrainRequest(samples=samples, iteration=1))
-        result["train_seconds"] = time.perf_counter() - t0
-        result["train_metrics"] = dict(trained.metrics.values)
-        result["policy_version"] = trained.policy_version
         sync = weight_sync.make_weight_sync(spec, learner_svc.target, [rollout_svc.target])
-        report = await sync.push()
+        wire_bytes = params * (4 if args.policy_dtype == "float32" else 2)
+        result["push_bytes"] = wire_bytes
+        # Two rounds of Train -> push -> Generate: the served version follows each push and the
+        # rollout's log-probs still agree with the learner's under the new weights.
+        for iteration in (1, 2):
+            await train(reply, iteration)
+            report = await sync.push()
+            result[f"push{iteration}_seconds"] = report.seconds
+            result[f"push{iteration}_mb_per_s"] = wire_bytes / 1e6 / report.seconds
+            result[f"push{iteration}_ok"] = report.ok
+            reply, _ = await generate(seed=1 + iteration)
+            result[f"served_version{iteration}"] = reply.weight_version
+            scored = await learner.ComputeLogProbs(
+                learner_pb2.ComputeLogProbsRequest(sequences=rows(reply))
+            )
+            result[f"logprob_gap_v{iteration}"] = gap(reply, scored)
         await sync.close()
-        weight_bytes = params * 2  # bfloat16 on the wire
-        result["push_seconds"] = report.seconds
-        result["push_mb_per_s"] = weight_bytes / 1e6 / report.seconds
-        result["push_ok"] = report.ok
-        reply2, _ = await generate(seed=2)
-        result["rollout_version_after_push"] = reply2.weight_version
-        scored2 = await learner.ComputeLogProbs(
-            learner_pb2.ComputeLogProbsRequest(sequences=rows(reply2))
-        )
-        result["logprob_gap_v1"] = gap(reply2, scored2)
     finally:
         await lc.close()
         await rc.close()
@@ -213,6 +206,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--micro", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--dtype", default="bfloat16", help="dtype of the model files")
+    parser.add_argument(
+        "--policy-dtype", default="auto", help="policy.dtype (float32: an fp32 rollout and push)"
+    )
+    parser.add_argument("--mixed-precision", default="bf16", help="learner.fsdp.mixedPrecision")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     import torch
@@ -223,10 +222,12 @@ def main() -> None:
     result["device"] = device
     result["torch"] = torch.__version__
     for key, value in result.items():
-        if key.endswith("_log_tail") or key == "train_metrics":
+        if key.endswith(("_log_tail", "_metrics")):
             continue
         print(f"{key:28s} {value:.4g}" if isinstance(value, float) else f"{key:28s} {value}")
-    print("train_metrics", json.dumps(result["train_metrics"], indent=None))
+    for key in ("train1_metrics", "train2_metrics"):
+        if key in result:
+            print(key, json.dumps(result[key], indent=None))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 

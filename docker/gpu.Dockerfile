@@ -14,6 +14,11 @@ COPY operator ./operator
 RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[learner,rollout,vllm]"
 
 FROM ${PYTHON_IMAGE}
+# Triton (vLLM's and torch.compile's kernels) compiles a small C launcher per kernel at run time:
+# the image needs a C compiler and libc headers (the Python headers come with the base image).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 RUN groupadd --system --gid 10001 aflowrl \
  && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --shell /usr/sbin/nologin aflowrl
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \

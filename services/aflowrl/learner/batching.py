@@ -24,7 +24,7 @@ import torch
 
 from aflowrl.learner.policy import PolicyModule
 from aflowrl.models import logprobs
-from aflowrl.rl import choice, ppo
+from aflowrl.rl import choice
 
 T = TypeVar("T")
 
@@ -132,13 +132,11 @@ def forward_rows(
         for item in items
     ]
     packed = logprobs.pack_prompt_branches(prompts, branches, pad_id=pad_id, device=device)
-    logits, value_flat = module(packed)
-    token_logp = packed.split(logprobs.tempered_logprobs(logits, packed.targets, temperature))
-    token_entropy: list[torch.Tensor] | None = None
-    if entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            scaled = logits.float() / logprobs.effective_temperature(temperature)
-            token_entropy = packed.split(ppo.entropy_from_logits(scaled))
+    logp_flat, entropy_flat, value_flat = module(
+        packed, temperature, entropy=entropy, entropy_grad=entropy_grad
+    )
+    token_logp = packed.split(logp_flat)
+    token_entropy = packed.split(entropy_flat) if entropy_flat is not None else None
     token_values = packed.split(value_flat.float()) if values and value_flat is not None else None
     outputs: list[RowOutput] = []
     cursor = 0

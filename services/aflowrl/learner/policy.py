@@ -2,8 +2,9 @@
 
 :class:`PolicyModule` is FSDP's root module: its forward runs the decoder, then the LM head (and
 the value head) only at the positions that predict response tokens, so a 150k vocabulary costs
-logits for response tokens only. :func:`build_policy` loads ``policy.model``, adds LoRA adapters
-(peft) when ``policy.lora`` is set, enables gradient checkpointing when asked, and shards every
+logits for response tokens only, a chunk of ``learner.fsdp.logprobChunkTokens`` tokens at a time.
+:func:`build_policy` loads ``policy.model``, adds LoRA adapters (peft) when ``policy.lora`` is
+set, enables gradient checkpointing (when asked; unset, from 1B parameters) and shards every
 decoder layer and then the root with ``fully_shard`` (bf16/fp16 parameters with float32 gradient
 reduction on GPU when ``learner.fsdp.mixedPrecision`` says so; float32 on CPU). The reference model
 of the KL term is a frozen copy, or, with LoRA, the same module with its adapters switched off.
@@ -26,7 +27,11 @@ from torch import nn
 from aflowrl.config import RunSpec
 from aflowrl.learner.distributed import DistContext
 from aflowrl.models import loading
-from aflowrl.models.logprobs import PackedSequences, selected_hidden_states
+from aflowrl.models.logprobs import (
+    PackedSequences,
+    chunked_token_stats,
+    selected_hidden_states,
+)
 from aflowrl.models.weights import parameter_shapes
 
 logger = logging.getLogger(__name__)
@@ -35,9 +40,11 @@ logger = logging.getLogger(__name__)
 class PolicyModule(nn.Module):
     """A causal LM with an optional scalar value head on its last hidden states."""
 
-    def __init__(self, lm: nn.Module, *, critic: bool) -> None:
+    def __init__(self, lm: nn.Module, *, critic: bool, chunk_tokens: int = 1024) -> None:
         super().__init__()
         self.lm = lm
+        self.chunk_tokens = chunk_tokens
+        """Response tokens whose full-vocabulary logits exist at once (``logprobChunkTokens``)."""
         config: Any = lm.config
         hidden = int(config.hidden_size)
         self.value_head = nn.Linear(hidden, 1) if critic else None
@@ -45,16 +52,36 @@ class PolicyModule(nn.Module):
             nn.init.zeros_(self.value_head.weight)
             nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, packed: PackedSequences) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logits [N, V], values [N] or None) at the positions predicting response tokens."""
+    def forward(
+        self,
+        packed: PackedSequences,
+        temperature: float,
+        *,
+        entropy: bool = False,
+        entropy_grad: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(log pi_T [N], entropies [N] or None, values [N] or None) of the response tokens.
+
+        The LM head runs at the positions predicting response tokens only, in chunks of
+        ``chunk_tokens`` recomputed in the backward pass
+        (:func:`aflowrl.models.logprobs.chunked_token_stats`).
+        """
         lm: Any = self.lm
         selected = selected_hidden_states(lm, packed)
-        logits = lm.get_output_embeddings()(selected)
+        logp, ent = chunked_token_stats(
+            lm.get_output_embeddings(),
+            selected,
+            packed.targets,
+            temperature,
+            chunk_tokens=self.chunk_tokens,
+            entropy=entropy,
+            entropy_grad=entropy_grad,
+        )
         values = None
         if self.value_head is not None:
             # A copy, not a view: FSDP hooks the outputs of its root for the backward pass.
             values = self.value_head(selected).squeeze(-1).clone()
-        return logits, values
+        return logp, ent, values
 
 
 @dataclass
@@ -81,7 +108,14 @@ class Policy:
         if self.reference is not None:
             yield self.reference
         elif self.lora_scale:
+            adapters = self.trainable_parameters()
             with self.module.lm.disable_adapter():  # type: ignore[operator]
+                # peft switches the adapters' requires_grad off here. FSDP reads requires_grad
+                # once, at its first forward, to pick each group's gradient dtypes: a first
+                # forward in here (the KL reference) would leave the adapters' bf16 gradients
+                # uncast on GPU. The pass runs without grad, so the flags change nothing else.
+                for param in adapters:
+                    param.requires_grad_(True)
                 yield self.module
         else:
             raise RuntimeError("no reference model")
@@ -114,6 +148,16 @@ def _shard(module: PolicyModule, ctx: DistContext, spec: RunSpec) -> None:
     fully_shard(module, **kwargs)
 
 
+CHECKPOINTING_FROM_PARAMETERS = 1_000_000_000
+"""``learner.fsdp.gradientCheckpointing`` unset: on from this many parameters."""
+
+
+def checkpointing_on(spec: RunSpec, parameters: int) -> bool:
+    """Whether decoder layers recompute their activations in the backward pass."""
+    asked = spec.learner.fsdp.gradient_checkpointing
+    return asked if asked is not None else parameters >= CHECKPOINTING_FROM_PARAMETERS
+
+
 def _param_dtype(spec: RunSpec) -> torch.dtype:
     # "auto": float32 master weights (bf16 compute comes from mixed precision on GPU).
     return loading.torch_dtype("float32" if spec.policy.dtype == "auto" else spec.policy.dtype)
@@ -131,7 +175,7 @@ def build_policy(spec: RunSpec, ctx: DistContext) -> Policy:
     )
     tokenizer = loading.load_tokenizer(model_dir, trust_remote_code=policy_spec.trust_remote_code)
     hf_shapes = parameter_shapes(lm)
-    if spec.learner.fsdp.gradient_checkpointing:
+    if checkpointing_on(spec, sum(p.numel() for p in lm.parameters())):
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora_scale = 0.0
     lora_config = None
@@ -143,7 +187,8 @@ def build_policy(spec: RunSpec, ctx: DistContext) -> Policy:
         lora_scale = lora.alpha / lora.rank
         lora_config = loading.adapter_config(lora, model_dir)
     critic = spec.learner.algorithm.type == "ppo"
-    module = PolicyModule(lm, critic=critic).to(dtype)
+    chunk = spec.learner.fsdp.logprob_chunk_tokens
+    module = PolicyModule(lm, critic=critic, chunk_tokens=chunk).to(dtype)
     module.train()
     _shard(module, ctx, spec)
     wants_reference = spec.learner.loss.kl_coef > 0
@@ -157,7 +202,7 @@ def build_policy(spec: RunSpec, ctx: DistContext) -> Policy:
         ref_lm = loading.load_causal_lm(
             ref_dir, dtype=dtype, device=cpu, trust_remote_code=policy_spec.trust_remote_code
         )
-        reference = PolicyModule(ref_lm, critic=False).to(dtype)
+        reference = PolicyModule(ref_lm, critic=False, chunk_tokens=chunk).to(dtype)
         reference.requires_grad_(False)
         reference.eval()
         _shard(reference, ctx, spec)

@@ -181,7 +181,11 @@ class Learner:
                 steps = micro_steps(len(minibatch), ctx.world_size, micro)
                 for k in range(steps):
                     chunk = mine[k * micro : (k + 1) * micro]
-                    module.set_requires_gradient_sync(k == steps - 1)  # type: ignore[operator]
+                    # Reduce-scatter after every micro-batch keeps gradients sharded; skipping it
+                    # until the last holds the full float32 gradients (accumulateUnsharded...).
+                    module.set_requires_gradient_sync(  # type: ignore[operator]
+                        k == steps - 1 or not spec.fsdp.accumulate_unsharded_gradients
+                    )
                     outputs = forward_rows(
                         module,
                         [r.item for r in chunk] or [DUMMY],

@@ -24,7 +24,7 @@ row, without the prompt's cost once per response.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,61 @@ def tempered_logprobs(
     scaled = logits.float() / effective_temperature(temperature)
     logp = torch.log_softmax(scaled, dim=-1)
     return logp.gather(-1, tokens.unsqueeze(-1).long()).squeeze(-1)
+
+
+def chunked_token_stats(
+    project: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float,
+    *,
+    chunk_tokens: int,
+    entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log pi_T(tokens) [N], entropy of pi_T [N] or None) from hidden states [N, H].
+
+    ``project`` maps hidden states to logits (the LM head). At most ``chunk_tokens`` rows of
+    logits exist at once, and when gradients flow each chunk is recomputed in the backward pass
+    (activation checkpointing of the head), so the saved tensors are the hidden states alone,
+    never tokens x vocabulary. Values equal :func:`tempered_logprobs` and
+    ``ppo.entropy_from_logits`` on the whole logits; the entropy carries gradient only with
+    ``entropy_grad``.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    scale = effective_temperature(temperature)
+
+    def stats(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scaled = project(h).float() / scale
+        logp_all = torch.log_softmax(scaled, dim=-1)
+        logp = logp_all.gather(-1, t.unsqueeze(-1).long()).squeeze(-1)
+        if not entropy:
+            return logp, logp.new_zeros(0)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            # H = -sum_v p_v log p_v (= logsumexp(z) - sum_v p_v z_v)
+            ent = -(logp_all.exp() * logp_all).sum(-1)
+        return logp, ent
+
+    grad = torch.is_grad_enabled()
+    logps: list[torch.Tensor] = []
+    ents: list[torch.Tensor] = []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        h, t = hidden[start : start + chunk_tokens], tokens[start : start + chunk_tokens]
+        if grad and (h.requires_grad or any(p.requires_grad for p in _parameters(project))):
+            logp, ent = checkpoint(stats, h, t, use_reentrant=False)
+        else:
+            logp, ent = stats(h, t)
+        logps.append(logp)
+        ents.append(ent)
+    if not logps:  # no tokens: keep the graph connected to the head for FSDP's hooks
+        empty = project(hidden[:0]).float().sum(-1)
+        return empty, (empty if entropy else None)
+    return torch.cat(logps), (torch.cat(ents) if entropy else None)
+
+
+def _parameters(project: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.nn.Parameter]:
+    return list(project.parameters()) if isinstance(project, torch.nn.Module) else []
 
 
 @dataclass(frozen=True)
