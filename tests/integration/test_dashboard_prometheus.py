@@ -4,10 +4,14 @@ Debian's ``prometheus`` (installed by ``make monitoring-tools``) scrapes, every 
 ``/metrics`` of each service of a short local training and of its trainer: the endpoints a
 PodMonitor scrapes in a cluster, with the labels it adds there (``namespace``, ``pod``,
 ``aflowrl_io_run``, ``app_kubernetes_io_component``...). After the run, each panel query, with
-the dashboard's template variables substituted, is evaluated through Prometheus's HTTP API at the
-last moment every target was up: each must return series carrying the labels its legend shows,
-and a number. The rate windows are the dashboard's own; one-second scrapes give them samples
-enough within a run of a minute or two.
+the dashboard's template variables substituted, is evaluated through Prometheus's HTTP API after
+the run: each must return series carrying the labels its legend shows, and a number. The rate
+windows are the dashboard's own.
+
+Nothing depends on how fast the machine is: training starts only once Prometheus has scraped
+every service (and knows the trainer's endpoint), the trainer's metrics stay served after the
+run, and the queries wait until every target has been scraped successfully after the run ended,
+so every counter's final value is in, with the run's samples inside every rate window.
 
 Skipped, saying why, only where no ``prometheus`` binary is installed.
 """
@@ -25,10 +29,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from aflowrl.common.metrics import MetricsHttpServer
 from aflowrl.config import RunSpec
-from aflowrl.local.launcher import LocalTargets, local_spec
-from aflowrl.local.processes import ProcessGroup, free_ports
-from aflowrl.local.run import run_local
+from aflowrl.local.launcher import local_services, local_spec
+from aflowrl.local.processes import free_ports
+from aflowrl.trainer import app
+from aflowrl.trainer.metrics import TrainerMetrics
 from dashboard import Query, load, panel_queries, variable_queries
 
 pytestmark = pytest.mark.slow
@@ -143,21 +149,32 @@ class _Prometheus:
         result: list[dict] = body["data"]["result"]
         return result
 
-    async def last_time_all_up(self, session: aiohttp.ClientSession, start: float) -> float:
-        """The last second at which every target's latest scrape had succeeded.
-
-        A scrape that fails (a busy learner answering after the 1 s timeout) makes that
-        target's series stale until the next success: queries at such a moment see none.
-        """
-        params = {"query": "up", "start": f"{start:.0f}", "end": f"{time.time():.0f}", "step": "1"}
-        async with session.get(f"{self.url}/api/v1/query_range", params=params) as reply:
-            body = await reply.json()
-        series = body["data"]["result"]
-        assert len(series) == len(COMPONENTS) + 2, series  # two env replicas and the trainer
-        up = [{float(t) for t, v in s["values"] if v == "1"} for s in series]
-        common = set.intersection(*up)
-        assert common, f"no moment with every target up: {[s['metric']['pod'] for s in series]}"
-        return max(common)
+    async def scraped(
+        self,
+        session: aiohttp.ClientSession,
+        pods: set[str],
+        *,
+        up: set[str],
+        after: float,
+        timeout_s: float = 300.0,
+    ) -> None:
+        """Wait until Prometheus scrapes every pod of ``pods`` and the latest scrape of each of
+        ``up`` succeeded, started after ``after`` (Unix seconds)."""
+        deadline = time.monotonic() + timeout_s
+        seen: dict[str, tuple[str, float]] = {}
+        while time.monotonic() < deadline:
+            async with session.get(f"{self.url}/api/v1/targets") as reply:
+                body = await reply.json()
+            seen = {
+                t["labels"]["pod"]: (t["health"], _unix(t["lastScrape"]))
+                for t in body["data"]["activeTargets"]
+            }
+            if set(seen) == pods and all(
+                seen[pod][0] == "up" and seen[pod][1] > after for pod in up
+            ):
+                return
+            await asyncio.sleep(0.5)
+        raise AssertionError(f"targets not scraped after {timeout_s}s: {seen}")
 
     def stop(self) -> None:
         self.process.terminate()
@@ -167,6 +184,17 @@ class _Prometheus:
             self.process.kill()
             self.process.wait(10)
         self.log.close()
+
+
+def _unix(rfc3339: str) -> float:
+    """Prometheus's lastScrape (RFC 3339, nanoseconds, or the zero time) in Unix seconds."""
+    from datetime import datetime
+
+    if rfc3339.startswith("0001-"):
+        return 0.0
+    head, _, tail = rfc3339.rstrip("Z").partition(".")
+    fraction = float(f"0.{tail[:6]}") if tail else 0.0
+    return datetime.fromisoformat(head + "+00:00").timestamp() + fraction
 
 
 def _substitute(expr: str) -> str:
@@ -194,24 +222,29 @@ async def test_every_dashboard_query_returns_series_from_a_local_run(tmp_path):
     binary = _prometheus_binary()
     prometheus = _Prometheus(binary, tmp_path)
     trainer_port = free_ports(1)[0]
-    spec = local_spec(RunSpec.from_yaml(SPEC), tmp_path / "run")
-    scraped: dict[str, str] = {}
-
-    def on_started(targets: LocalTargets, _group: ProcessGroup) -> None:
-        scraped.update(targets.metrics)
-        scraped["trainer"] = f"127.0.0.1:{trainer_port}"
-        _write_targets(prometheus.targets, scraped)
-
+    run_dir = tmp_path / "run"
+    spec = local_spec(RunSpec.from_yaml(SPEC), run_dir)
+    metrics = TrainerMetrics()
     try:
-        async with aiohttp.ClientSession() as session:
+        async with (
+            aiohttp.ClientSession() as session,
+            local_services(spec, run_dir) as (targets, _group),
+            MetricsHttpServer(metrics.registry, trainer_port, host="127.0.0.1"),
+        ):
             await prometheus.ready(session)
-            started = time.time()
-            await run_local(
-                spec, tmp_path / "run", on_started=on_started, metrics_port=trainer_port
+            scraped = {**targets.metrics, "trainer": f"127.0.0.1:{trainer_port}"}
+            _write_targets(prometheus.targets, scraped)
+            pods = {f"{RUN}-{name}" for name in scraped}
+            await prometheus.scraped(session, pods, up=pods, after=time.time())
+            services = app.connect(
+                spec, env=targets.env, rollout=targets.rollout, learner=targets.learner
             )
-            records = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+            await app.train(spec, services, run_dir, metrics=metrics)
+            records = (run_dir / "metrics.jsonl").read_text().splitlines()
             assert len(records) == 3
-            at = await prometheus.last_time_all_up(session, started)
+            # Every target scraped after the run: every final value is in.
+            await prometheus.scraped(session, pods, up=pods, after=time.time())
+            at = time.time()
             dashboard = load()
             failures = []
             queries = panel_queries(dashboard)
@@ -225,11 +258,6 @@ async def test_every_dashboard_query_returns_series_from_a_local_run(tmp_path):
                 offered = {r["metric"].get(query.legend_labels[0]) for r in found}
                 if VARIABLES[query.where] not in offered:
                     failures.append(f"{query.where} offers {offered}, not this run's")
-            if failures:  # what each target's last scrape before `at` gave, to read the failure
-                for sample in await prometheus.query(session, "scrape_samples_scraped", at):
-                    failures.append(
-                        f"at {at}: {sample['metric']['pod']} {sample['value'][1]} samples"
-                    )
             assert failures == [], "\n".join(failures)
             assert len(queries) >= 50
             assert set(scraped) == {"env-0", "env-1", "rollout-0", "learner", "trainer"}

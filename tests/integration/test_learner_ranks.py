@@ -56,6 +56,7 @@ async def test_two_gloo_ranks_match_one_rank(tmp_path):
         two.stop()  # torchrun itself exits 1 on SIGTERM; the ranks stop cleanly
     log = two.log.read_text()
     assert "learner stopped" in log and "Exception in thread" not in log, log
+    assert "rank 1: " in log and "built on the meta device" in log, log  # one copy read
     for step, (a, b) in enumerate(zip(single, double, strict=False)):
         for name in LOSSES:
             assert b[name] == pytest.approx(a[name], abs=1e-4), (step, name)

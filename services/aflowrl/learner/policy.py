@@ -6,8 +6,10 @@ logits for response tokens only, a chunk of ``learner.fsdp.logprobChunkTokens`` 
 :func:`build_policy` loads ``policy.model``, adds LoRA adapters (peft) when ``policy.lora`` is
 set, enables gradient checkpointing (when asked; unset, from 1B parameters) and shards every
 decoder layer and then the root with ``fully_shard`` (bf16/fp16 parameters with float32 gradient
-reduction on GPU when ``learner.fsdp.mixedPrecision`` says so; float32 on CPU). The reference model
-of the KL term is a frozen copy, or, with LoRA, the same module with its adapters switched off.
+reduction on GPU when ``learner.fsdp.mixedPrecision`` says so; float32 on CPU). Only rank 0
+reads the weights: the other ranks build the model on the meta device and receive their shards
+from rank 0. The reference model of the KL term is a frozen copy, or, with LoRA, the same module
+with its adapters switched off.
 
 Weights leave the learner under their Hugging Face names (:mod:`aflowrl.learner.export`).
 """
@@ -148,6 +150,52 @@ def _shard(module: PolicyModule, ctx: DistContext, spec: RunSpec) -> None:
     fully_shard(module, **kwargs)
 
 
+def _load_lm(path: Path, dtype: torch.dtype, ctx: DistContext, trust: bool) -> Any:
+    """Rank 0 reads the weights into host memory; every other rank builds the same module on
+    the meta device and gets its shards from rank 0 (:func:`_shard_from_rank0`)."""
+    if ctx.is_main:
+        return loading.load_causal_lm(
+            path, dtype=dtype, device=torch.device("cpu"), trust_remote_code=trust
+        )
+    logger.info("rank %d: %s built on the meta device, shards from rank 0", ctx.rank, path.name)
+    return loading.empty_causal_lm(path, dtype=dtype, trust_remote_code=trust)
+
+
+def _shard_from_rank0(module: PolicyModule, ctx: DistContext, spec: RunSpec) -> None:
+    """Shard ``module``; with several ranks, fill every rank's shards from rank 0's weights.
+
+    Rank 0 keeps a reference to its full (host) tensors across sharding and broadcasts them one
+    at a time (``set_model_state_dict(broadcast_from_rank0=True)``); each rank keeps its shard.
+    The other ranks' meta modules are first given real, empty storage where their shards live,
+    and every buffer (persistent or not: rotary frequencies are computed, not saved) comes from
+    rank 0 over the control group.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    full = module.state_dict() if ctx.is_main and ctx.world_size > 1 else None
+    _shard(module, ctx, spec)
+    if ctx.world_size == 1:
+        return
+    if not ctx.is_main:
+        module.to_empty(device="cpu" if spec.learner.fsdp.cpu_offload else ctx.device)
+    for _, buffer in module.named_buffers():
+        staged = (
+            buffer.detach().cpu().contiguous()
+            if ctx.is_main
+            else torch.empty(buffer.shape, dtype=buffer.dtype)
+        )
+        torch.distributed.broadcast(staged, src=0, group=ctx.control)
+        if not ctx.is_main:
+            with torch.no_grad():
+                buffer.copy_(staged)
+    set_model_state_dict(
+        module,
+        full if full is not None else {},
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )
+    del full
+
+
 CHECKPOINTING_FROM_PARAMETERS = 1_000_000_000
 """``learner.fsdp.gradientCheckpointing`` unset: on from this many parameters."""
 
@@ -168,11 +216,9 @@ def build_policy(spec: RunSpec, ctx: DistContext) -> Policy:
     policy_spec = spec.policy
     model_dir = loading.resolve_model_path(policy_spec.model)
     dtype = _param_dtype(spec)
-    cpu = torch.device("cpu")
     torch.manual_seed(spec.trainer.seed)
-    lm = loading.load_causal_lm(
-        model_dir, dtype=dtype, device=cpu, trust_remote_code=policy_spec.trust_remote_code
-    )
+    trust = policy_spec.trust_remote_code
+    lm = _load_lm(model_dir, dtype, ctx, trust)
     tokenizer = loading.load_tokenizer(model_dir, trust_remote_code=policy_spec.trust_remote_code)
     hf_shapes = parameter_shapes(lm)
     if checkpointing_on(spec, sum(p.numel() for p in lm.parameters())):
@@ -190,7 +236,7 @@ def build_policy(spec: RunSpec, ctx: DistContext) -> Policy:
     chunk = spec.learner.fsdp.logprob_chunk_tokens
     module = PolicyModule(lm, critic=critic, chunk_tokens=chunk).to(dtype)
     module.train()
-    _shard(module, ctx, spec)
+    _shard_from_rank0(module, ctx, spec)
     wants_reference = spec.learner.loss.kl_coef > 0
     reference = None
     if wants_reference and policy_spec.lora is None:
@@ -199,13 +245,11 @@ def build_policy(spec: RunSpec, ctx: DistContext) -> Policy:
             if policy_spec.reference_model
             else model_dir
         )
-        ref_lm = loading.load_causal_lm(
-            ref_dir, dtype=dtype, device=cpu, trust_remote_code=policy_spec.trust_remote_code
-        )
+        ref_lm = _load_lm(ref_dir, dtype, ctx, trust)
         reference = PolicyModule(ref_lm, critic=False, chunk_tokens=chunk).to(dtype)
         reference.requires_grad_(False)
         reference.eval()
-        _shard(reference, ctx, spec)
+        _shard_from_rank0(reference, ctx, spec)
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     logger.info(
         "policy %s: %d trainable parameters%s%s%s",

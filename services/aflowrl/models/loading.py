@@ -108,6 +108,27 @@ def load_causal_lm(
     return model.to(device).eval()
 
 
+def empty_causal_lm(path: Path, *, dtype: torch.dtype, trust_remote_code: bool = False) -> Any:
+    """The module :func:`load_causal_lm` would return, on the meta device: shapes, no weights.
+
+    Learner ranks other than 0 build this and receive their shards from rank 0 after sharding,
+    so one host copy of the weights is read per learner, not one per rank. Buffers computed at
+    construction (rotary frequencies) are meta too: the caller fills them.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    _quiet_transformers()
+    config = AutoConfig.from_pretrained(
+        path, local_files_only=True, trust_remote_code=trust_remote_code
+    )
+    with torch.device("meta"):
+        model: Any = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            config, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation="sdpa"
+        )
+    return model.eval()
+
+
 def eos_token_ids(path: Path, tokenizer: Any) -> frozenset[int]:
     """Every id that ends a completion: the generation config's EOS ids and the tokenizer's."""
     from transformers import GenerationConfig

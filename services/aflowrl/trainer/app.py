@@ -115,9 +115,14 @@ async def train(
     metrics_port: int | None = None,
     actor: Actor | None = None,
     train_policy: bool = True,
+    metrics: TrainerMetrics | None = None,
 ) -> RunResult:
-    """Run the trainer until done; services are closed on every path."""
-    metrics = TrainerMetrics()
+    """Run the trainer until done; services are closed on every path.
+
+    ``metrics``: the trainer's Prometheus metrics (default: new ones, served on
+    ``metrics_port`` while the run lasts); pass your own to serve them longer yourself.
+    """
+    metrics = metrics if metrics is not None else TrainerMetrics()
     reporter = RunStatusReporter.from_environment()
     trainer = Trainer(
         spec,
