@@ -173,9 +173,19 @@ async def test_an_environment_replica_killed_mid_iteration(tmp_path):
     assert _wait_no_leftovers(tmp_path) == []
 
 
+_FROM_A_TERMINAL = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+"""Runs the rest of its command line with Ctrl-C's default disposition, as a shell gives a
+foreground command: under a suite run in the background (`make test &`, a CI runner) SIGINT is
+inherited ignored, and Python then installs no KeyboardInterrupt handler."""
+
+
 def _train_cli(run_dir: Path, spec_file: Path) -> subprocess.Popen[bytes]:
+    train = ["-m", "aflowrl", "train", "-f", str(spec_file), "--run-dir", str(run_dir)]
     return subprocess.Popen(
-        [sys.executable, "-m", "aflowrl", "train", "-f", str(spec_file), "--run-dir", str(run_dir)],
+        [sys.executable, "-c", _FROM_A_TERMINAL, *train],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),

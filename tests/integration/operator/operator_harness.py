@@ -82,13 +82,14 @@ class Operator:
         self._stop, ready = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._serve, args=(ready,), daemon=True)
         self._thread.start()
-        assert await asyncio.to_thread(ready.wait, 10), "the operator did not start"
+        # Deadlines, not expectations: a loaded CI machine may take long to start or stop kopf.
+        assert await asyncio.to_thread(ready.wait, 120), "the operator did not start"
 
     async def stop(self) -> None:
         if self._thread is None:
             return
         self._stop.set()
-        await asyncio.to_thread(self._thread.join, 20)
+        await asyncio.to_thread(self._thread.join, 120)
         alive, self._thread = self._thread.is_alive(), None
         assert not alive, "the operator did not stop"
         if self._error is not None:
@@ -197,7 +198,7 @@ class Cluster:
         self,
         check: Callable[[], Any] | Callable[[], Awaitable[Any]],
         *,
-        within: float = 20.0,
+        within: float = 90.0,
         what: str = "",
     ) -> Any:
         """Poll ``check`` until it returns a truthy value (and return it)."""

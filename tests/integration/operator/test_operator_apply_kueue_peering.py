@@ -233,7 +233,6 @@ async def test_two_peering_replicas_work_one_at_a_time(cluster: Cluster):
     await cluster.patch_spec("demo", {"suspend": True})
     await cluster.eventually(
         lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True,
-        within=30,
         what="the second replica's pass",
     )
     await cluster.eventually(

@@ -1,8 +1,9 @@
 """The sandbox started by a non-root caller, as in a pod: bwrap in a user namespace, and the
 rlimits fallback under the caller's own uid.
 
-Needs root (to become another user), an interpreter and a checkout that user can read;
-skipped otherwise. The caller holds a secret in its initial environment, which code of its own
+Needs root (to become another user) and an interpreter that user can run; skipped otherwise. A
+checkout that user cannot read (a clone in a ``mktemp -d`` directory) is staged as a readable
+copy of the package. The caller holds a secret in its initial environment, which code of its own
 uid could read through /proc if the caller were dumpable.
 """
 
@@ -10,8 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,20 +49,37 @@ print(json.dumps(report))
 """
 
 
+@pytest.fixture
+def readable_services(world_accessible) -> Iterator[Path]:
+    """The checkout's ``services`` when anyone can read it; else (a clone in a ``mktemp -d``
+    directory, mode 0700) a world-readable copy of its ``aflowrl`` package under /tmp."""
+    if world_accessible(str(SERVICES / "aflowrl" / "sandbox" / "pool.py")):
+        yield SERVICES
+        return
+    staged = Path(tempfile.mkdtemp(prefix="aflowrl-services-", dir="/tmp"))
+    try:
+        shutil.copytree(
+            SERVICES / "aflowrl",
+            staged / "aflowrl",
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+        for path in [staged, *staged.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        yield staged
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+
+
 def test_a_non_root_caller_gets_a_user_namespace_or_a_hardened_fallback(
-    world_accessible, world_python
+    world_python, readable_services
 ):
     python = world_python((3, 11))
-    if (
-        os.geteuid() != 0
-        or python is None
-        or not world_accessible(str(SERVICES / "aflowrl" / "sandbox" / "pool.py"))
-    ):
-        pytest.skip("needs root, a Python >= 3.11 anyone can run and a world-readable checkout")
+    if os.geteuid() != 0 or python is None:
+        pytest.skip("needs root and a Python >= 3.11 that any user can run")
     secret = f"pod-secret-{uuid.uuid4().hex}"
     env = {"PATH": "/usr/bin:/bin", "POD_SECRET": secret, "PYTHONDONTWRITEBYTECODE": "1"}
     finished = subprocess.run(
-        [python, "-c", _CALLER.format(services=str(SERVICES))],
+        [python, "-c", _CALLER.format(services=str(readable_services))],
         user=NOBODY,
         group=NOBODY,
         extra_groups=[],
