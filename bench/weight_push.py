@@ -1,11 +1,11 @@
-"""Weight-push MB/s through gRPC (learner -> relay -> rollout) against a raw loopback socket copy.
+"""Weight-push MB/s through gRPC (learner rank 0 -> rollout) against a raw loopback socket copy.
 
 Starts a learner and an hf rollout (``aflowrl serve``, real processes) on a generated Qwen2 model
 of about 100 MB (float32), trains one tiny step per round so the learner has a new version, and
 times :class:`aflowrl.trainer.weight_sync.GrpcWeightSync` pushing it: gathering the weights,
-hashing, streaming through the relay, verifying and swapping them in the rollout. The baseline
-sends the same number of bytes through a plain TCP socket on loopback in this process (the upper
-bound of any transport here). Prints both rates and their ratio.
+checksumming, streaming them from the learner to the rollout, verifying and swapping them in.
+The baseline sends the same number of bytes through a plain TCP socket on loopback in this
+process (the upper bound of any transport here). Prints both rates and their ratio.
 
     python bench/weight_push.py [--hidden 512] [--layers 8] [--rounds 3]
 """
@@ -109,7 +109,7 @@ async def main(args: argparse.Namespace) -> None:
     grpc_rate = statistics.median(rates)
     print(f"model: {nbytes / 1e6:.1f} MB float32 ({args.hidden} hidden, {args.layers} layers)")
     print(
-        f"grpc push (gather, hash, relay, verify, swap) {grpc_rate:8.1f} MB/s "
+        f"grpc push (gather, checksum, stream, verify, swap) {grpc_rate:8.1f} MB/s "
         f"(median of {args.rounds})"
     )
     print(f"raw loopback socket copy                       {raw:8.1f} MB/s")
