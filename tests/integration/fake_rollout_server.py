@@ -62,6 +62,7 @@ async def _main(args: argparse.Namespace) -> None:
         await asyncio.sleep(args.warmup_s)
 
     server = GrpcServer(options, [registration(FakeRollout(args.flaky))], warmup=warmup)
+    server.handle_signals()  # before it serves: a SIGTERM is never lost
     async with server:
         await server.serve_until_signal()
 

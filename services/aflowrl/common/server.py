@@ -176,6 +176,8 @@ class GrpcServer:
         self._health = HealthServicer()
         self._stopping = asyncio.Event()
         self._stopped = False
+        self._signals: list[signal.Signals] = []
+        """Signals handled by this server (:meth:`handle_signals`)."""
         self._started_at = time.monotonic()
         self.port = options.port
         self.metrics_port = options.metrics_port
@@ -287,21 +289,33 @@ class GrpcServer:
         """Ask :meth:`serve_until_signal` to return (safe from signal handlers)."""
         self._stopping.set()
 
+    def handle_signals(
+        self, signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT)
+    ) -> None:
+        """From now on ``signals`` stop the server gracefully (call it before entering the
+        server: a SIGTERM that arrives as soon as the server answers health checks then stops
+        it through its clean-up, not through the default action, which would leave its
+        children behind)."""
+        loop = asyncio.get_running_loop()
+        for sig in signals:
+            if sig in self._signals:
+                continue
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+                self._signals.append(sig)
+
     async def serve_until_signal(
         self, signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT)
     ) -> None:
         """Serve until a signal arrives (or :meth:`request_stop`), then stop gracefully."""
-        loop = asyncio.get_running_loop()
-        installed = []
-        for sig in signals:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self._on_signal, sig)
-                installed.append(sig)
+        self.handle_signals(signals)
         try:
             await self._stopping.wait()
         finally:
-            for sig in installed:
+            loop = asyncio.get_running_loop()
+            for sig in self._signals:
                 loop.remove_signal_handler(sig)
+            self._signals.clear()
             await self.stop()
 
     def _on_signal(self, sig: signal.Signals) -> None:

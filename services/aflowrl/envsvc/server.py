@@ -182,8 +182,12 @@ async def running_server(
     port: int,
     metrics_port: int | None,
     health_port: int | None = None,
+    handle_signals: bool = False,
 ) -> AsyncIterator[GrpcServer]:
-    """The environment service, SERVING once warm; everything closed on the way out."""
+    """The environment service, SERVING once warm; everything closed on the way out.
+
+    ``handle_signals``: SIGTERM and SIGINT stop it gracefully from before it serves (what
+    ``aflowrl serve env`` wants; not a server embedded in another program)."""
     check_spec(spec)
     metrics = EnvironmentMetrics()
     servicer = EnvironmentServicer()
@@ -205,6 +209,8 @@ async def running_server(
         )
         server = GrpcServer(options, [registration], warmup=warmup, metrics=metrics)
         servicer.uptime = lambda: server.uptime_s
+        if handle_signals:
+            server.handle_signals()  # before it serves: a SIGTERM is never lost
         async with server:
             yield server
 
@@ -219,6 +225,11 @@ async def serve(
 ) -> None:
     """Serve until SIGTERM / SIGINT (what ``aflowrl serve env`` runs)."""
     async with running_server(
-        spec, host=host, port=port, metrics_port=metrics_port, health_port=health_port
+        spec,
+        host=host,
+        port=port,
+        metrics_port=metrics_port,
+        health_port=health_port,
+        handle_signals=True,
     ) as server:
         await server.serve_until_signal()

@@ -94,6 +94,7 @@ async def serve(
     server = GrpcServer(options, [registration], metrics=metrics)
     servicer.on_broken = server.request_stop
     try:
+        server.handle_signals()  # before it serves: a SIGTERM is never lost
         async with server:
             await server.serve_until_signal()
     finally:

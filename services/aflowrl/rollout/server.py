@@ -169,6 +169,7 @@ async def serve(
     registration = ServiceRegistration(servicer, add_rollout_service, SERVICE_NAME)
     server = GrpcServer(options, [registration], warmup=warmup, metrics=metrics)
     try:
+        server.handle_signals()  # before it serves: a SIGTERM is never lost
         async with server:
             await server.serve_until_signal()
     finally:

@@ -180,6 +180,8 @@ class Trainer:
         self.state = TrainerState(seed=spec.trainer.seed, fingerprint=spec_fingerprint(spec))
         self._started = time.monotonic()
         self._elapsed_before = 0.0
+        self._pictures: asyncio.Task[None] | None = None
+        """The pictures of the last iteration, drawn on a thread (:meth:`_publish`)."""
 
     # ---- start ----------------------------------------------------------------------------------
 
@@ -321,6 +323,7 @@ class Trainer:
             if pending is not None:
                 pending.cancel()
                 await asyncio.gather(pending, return_exceptions=True)
+            await self._settle_pictures()
         result = RunResult(self.state, run_dir=self.run_dir.path)
         if self.spec.trainer.final_test_eval:
             await self._finish(result)
@@ -563,6 +566,20 @@ class Trainer:
         for name, kept in best.items():
             self.run_dir.write_best(kept, benchmark=name, subdir=self._best_folder(name))
 
+    def _draw(self, records: list[dict[str, Any]], best: dict[str, list[BestWorkflow]]) -> None:
+        self.run_dir.plot_curves(records)
+        self._write_best(best)
+
+    async def _settle_pictures(self) -> None:
+        """Wait for the pictures being drawn, if any (a failure is logged, not raised)."""
+        task, self._pictures = self._pictures, None
+        if task is None:
+            return
+        try:
+            await task
+        except Exception:
+            logger.exception("drawing the run's pictures failed")
+
     async def _publish(self, record: dict[str, Any], timeline: Timeline) -> None:
         """Progress, Prometheus, curves, best workflows and the run's status."""
         m = self.metrics
@@ -587,9 +604,13 @@ class Trainer:
             )
             if value is not None:
                 m.benchmark_episode_reward.labels(name).set(_finite(value))
-        # Pictures off the event loop: an overlapping collection goes on meanwhile.
-        await asyncio.to_thread(self.run_dir.plot_curves)
-        await asyncio.to_thread(self._write_best, self._best_snapshot())
+        # Pictures (curves.png, the best workflows' folders) are drawn on a thread while the
+        # next iteration runs: the previous drawing is waited for first (one at a time, in
+        # order), and the last one before the run ends (:meth:`_settle_pictures`).
+        await self._settle_pictures()
+        self._pictures = asyncio.create_task(
+            asyncio.to_thread(self._draw, self.run_dir.read_metrics(), self._best_snapshot())
+        )
         if self.progress is not None:
             self.progress.iteration_done(record)
         if self.reporter is not None:

@@ -19,6 +19,8 @@ from aflowrl.common.server import GrpcServer, ServerOptions
 
 async def _main(port: int, *, ignore_term: bool) -> None:
     server = GrpcServer(ServerOptions(component="rollout", host="127.0.0.1", port=port), [])
+    if not ignore_term:
+        server.handle_signals()
     async with server:
         if ignore_term:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
