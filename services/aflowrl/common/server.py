@@ -307,15 +307,17 @@ class GrpcServer:
     async def serve_until_signal(
         self, signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT)
     ) -> None:
-        """Serve until a signal arrives (or :meth:`request_stop`), then stop gracefully."""
+        """Serve until a signal arrives (or :meth:`request_stop`), then stop gracefully.
+
+        The handlers stay until the event loop closes: more signals may follow the first (a
+        launcher killed outright sends its parent-death SIGTERM once for every thread it
+        loses), and each must find the handler, not the default action that would cut the
+        clean-up short and leave the service's children behind.
+        """
         self.handle_signals(signals)
         try:
             await self._stopping.wait()
         finally:
-            loop = asyncio.get_running_loop()
-            for sig in self._signals:
-                loop.remove_signal_handler(sig)
-            self._signals.clear()
             await self.stop()
 
     def _on_signal(self, sig: signal.Signals) -> None:

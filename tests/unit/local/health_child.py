@@ -17,15 +17,20 @@ import sys
 from aflowrl.common.server import GrpcServer, ServerOptions
 
 
-async def _main(port: int, *, ignore_term: bool) -> None:
+async def _main(port: int, *, ignore_term: bool, grandchild: subprocess.Popen[bytes], leak: bool):
     server = GrpcServer(ServerOptions(component="rollout", host="127.0.0.1", port=port), [])
     if not ignore_term:
         server.handle_signals()
-    async with server:
-        if ignore_term:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            await asyncio.Event().wait()
-        await server.serve_until_signal()
+    try:
+        async with server:
+            if ignore_term:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                await asyncio.Event().wait()
+            await server.serve_until_signal()
+    finally:  # inside the loop, as the services clean up: the signal handlers still stand
+        if not leak:
+            grandchild.terminate()
+            await asyncio.to_thread(grandchild.wait)
 
 
 if __name__ == "__main__":
@@ -36,9 +41,11 @@ if __name__ == "__main__":
     grandchild = subprocess.Popen(["sleep", "300"])
     with open(pidfile, "w") as out:
         out.write(f"{grandchild.pid}\n")
-    try:
-        asyncio.run(_main(port, ignore_term="--ignore-term" in sys.argv))
-    finally:
-        if "--leak" not in sys.argv:
-            grandchild.terminate()
-            grandchild.wait()
+    asyncio.run(
+        _main(
+            port,
+            ignore_term="--ignore-term" in sys.argv,
+            grandchild=grandchild,
+            leak="--leak" in sys.argv,
+        )
+    )
