@@ -147,27 +147,37 @@ async def test_a_short_training_through_real_services(tmp_path):
 
 
 async def test_an_environment_replica_killed_mid_iteration(tmp_path):
+    """Mid-iteration, deterministically: the second iteration's first Step kills env-0 and
+    every Step of that iteration waits until it is dead, so each call routed to env-0 (about
+    half of them: Project by episode, Step by child hash, over two replicas) fails over."""
     spec = _spec(tmp_path, iterations=2, checkpointEvery=0, finalTestEval=False)
 
-    async def kill_env_0(group) -> None:
-        victim = next(c for c in group.children if c.name == "env-0")
-        # Mid-iteration: after the first iteration's record, while the second steps.
-        for _ in range(20_000):  # at most ~17 minutes
-            if (tmp_path / "metrics.jsonl").is_file():
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)
-        victim.signal_group(signal.SIGKILL)
-
     async with local_services(spec, tmp_path) as (targets, group):
-        killer = asyncio.create_task(kill_env_0(group))
+        victim = next(c for c in group.children if c.name == "env-0")
         services = app.connect(
             spec, env=targets.env, rollout=targets.rollout, learner=targets.learner
         )
+        step = services.env.step
+        dead = asyncio.Event()
+        killing: list[asyncio.Task[None]] = []
+
+        async def kill() -> None:
+            victim.signal_group(signal.SIGKILL)
+            await asyncio.to_thread(victim.process.wait)
+            dead.set()
+
+        async def step_after_the_kill(*args, **kwargs):
+            if kwargs["episode_key"].startswith("it1-"):
+                if not killing:
+                    killing.append(asyncio.create_task(kill()))
+                await dead.wait()
+            return await step(*args, **kwargs)
+
+        services.env.step = step_after_the_kill  # type: ignore[method-assign]
         result = await app.train(spec, services, tmp_path)
-        await killer
     records = _records(tmp_path)
     assert [r["iteration"] for r in records] == [0, 1] and result.state.iteration == 2
+    assert records[0]["env/failovers"] == 0 and records[0]["env/replicas_live"] == 2
     assert records[1]["env/failovers"] >= 1 and records[1]["env/replicas_live"] == 1
     assert all(r["charts/steps"] == 8 for r in records)  # every step was served
     assert _wait_no_leftovers(tmp_path) == []
