@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -49,8 +50,11 @@ class SlowOracle(OracleServer):
     """The oracle, answering after ``delay_s`` (to hold a call in flight)."""
 
     delay_s = 0.0
+    received = 0
+    """Chat requests that arrived (counted as they arrive, before the delay)."""
 
     async def _chat(self, request: web.Request) -> web.Response:
+        self.received += 1
         await asyncio.sleep(self.delay_s)
         return await super()._chat(request)
 
@@ -615,12 +619,17 @@ async def _evaluate_through_sigterm(service: Service, oracle: SlowOracle) -> dic
         await stub.Info(pb.EnvInfoRequest())
         oracle.delay_s = 0.4
         graph = library.load("io", "math").to_json()
+        before = oracle.received
         call = asyncio.ensure_future(
             stub.Evaluate(
                 pb.EvaluateRequest(workflow_json=graph, benchmark="gsm8k", split="test", seed=9)
             )
         )
-        await asyncio.sleep(0.2)
+        # SIGTERM once the evaluation is in flight: its first executor call has arrived.
+        deadline = time.monotonic() + 120
+        while oracle.received == before:
+            assert time.monotonic() < deadline and not call.done(), "the evaluation never started"
+            await asyncio.sleep(0.02)
         service.process.send_signal(signal.SIGTERM)
         reply = await call
         await asyncio.sleep(0.2)

@@ -121,7 +121,12 @@ async def test_health_sigterm_grace_errors_and_metrics():
                 rollout_pb2.GenerateRequest(sampling=rollout_pb2.SamplingParams(max_tokens=1500))
             )
         )
-        await asyncio.sleep(0.3)
+        # SIGTERM once the server is handling it (its third Generate has started).
+        started = ("grpc_server_started_total", _key(generate))
+        deadline = time.monotonic() + 120
+        while _samples(await _scrape(ports["metrics_port"]))[started] < 3:
+            assert time.monotonic() < deadline and not slow.done(), "the call never started"
+            await asyncio.sleep(0.05)
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         reply = await slow

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from aflowrl.trainer.metrics import PHASES
 
@@ -20,8 +20,8 @@ from aflowrl.trainer.metrics import PHASES
 class Timeline:
     """Phase times and service-call busy time of one iteration (module docstring)."""
 
-    def __init__(self) -> None:
-        self._now = time.perf_counter
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._now = clock
         self.started = self._now()
         self.phases: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self.busy_s = 0.0
