@@ -60,11 +60,15 @@ async def ensure(
     *,
     replicas: int | None = None,
     autoscaled: bool = False,
+    bounds: tuple[int, int] | None = None,
 ) -> tuple[JsonDict, str]:
     """Apply one child; returns (live object, "created" | "patched" | "unchanged").
 
     ``replicas``, for workloads, is part of the applied manifest, unless ``autoscaled`` (an HPA
-    scales the workload): then it is set by :func:`scale` when the count differs.
+    scales the workload): then it is set by :func:`scale` when the count differs. With
+    ``bounds`` (min, max) and ``replicas`` above 0, the count set is the live one as the apply
+    returned it, clamped to the bounds: an autoscaler's change made since ``replicas`` was
+    computed is kept, not undone.
     """
     kind, name = manifest["kind"], manifest["metadata"]["name"]
     namespace = manifest["metadata"].get("namespace")
@@ -83,8 +87,12 @@ async def ensure(
         outcome = "created" if live is None else "patched"
         live = await api.apply(body, field_manager=FIELD_MANAGER)
         logger.info("%s %s %s/%s", outcome, kind, namespace, name)
-    if replicas is not None and autoscaled and await scale(api, live, replicas):
-        outcome = "patched" if outcome == "unchanged" else outcome
+    if replicas is not None and autoscaled:
+        if bounds is not None and replicas > 0:
+            count = (live.get("spec") or {}).get("replicas") or bounds[0]
+            replicas = min(max(int(count), bounds[0]), bounds[1])
+        if await scale(api, live, replicas):
+            outcome = "patched" if outcome == "unchanged" else outcome
     return live, outcome
 
 

@@ -283,9 +283,15 @@ class Reconciler:
         live: dict[tuple[str, str], JsonDict] = {}
         for child in desired.children:
             autoscaled = (child.kind, child.name) == ("Deployment", run.environment)
+            bounds = spec.environment.replicas
             try:
                 obj, action = await ensure(
-                    self.api, run, child.manifest, replicas=child.replicas, autoscaled=autoscaled
+                    self.api,
+                    run,
+                    child.manifest,
+                    replicas=child.replicas,
+                    autoscaled=autoscaled,
+                    bounds=(bounds.min, bounds.max) if autoscaled else None,
                 )
             except ChildConflictError as exc:
                 problems.append(("ChildConflict", str(exc)))

@@ -70,7 +70,17 @@ async def test_the_emulator_applies_like_the_api_server(cluster: Cluster):
 
 async def test_the_operator_owns_its_fields_and_leaves_the_hpa_its_count(cluster: Cluster):
     await cluster.create_run("demo", TINY)
-    await cluster.eventually(lambda: cluster.child(JOBS, "demo-trainer"), what="the Job")
+    # The operator's first pass is over (its status written) before anyone else edits: an
+    # apply still under way would otherwise land after the autoscaler's count below.
+    await cluster.eventually(
+        lambda: (
+            (cluster.run("demo").get("status") or {}).get("observedGeneration") == 1
+            and cluster.child(JOBS, "demo-trainer")
+            and cluster.child(DEPLOYMENTS, "demo-env")
+            and cluster.child(DEPLOYMENTS, "demo-rollout")
+        ),
+        what="the first pass",
+    )
     rollout = cluster.child(DEPLOYMENTS, "demo-rollout")
     image = rollout["spec"]["template"]["spec"]["containers"][0]["image"]
     owners = cluster.emulator.managers(DEPLOYMENTS, NAMESPACE, "demo-rollout")
