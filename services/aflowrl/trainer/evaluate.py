@@ -4,10 +4,10 @@
 :class:`~aflowrl.trainer.acting.ChoiceActor` / :class:`~aflowrl.trainer.acting.TextActor` on
 the rollout's current weights, or :class:`~aflowrl.trainer.acting.UniformActor`) on each given
 task (a benchmark and a task seed: :class:`~aflowrl.trainer.tasks.Task`), through the same
-collection path as training (:meth:`aflowrl.trainer.collect.Collector.play`: reset, act, step
-until done), and returns one :class:`EpisodeResult` per episode. Nothing is trained, no weights
-move, and nothing is written. Sampling is seeded by ``seed``, so the same call on the same
-weights gives the same episodes.
+collection path as training (:meth:`aflowrl.trainer.collect.Collector.play`: reset, then each
+episode acts and steps on its own until done), and returns one :class:`EpisodeResult` per
+episode. Nothing is trained, no weights move, and nothing is written. Sampling is seeded by
+``seed``, so the same call on the same weights gives the same episodes.
 
 Held-out tasks come from :func:`aflowrl.trainer.tasks.held_out_tasks` (task seeds training
 never draws); a benchmark of ``environment.heldOutBenchmarks`` is served by the environment but
@@ -142,7 +142,7 @@ async def evaluate_policy(
             )
         if task.seed < 0:
             raise InvalidInputError(f"{task.seed} is negative", field=f"tasks[{index}].seed")
-    # The collector seeds sampling and generation from trainer.seed and the iteration.
+    # The collector seeds each decision from trainer.seed, the iteration, episode and step.
     seeded = spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"seed": seed})})
     benchmarks = list(dict.fromkeys(task.benchmark for task in tasks))
     if values is None:
