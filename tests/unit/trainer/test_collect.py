@@ -17,10 +17,11 @@ from collections.abc import Sequence
 import pytest
 
 from aflowrl._proto.v1 import environment_pb2 as pb
+from aflowrl._proto.v1 import rollout_pb2
 from aflowrl.config import RunSpec
 from aflowrl.errors import FailedPreconditionError
 from aflowrl.search import encoding
-from aflowrl.trainer.acting import Actor, Draw, Observed
+from aflowrl.trainer.acting import Actor, Draw, Observed, TextActor
 from aflowrl.trainer.clock import Timeline
 from aflowrl.trainer.collect import Collector, seed_workflows
 from aflowrl.trainer.rows import Decision
@@ -226,3 +227,30 @@ async def test_an_episode_the_environment_never_ends_stops_the_collection():
     env._release = release_at_once  # type: ignore[method-assign]
     with pytest.raises(FailedPreconditionError, match="did not end episode"):
         await collector.collect(0, Timeline())
+
+
+class SeedEchoRollout:
+    """Generates, for each prompt, a completion naming the seed it was sampled with."""
+
+    async def generate(self, prompts, sampling, *, seeds=()):
+        assert len(seeds) == len(prompts) and not sampling.HasField("seed")
+        return [
+            (
+                rollout_pb2.PromptCompletions(
+                    completions=[rollout_pb2.Completion(text=f"seed {seed}", token_ids=[1])]
+                ),
+                7,
+            )
+            for seed in seeds
+        ]
+
+
+async def test_text_mode_seeds_each_prompt_with_its_own_decisions_seed():
+    spec = SPEC.model_copy(deep=True)
+    actor = TextActor(SeedEchoRollout(), spec)  # type: ignore[arg-type]
+    first, second = Observed("a", ACTIONS), Observed("b", ACTIONS)
+    draws = [Draw.of(5, 3, 0, 1), Draw.of(5, 3, 1, 1)]
+    together = await actor.act([first, second], draws=draws)
+    alone = await actor.act([second], draws=draws[1:])
+    assert [d.action for d in together] == [f"seed {draws[0].seed}", f"seed {draws[1].seed}"]
+    assert alone[0].action == together[1].action and draws[0].seed != draws[1].seed
