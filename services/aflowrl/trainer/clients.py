@@ -282,7 +282,9 @@ class EnvironmentClient:
         server_name: str | None = None,
     ) -> None:
         self.target = target
-        self.options = options or ChannelOptions(timeout_s=60.0)
+        # The channel's deadline caps every call's own (gRPC takes the smaller): by default it
+        # lets the longest calls (Reset, Step, Evaluate) run for step_timeout_s.
+        self.options = options or ChannelOptions(timeout_s=step_timeout_s)
         self.server_name = _server_name(target, server_name)
         """Name verified on the replicas' certificates; default: the host of ``target``."""
         self.step_timeout_s = step_timeout_s

@@ -66,6 +66,8 @@ class EpisodeResult:
     duplicates: int
     """Valid steps that reached a workflow the tree already held."""
     invalid_steps: int
+    best_workflow_json: str | None = None
+    """The best-scoring workflow the episode added (JSON; None when it added none)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,7 +85,15 @@ class EpisodeResult:
             steps=len(episode.rows),
             duplicates=sum(1 for r in episode.rows if r.valid and r.duplicate),
             invalid_steps=sum(1 for r in episode.rows if not r.valid),
+            best_workflow_json=_best_new(episode),
         )
+
+
+def _best_new(episode: Episode) -> str | None:
+    added = [r for r in episode.rows if r.valid and not r.duplicate and r.child_workflow_json]
+    if not added:
+        return None
+    return max(added, key=lambda r: r.child_score).child_workflow_json
 
 
 def policy_actor(spec: RunSpec, rollout: RolloutClient) -> Actor:
