@@ -122,7 +122,8 @@ trainer:
   groupSize: 4
   checkpointEvery: 0
   finalTestEval: false
-  warmStart: {{episodes: {warm}, temperature: {tau}, epochs: {epochs}, lr: {warm_lr}}}
+  warmStart: {{episodes: {warm}, temperature: {tau}, epochs: {epochs}, lr: {warm_lr},
+    valueLossCoef: {warm_value_coef}}}
 """
 
 
@@ -132,6 +133,7 @@ def _spec(args: argparse.Namespace, **trainer: Any) -> RunSpec:
         lr=args.lr,
         warm_lr=args.warm_lr,
         value_coef=args.value_coef,
+        warm_value_coef="null" if args.warm_value_coef is None else args.warm_value_coef,
         train=list(TRAIN),
         held_out=list(HELD_OUT),
         data_dir=args.data_dir,
@@ -428,6 +430,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.0003, help="RL (learner.optimizer.lr)")
     parser.add_argument("--warm-lr", type=float, default=0.003, help="trainer.warmStart.lr")
     parser.add_argument("--value-coef", type=float, default=0.05, help="policy.value.lossCoef")
+    parser.add_argument(
+        "--warm-value-coef", type=float, default=None, help="trainer.warmStart.valueLossCoef"
+    )
     parser.add_argument("--problems", type=int, default=20, help="validation problems per task")
     parser.add_argument("--steps", type=int, default=4, help="edits per episode")
     parser.add_argument("--ucb-c", type=float, default=0.1)

@@ -43,6 +43,11 @@ class WarmStartSpec(SpecModel):
     apply); null: ``learner.optimizer.lr``. Supervised targets are full-information and
     low-noise, so the warm start can take steps that would wreck an RL update: a run that
     warm-starts a small policy typically sets this 5-10x above the RL learning rate."""
+    value_loss_coef: float | None = Field(default=None, ge=0.0, le=100.0)
+    """Weight of the value replies' cross-entropy in the warm start's updates; null:
+    ``policy.value.lossCoef``. The warm start is where V(s) learns most (a target for every
+    labelled state), while in RL updates the same loss competes with a weak policy gradient,
+    so a small policy may want it high here and low in ``policy.value.lossCoef``."""
 
 
 class TrainerSpec(SpecModel):

@@ -166,7 +166,13 @@ class Learner:
         params = self.policy.trainable_parameters()
         value_coef = spec.algorithm.value_loss_coef if spec.algorithm.type == "ppo" else None
         value_clip = spec.algorithm.value_clip if spec.algorithm.type == "ppo" else 0.0
-        warm_lr = self.spec.trainer.warm_start.lr
+        warm = self.spec.trainer.warm_start
+        warm_lr = warm.lr
+        warm_value_coef = (
+            self.spec.policy.value.loss_coef
+            if warm.value_loss_coef is None
+            else warm.value_loss_coef
+        )
         optimizer_spec = (
             spec.optimizer.model_copy(update={"lr": warm_lr})
             if supervised and warm_lr is not None
@@ -211,7 +217,7 @@ class Learner:
                             chunk,
                             device=ctx.device,
                             value_range=self.value_range,
-                            bins_coef=self.spec.policy.value.loss_coef,
+                            bins_coef=warm_value_coef,
                         )
                         weight = len(chunk) / len(minibatch)
                     else:
