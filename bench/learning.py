@@ -32,8 +32,9 @@ its evaluation episodes):
   benchmark;
 - *duplicates*: the share of steps into a workflow the tree already held;
 - *test vs baselines*: per benchmark, the method's best workflow (chosen on the whole validation
-  split among each evaluation episode's best) scored on test problems against the best classic
-  baseline (IO, CoT, CoT-SC, MedPrompt, Self-Refine) on the same problems;
+  split among the ``--test-candidates`` (3) best new workflows of its evaluation episodes, all
+  seeds) scored on test problems minus the best classic baseline (IO, CoT, CoT-SC, MedPrompt,
+  Self-Refine) on the same problems;
 - *state-TV*: the mean total variation between the GiGPO policy's action distributions over the
   listed positions, across 24 states (6 benchmarks x the seed, CoT-SC, MedPrompt and Self-Refine
   workflows): a policy that ignores its input scores 0; *shuffle*: the distribution of every one
@@ -67,10 +68,12 @@ from typing import Any
 import numpy as np
 
 from aflowrl._proto.v1 import environment_pb2, rollout_pb2
+from aflowrl.benchmarks import get_benchmark
 from aflowrl.config import RunSpec
+from aflowrl.errors import NotFoundError
 from aflowrl.local.launcher import local_services, local_spec
 from aflowrl.search import encoding
-from aflowrl.trainer import app
+from aflowrl.trainer import app, final
 from aflowrl.trainer.acting import (
     Actor,
     IndexActor,
@@ -82,16 +85,17 @@ from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutCli
 from aflowrl.trainer.evaluate import EpisodeResult, evaluate_policy, policy_actor
 from aflowrl.trainer.tasks import Task, held_out_tasks
 from aflowrl.trainer.values import ValueTable
-from aflowrl.workflow import library
+from aflowrl.workflow import Graph, library
 
 TRAIN = ("gsm8k", "math", "humaneval", "hotpotqa", "drop")
 HELD_OUT = ("mbpp",)
 TV_WORKFLOWS = ("seed", "cot_sc", "medprompt", "self_refine")
+BENCHMARKS = (*TRAIN, *HELD_OUT)
 LISTED = 9
 """Admissible actions listed per observation (the constants try each position)."""
 
 SPEC = """
-policy: {{model: {preset}, dtype: float32}}
+policy: {{model: {preset}, dtype: float32, value: {{lossCoef: {value_coef}}}}}
 learner:
   fsdp: {{mixedPrecision: none}}
   optimizer: {{lr: {lr}}}
@@ -118,7 +122,7 @@ trainer:
   groupSize: 4
   checkpointEvery: 0
   finalTestEval: false
-  warmStart: {{episodes: {warm}, temperature: {tau}, epochs: {epochs}}}
+  warmStart: {{episodes: {warm}, temperature: {tau}, epochs: {epochs}, lr: {warm_lr}}}
 """
 
 
@@ -126,6 +130,8 @@ def _spec(args: argparse.Namespace, **trainer: Any) -> RunSpec:
     text = SPEC.format(
         preset=args.preset,
         lr=args.lr,
+        warm_lr=args.warm_lr,
+        value_coef=args.value_coef,
         train=list(TRAIN),
         held_out=list(HELD_OUT),
         data_dir=args.data_dir,
@@ -187,6 +193,8 @@ class Bench:
         self.tv: float = math.nan
         self.shuffle_ok = False
         self.tv_note = ""
+        self.test_margin: dict[str, dict[str, float]] = {}
+        """Method -> benchmark -> best workflow's test score minus the best classic's."""
 
     def evaluation_tasks(self) -> list[Task]:
         """The same for every method and seed (a paired comparison)."""
@@ -220,6 +228,7 @@ class Bench:
                 for seed in args.seeds:
                     await self._trained(seed, initial)
                 await self._state_dependence()
+                await self._test_vs_baselines()
             finally:
                 await self.learner.close()
                 await self.rollout.close()
@@ -312,8 +321,6 @@ class Bench:
         shuffled_ok = True
         rng = np.random.default_rng(0)
         for name in (*TRAIN, *HELD_OUT):
-            from aflowrl.benchmarks import get_benchmark
-
             task_type = get_benchmark(name).task_type
             for workflow in TV_WORKFLOWS:
                 graph = library.load(workflow, task_type)
@@ -341,12 +348,58 @@ class Bench:
         self.tv = statistics.fmean(0.5 * float(np.abs(a - b).sum()) for a, b in pairs)
         self.shuffle_ok = shuffled_ok
 
+    async def _test_vs_baselines(self) -> None:
+        """Per method and benchmark: its best workflow's test score minus the best classic's.
+
+        The candidates are the method's evaluation episodes' best new workflows (all seeds; the
+        ``--test-candidates`` with the highest episode scores), the best of them on the whole
+        validation split is tested with the classic baselines on the test split
+        (:func:`aflowrl.trainer.final.compare`: same problems, same seed).
+        """
+        seeds = {name: library.load("seed", get_benchmark(name).task_type) for name in BENCHMARKS}
+        for method, scores in self.scores.items():
+            if method == "gigpo (ucb)":
+                continue  # the same policy as gigpo
+            for name in BENCHMARKS:
+                played = [
+                    e for e in scores.episodes if e.benchmark == name and e.best_workflow_json
+                ]
+                played.sort(key=lambda e: e.best_gain, reverse=True)
+                pool: dict[str, final.Contender] = {}
+                for episode in played:
+                    graph = Graph.from_json(episode.best_workflow_json or "", source=method)
+                    if graph.content_hash != seeds[name].content_hash:
+                        pool.setdefault(
+                            graph.content_hash, final.Contender(graph.content_hash[:8], graph)
+                        )
+                    if len(pool) >= self.args.test_candidates:
+                        break
+                try:
+                    rows = await final.compare(
+                        self.env,
+                        list(pool.values()),
+                        final.baselines(seeds[name]),
+                        benchmark=name,
+                        repeats=1,
+                        seed=0,
+                    )
+                except NotFoundError:  # no test split (AFlow's HotpotQA has none)
+                    continue
+                classic = max(r.test_mean for r in rows if r.name in library.CLASSIC)
+                best = rows[0].test_mean if pool else seeds_score(rows)
+                self.test_margin.setdefault(method, {})[name] = best - classic
+
     async def _distribution(self, text: str, actions: list[str]) -> np.ndarray:
         item = rollout_pb2.CandidateSet(
             prompt=prompt_of(text), candidates=encoding.action_replies(actions)
         )
         [(scores, _)] = await self.rollout.score([item])
         return action_log_probs(scores, len(actions))
+
+
+def seeds_score(rows: Sequence[final.FinalRow]) -> float:
+    """The seed's test score (a method that added no workflow keeps the seed)."""
+    return next(r.test_mean for r in rows if r.name == "seed")
 
 
 def _report(name: str, scores: Scores, *, last: bool = False) -> None:
@@ -372,13 +425,18 @@ def main() -> None:
     parser.add_argument("--warm-episodes", type=int, default=40)
     parser.add_argument("--warm-epochs", type=int, default=3)
     parser.add_argument("--tau", type=float, default=0.05)
-    parser.add_argument("--lr", type=float, default=0.003)
+    parser.add_argument("--lr", type=float, default=0.0003, help="RL (learner.optimizer.lr)")
+    parser.add_argument("--warm-lr", type=float, default=0.003, help="trainer.warmStart.lr")
+    parser.add_argument("--value-coef", type=float, default=0.05, help="policy.value.lossCoef")
     parser.add_argument("--problems", type=int, default=20, help="validation problems per task")
     parser.add_argument("--steps", type=int, default=4, help="edits per episode")
     parser.add_argument("--ucb-c", type=float, default=0.1)
     parser.add_argument("--eval-tasks", type=int, default=4, help="per benchmark")
     parser.add_argument("--eval-episodes", type=int, default=2, help="per task")
     parser.add_argument("--selection-tasks", type=int, default=2, help="per training benchmark")
+    parser.add_argument(
+        "--test-candidates", type=int, default=3, help="per method and benchmark, see above"
+    )
     parser.add_argument("--data-dir", default=os.environ.get("AFLOWRL_DATA_DIR"))
     parser.add_argument("--keep", metavar="DIR", help="keep every run's directory under DIR")
     args = parser.parse_args()
@@ -401,6 +459,20 @@ def main() -> None:
             f"{name:<24}"
             + "".join(f"{m:>+10.4f} ± {se:.4f}" for m, se in cells)
             + f"{statistics.fmean(s.duplicates):>12.3f}"
+        )
+    names = [*TRAIN, *(f"{n} (held out)" for n in HELD_OUT)]
+    print(
+        "\ntest split, each method's best workflow (chosen on the whole validation split among its"
+        " evaluation episodes' best) minus the best classic baseline (IO, CoT, CoT-SC, MedPrompt,"
+        " Self-Refine):"
+    )
+    print(f"{'method':<24}" + "".join(f"{n:>18}" for n in names) + f"{'mean':>9}")
+    for method, margins in bench.test_margin.items():
+        margin = [margins.get(n) for n in BENCHMARKS]
+        print(
+            f"{method:<24}"
+            + "".join(f"{'no test split':>18}" if c is None else f"{c:>+18.3f}" for c in margin)
+            + f"{statistics.fmean(c for c in margin if c is not None):>+9.3f}"
         )
     print(f"({time.perf_counter() - started:.0f} s in all)")
     gigpo = bench.scores["gigpo"]

@@ -5,8 +5,9 @@ for, each child and duplicate evaluated in full, as a search with neither cache 
 and the calls it *made*, their ratio (made / requested; lower is better) and the best validation
 score the search reached:
 
-1. one search of R rounds with the random proposer (the requested count is checked here against
-   a baseline that re-evaluates every requested workflow cold, in the same process);
+1. one search of R rounds with the random proposer (the requested count and every workflow's
+   score are checked here against a baseline that re-evaluates every requested workflow cold,
+   in the same process);
 2. the same search without node reuse (whole-run cache and dedupe only: the behaviour before
    node reuse), which must reach the same scores, workflow by workflow;
 3. a GiGPO group: N episodes of R rounds on the same task and seed sharing one evaluator, as the
@@ -261,7 +262,10 @@ async def _uncached_baseline(
     state: EpisodeState,
     evaluation: EvaluationSpec,
 ) -> int:
-    """Re-evaluate every requested workflow with an empty cache; the calls it makes."""
+    """Re-evaluate every requested workflow with an empty cache; the calls it makes.
+
+    Each cold score must be the one the search recorded for that workflow (node reuse and the
+    caches change what is paid, never what is scored)."""
     from aflowrl.workflow import subset
 
     chosen = subset(problems, evaluation.max_problems, state.seed)
@@ -275,6 +279,11 @@ async def _uncached_baseline(
             settings=EvaluationSettings(reuse_nodes=False),
         )
         result = await evaluator.evaluate(graph_at(state, index), chosen, repeats=state.repeats)
+        if result.score_mean != state.nodes[index].score:
+            raise SystemExit(
+                f"workflow {index} scored {state.nodes[index].score} in the search but "
+                f"{result.score_mean} cold"
+            )
         calls += result.executor_calls
     return calls
 

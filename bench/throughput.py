@@ -5,7 +5,9 @@ reads the per-iteration timings the trainer records (``time/<phase>``, ``time/it
 ``time/service_calls``; :mod:`aflowrl.trainer.clock`). Prints, averaged over the iterations after
 the first (which warms caches and compiles nothing but still starts cold), each phase's share of
 the iteration's wall time and the overhead ratio: time with no service call in flight (advantage
-computation, bookkeeping, records, plots) over the iteration time.
+computation, bookkeeping, records, plots) over the iteration time. Episodes act and step
+independently, so ``generate`` and ``step`` overlap (each is the wall time during which at least
+one such call was in flight) and the shares may add up to more than 100%.
 
     python bench/throughput.py [-f run.yaml] [--iterations 4]
 """

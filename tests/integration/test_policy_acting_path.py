@@ -52,7 +52,8 @@ VALUE_TARGET = 0.3
 def services(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("acting")
     spec = tmp / "spec.yaml"
-    spec.write_text(SPEC.replace("lr: 0.001", "lr: 0.01"))
+    # The warm start's own learning rate (trainer.warmStart.lr) beside the RL one.
+    spec.write_text(SPEC.replace("lr: 0.001", "lr: 0.01") + "trainer: {warmStart: {lr: 0.015}}\n")
     learner = start_service("learner", spec, tmp)
     try:
         rollout = start_service("rollout", spec, tmp)
@@ -102,6 +103,7 @@ async def test_one_acting_path_trained_by_the_warm_start(services):
             metrics, _ = await learner_client.train([row] * 4, 0, supervised=True)
             losses.append(metrics["losses/policy"])
         assert losses[-1] < losses[0] * 0.5, losses
+        assert metrics["charts/lr"] == pytest.approx(0.015)  # trainer.warmStart.lr
         assert (await sync.push()).ok
         after, v_after, _, _ = await _read(client, reader, ACTIONS)
         assert int(np.argmax(after)) == TARGET and np.exp(after[TARGET]) > 0.8
@@ -135,6 +137,7 @@ async def test_one_acting_path_trained_by_the_warm_start(services):
         for _ in range(6):
             metrics, _ = await learner_client.train([rl_row] * 4, 1)
         assert metrics["charts/value_mae"] < abs(v_after + 0.2)
+        assert metrics["charts/lr"] == pytest.approx(0.01)  # learner.optimizer.lr
         assert metrics["losses/policy_value"] > 0
     finally:
         await client.close()

@@ -21,7 +21,7 @@ from aflowrl.config import RunSpec
 from aflowrl.envsvc.server import running_server
 from aflowrl.errors import InvalidInputError
 from aflowrl.search import encoding
-from aflowrl.trainer.acting import Actor, IndexActor, Observed, UniformActor
+from aflowrl.trainer.acting import Actor, Draw, IndexActor, Observed, UniformActor
 from aflowrl.trainer.clients import EnvironmentClient
 from aflowrl.trainer.evaluate import evaluate_policy, policy_table, summarize
 from aflowrl.trainer.rows import Decision
@@ -34,9 +34,7 @@ MAX_STEPS = 3
 class Unlisted(Actor):
     """Always an action the observation does not list (every step an invalid no-op)."""
 
-    async def act(
-        self, observed: Sequence[Observed], *, rng: np.random.Generator, seed: int
-    ) -> list[Decision]:
+    async def act(self, observed: Sequence[Observed], *, draws: Sequence[Draw]) -> list[Decision]:
         return [Decision(action=encoding.action_reply("no such action")) for _ in observed]
 
 

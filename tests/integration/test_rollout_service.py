@@ -124,6 +124,21 @@ async def test_generate_prompts_seeds_stops_and_errors(rollout, reference_model)
     assert first.generated_tokens == sum(
         len(c.token_ids) for r in first.results for c in r.completions
     )
+    # Per-prompt seeds: a prompt samples the same wherever it is sent, with whatever others.
+    seeded = rollout_pb2.SamplingParams(temperature=0.7, max_tokens=12, n=2)
+    pair = await stub.Generate(
+        rollout_pb2.GenerateRequest(
+            prompts=list(request.prompts), sampling=seeded, prompt_seeds=[11, 22]
+        )
+    )
+    alone = await stub.Generate(
+        rollout_pb2.GenerateRequest(
+            prompts=[request.prompts[1]], sampling=seeded, prompt_seeds=[22]
+        )
+    )
+    assert [list(c.token_ids) for c in pair.results[1].completions] == [
+        list(c.token_ids) for c in alone.results[0].completions
+    ]
 
     # Greedy, then the same with a stop string taken from the greedy text.
     ids = tokenizer("Workflow score", add_special_tokens=False).input_ids
@@ -158,6 +173,12 @@ async def test_generate_prompts_seeds_stops_and_errors(rollout, reference_model)
             await stub.Generate(rollout_pb2.GenerateRequest(prompts=prompts, sampling=sampling))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert field in info.value.details()
+    with pytest.raises(aio.AioRpcError) as info:  # seeds, when given, are one per prompt
+        await stub.Generate(
+            rollout_pb2.GenerateRequest(prompts=[prompt], sampling=greedy, prompt_seeds=[1, 2])
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "prompt_seeds" in info.value.details()
     await channel.close()
 
 

@@ -38,6 +38,11 @@ class WarmStartSpec(SpecModel):
     """tau of the target softmax over the candidates' rewards (reward units: score changes)."""
     epochs: int = Field(default=3, ge=1, le=1000)
     """Passes over the labelled states (mini-batches of ``learner.loss.miniBatchSize``)."""
+    lr: float | None = Field(default=None, gt=0.0, le=1.0)
+    """Peak learning rate of the warm start's updates (the learner's warmup and schedule
+    apply); null: ``learner.optimizer.lr``. Supervised targets are full-information and
+    low-noise, so the warm start can take steps that would wreck an RL update: a run that
+    warm-starts a small policy typically sets this 5-10x above the RL learning rate."""
 
 
 class TrainerSpec(SpecModel):

@@ -166,6 +166,12 @@ class Learner:
         params = self.policy.trainable_parameters()
         value_coef = spec.algorithm.value_loss_coef if spec.algorithm.type == "ppo" else None
         value_clip = spec.algorithm.value_clip if spec.algorithm.type == "ppo" else 0.0
+        warm_lr = self.spec.trainer.warm_start.lr
+        optimizer_spec = (
+            spec.optimizer.model_copy(update={"lr": warm_lr})
+            if supervised and warm_lr is not None
+            else spec.optimizer
+        )
         stats = torch.zeros(len(STAT_NAMES), dtype=torch.float64)
         grad_norms: list[float] = []
         skipped = 0
@@ -232,7 +238,7 @@ class Learner:
                     torch.nn.utils.clip_grad_norm_(params, spec.optimizer.max_grad_norm)
                 )
                 lr = learning_rate(
-                    spec.optimizer, self.state.step, iteration, self.spec.trainer.iterations
+                    optimizer_spec, self.state.step, iteration, self.spec.trainer.iterations
                 )
                 if math.isfinite(grad_norm):
                     for group in self.optimizer.param_groups:

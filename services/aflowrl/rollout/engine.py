@@ -46,6 +46,9 @@ class SamplingOptions:
     """Completions per prompt."""
     seed: int | None = None
     """Seed of the request; None draws one."""
+    prompt_seeds: tuple[int, ...] = ()
+    """One seed per prompt, or none: when given, prompt i's completions are seeded by
+    ``prompt_seeds[i]`` alone (``seed`` is ignored), whatever else the request holds."""
     logprobs: bool = True
     """Return the sampled tokens' log-probabilities."""
 
@@ -86,6 +89,14 @@ def settle_threadsafe(
             future.set_result(result)
 
     loop.call_soon_threadsafe(settle)
+
+
+def prompt_seed(sampling: SamplingOptions, request_seed: int, index: int) -> tuple[int, int]:
+    """(seed, index) that seed the completions of prompt ``index``: its own seed at index 0 when
+    the request gives per-prompt seeds, else the request's seed at the prompt's place."""
+    if sampling.prompt_seeds:
+        return sampling.prompt_seeds[index], 0
+    return request_seed, index
 
 
 class RolloutEngine(abc.ABC):
@@ -149,7 +160,14 @@ class RolloutEngine(abc.ABC):
         """Leave the weight group, if any (idempotent)."""
 
     def check_prompts(self, prompts: Sequence[Sequence[int]], sampling: SamplingOptions) -> None:
-        """Refuse empty prompts and prompts that cannot fit ``sampling.max_tokens`` more."""
+        """Refuse empty prompts, prompts that cannot fit ``sampling.max_tokens`` more, and per-
+        prompt seeds that are not one per prompt."""
+        if sampling.prompt_seeds and len(sampling.prompt_seeds) != len(prompts):
+            raise BadSamplingRequestError(
+                f"{len(sampling.prompt_seeds)} prompt seeds for {len(prompts)} prompts "
+                "(give one per prompt, or none)",
+                field="prompt_seeds",
+            )
         for i, prompt in enumerate(prompts):
             if not prompt:
                 raise BadSamplingRequestError("empty prompt", field=f"prompts[{i}]")

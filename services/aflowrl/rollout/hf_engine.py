@@ -42,6 +42,7 @@ from aflowrl.rollout.engine import (
     PromptResult,
     RolloutEngine,
     SamplingOptions,
+    prompt_seed,
     settle_threadsafe,
 )
 from aflowrl.rollout.errors import BadSamplingRequestError, EngineUnavailableError
@@ -322,9 +323,10 @@ class HfEngine(RolloutEngine):
         results = [PromptResult(list(p)) for p in prompts]
         rows: list[_Row] = []
         for i, prompt in enumerate(prompts):
+            own, place = prompt_seed(sampling, seed, i)
             for j in range(sampling.n):
                 generator = torch.Generator(device=self.device)
-                generator.manual_seed(completion_seed(seed, i, j))
+                generator.manual_seed(completion_seed(own, place, j))
                 row = _Row(list(prompt), sampling, generator)
                 results[i].completions.append(row.out)
                 rows.append(row)

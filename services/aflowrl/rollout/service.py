@@ -29,6 +29,7 @@ recorded in :class:`~aflowrl.rollout.metrics.RolloutMetrics`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -203,6 +204,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             request.sampling if request.HasField("sampling") else None, self.sampling_defaults
         )
         prompts = [self.encode_prompt(p, f"prompts[{i}]") for i, p in enumerate(request.prompts)]
+        if request.prompt_seeds:
+            sampling = dataclasses.replace(sampling, prompt_seeds=tuple(request.prompt_seeds))
         if not prompts:
             return rollout_pb2.GenerateResponse(weight_version=self.version)
         self._queued += 1

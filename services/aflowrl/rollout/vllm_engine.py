@@ -66,6 +66,7 @@ from aflowrl.rollout.engine import (
     PromptResult,
     RolloutEngine,
     SamplingOptions,
+    prompt_seed,
     settle_threadsafe,
 )
 from aflowrl.rollout.errors import BadSamplingRequestError, EngineUnavailableError
@@ -310,6 +311,7 @@ class VllmEngine(RolloutEngine):
         slots: dict[str, tuple[int, int]] = {}
         requests = []
         for i, prompt in enumerate(prompts):
+            own, place = prompt_seed(sampling, seed, i)
             for j in range(sampling.n):
                 request_id = f"g{call}-{i}-{j}"
                 slots[request_id] = (i, j)
@@ -320,7 +322,7 @@ class VllmEngine(RolloutEngine):
                     top_k=sampling.top_k if sampling.top_k > 0 else 0,
                     max_tokens=sampling.max_tokens,
                     stop=list(sampling.stop) or None,
-                    seed=completion_seed(seed, i, j),
+                    seed=completion_seed(own, place, j),
                     logprobs=0 if sampling.logprobs else None,
                     output_kind=RequestOutputKind.FINAL_ONLY,
                     skip_special_tokens=True,

@@ -11,16 +11,24 @@
   not its place in the list. V(s) is the bins' expected value
   (:func:`aflowrl.rl.candidates.expected_value`); the environment gets the chosen reply.
 - **text mode** (:class:`TextActor`): one ``Generate`` call samples a reply per observation,
-  seeded by (run seed, iteration, step); with ``policy.value`` on, one ``ScoreCandidates`` call
-  reads the values.
+  each seeded by its decision's own seed (``GenerateRequest.prompt_seeds``); with
+  ``policy.value`` on, one ``ScoreCandidates`` call reads the values.
 - :class:`UniformActor`: uniform over the admissible actions, no model (the random baseline of
   ``bench/learning.py``); :class:`IndexActor`: always the k-th listed action (a state-blind
   constant policy). Their decisions are not trainable.
 
 The prompt is the system message ``aflowrl optimize``'s proposers use plus the observation
 text, rendered by the rollout with the policy's chat template. Batches are split over the
-rollout replicas (:class:`aflowrl.trainer.clients.RolloutClient`). Sampling uses the trainer's
-generator, so a run is reproducible. Called by :mod:`aflowrl.trainer.collect`.
+rollout replicas (:class:`aflowrl.trainer.clients.RolloutClient`).
+
+Every decision brings its own randomness (:class:`Draw`: a choice generator and a generation
+seed, derived from the names of the decision, e.g. run seed, iteration, episode and step): a
+decision does not depend on which other decisions share its call or on their order. Scoring is
+per item (the rollout scores each candidate set on its own), and each prompt of a Generate call
+is seeded on its own, so a batch's composition changes no decision's randomness (with the hf
+engine on CPU, a generated prompt shares padded forward passes with the others of its batch:
+reproducible for the same batches, equal up to floating-point rounding for others). Called by
+:mod:`aflowrl.trainer.collect` and :mod:`aflowrl.trainer.warmstart`.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from aflowrl._proto.v1 import common_pb2, rollout_pb2
 from aflowrl.config import RunSpec
 from aflowrl.rl import candidates as scoring
 from aflowrl.search import encoding
+from aflowrl.seeding import derive_seed, stable_hash
 from aflowrl.trainer.clients import RolloutClient
 from aflowrl.trainer.rows import Decision
 
@@ -71,6 +80,22 @@ class Observed:
 
 
 @dataclass(frozen=True)
+class Draw:
+    """One decision's randomness: ``rng`` samples a choice, ``seed`` seeds its generation."""
+
+    rng: np.random.Generator
+    seed: int
+
+    @staticmethod
+    def of(*parts: int | str) -> Draw:
+        """The draw named by ``parts`` (e.g. run seed, iteration, episode, step): the same
+        parts give the same draw in any process (:mod:`aflowrl.seeding`)."""
+        return Draw(
+            np.random.default_rng(stable_hash("choose", *parts)), derive_seed("generate", *parts)
+        )
+
+
+@dataclass(frozen=True)
 class ValueReader:
     """Reads V(s) from the value replies' scores (``policy.value``)."""
 
@@ -93,10 +118,8 @@ class Actor(abc.ABC):
     """Turns observations into decisions."""
 
     @abc.abstractmethod
-    async def act(
-        self, observed: Sequence[Observed], *, rng: np.random.Generator, seed: int
-    ) -> list[Decision]:
-        """One decision per observation; ``rng`` samples choices, ``seed`` seeds generation."""
+    async def act(self, observed: Sequence[Observed], *, draws: Sequence[Draw]) -> list[Decision]:
+        """One decision per observation, the i-th drawing on ``draws[i]`` alone."""
 
 
 class ChoiceActor(Actor):
@@ -106,9 +129,7 @@ class ChoiceActor(Actor):
         self.rollout = rollout
         self.values = values
 
-    async def act(
-        self, observed: Sequence[Observed], *, rng: np.random.Generator, seed: int
-    ) -> list[Decision]:
+    async def act(self, observed: Sequence[Observed], *, draws: Sequence[Draw]) -> list[Decision]:
         scorable = [i for i, o in enumerate(observed) if o.admissible]
         value_replies = encoding.value_replies() if self.values is not None else []
         items = [
@@ -129,7 +150,7 @@ class ChoiceActor(Actor):
             token_logprobs = [list(c.values) for c in scores.candidate_logprobs]
             log_pi = action_log_probs(scores, count)
             probabilities = np.exp(log_pi)
-            chosen = int(rng.choice(count, p=probabilities / probabilities.sum()))
+            chosen = int(draws[i].rng.choice(count, p=probabilities / probabilities.sum()))
             ids = tuple(tuple(c.ids) for c in scores.candidate_token_ids)
             value = self.values.read(token_logprobs[count:]) if self.values is not None else None
             decisions.append(
@@ -157,9 +178,7 @@ class TextActor(Actor):
         self.sampling = spec.rollout.sampling
         self.values = values
 
-    async def act(
-        self, observed: Sequence[Observed], *, rng: np.random.Generator, seed: int
-    ) -> list[Decision]:
+    async def act(self, observed: Sequence[Observed], *, draws: Sequence[Draw]) -> list[Decision]:
         sampling = rollout_pb2.SamplingParams(
             temperature=self.sampling.temperature,
             top_p=self.sampling.top_p,
@@ -167,11 +186,10 @@ class TextActor(Actor):
             max_tokens=self.sampling.max_tokens,
             stop=list(self.sampling.stop),
             n=1,
-            seed=seed,
             logprobs=True,
         )
         prompts = [prompt_of(o.text) for o in observed]
-        results = await self.rollout.generate(prompts, sampling)
+        results = await self.rollout.generate(prompts, sampling, seeds=[d.seed for d in draws])
         values: list[tuple[float | None, tuple[tuple[int, ...], ...]]] = [(None, ())] * len(
             observed
         )
@@ -207,15 +225,13 @@ class TextActor(Actor):
 class UniformActor(Actor):
     """Uniform over the admissible actions; no model, nothing to train."""
 
-    async def act(
-        self, observed: Sequence[Observed], *, rng: np.random.Generator, seed: int
-    ) -> list[Decision]:
+    async def act(self, observed: Sequence[Observed], *, draws: Sequence[Draw]) -> list[Decision]:
         decisions = []
-        for o in observed:
+        for o, draw in zip(observed, draws, strict=True):
             if not o.admissible:
                 decisions.append(Decision(action=encoding.action_reply("none")))
                 continue
-            k = int(rng.integers(len(o.admissible)))
+            k = int(draw.rng.integers(len(o.admissible)))
             decisions.append(Decision(action=encoding.action_reply(o.admissible[k])))
         return decisions
 
@@ -229,9 +245,7 @@ class IndexActor(Actor):
             raise ValueError(f"index {index} is negative")
         self.index = index
 
-    async def act(
-        self, observed: Sequence[Observed], *, rng: np.random.Generator, seed: int
-    ) -> list[Decision]:
+    async def act(self, observed: Sequence[Observed], *, draws: Sequence[Draw]) -> list[Decision]:
         return [
             Decision(
                 action=encoding.action_reply(

@@ -161,14 +161,23 @@ class RolloutClient:
         return [(item, int(r.weight_version)) for r in responses for item in r.items]
 
     async def generate(
-        self, prompts: Sequence[common_pb2.Prompt], sampling: rollout_pb2.SamplingParams
+        self,
+        prompts: Sequence[common_pb2.Prompt],
+        sampling: rollout_pb2.SamplingParams,
+        *,
+        seeds: Sequence[int] = (),
     ) -> list[tuple[rollout_pb2.PromptCompletions, int]]:
-        """One completion list per prompt, with the weight version that generated it."""
+        """One completion list per prompt, with the weight version that generated it; ``seeds``
+        (none, or one per prompt) seed each prompt's completions on their own."""
+        if seeds and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         parts = self._split(len(prompts))
 
         async def invoke(stub: Any, share: int) -> rollout_pb2.GenerateResponse:
             request = rollout_pb2.GenerateRequest(
-                prompts=[prompts[i] for i in parts[share]], sampling=sampling
+                prompts=[prompts[i] for i in parts[share]],
+                sampling=sampling,
+                prompt_seeds=[seeds[i] for i in parts[share]] if seeds else [],
             )
             response: rollout_pb2.GenerateResponse = await stub.Generate(request)
             return response
@@ -273,7 +282,9 @@ class EnvironmentClient:
         server_name: str | None = None,
     ) -> None:
         self.target = target
-        self.options = options or ChannelOptions(timeout_s=60.0)
+        # The channel's deadline caps every call's own (gRPC takes the smaller): by default it
+        # lets the longest calls (Reset, Step, Evaluate) run for step_timeout_s.
+        self.options = options or ChannelOptions(timeout_s=step_timeout_s)
         self.server_name = _server_name(target, server_name)
         """Name verified on the replicas' certificates; default: the host of ``target``."""
         self.step_timeout_s = step_timeout_s

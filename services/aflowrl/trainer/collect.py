@@ -1,40 +1,54 @@
-"""Collecting one iteration's episodes: reset the groups, then act and step until all are done.
+"""Collecting one iteration's episodes: reset the groups, then each episode acts and steps on
+its own until all are done.
 
 For iteration i the trainer starts ``trainer.tasksPerIteration`` (B) tasks (a benchmark drawn
 from ``environment.benchmarks`` by weight and a task seed: :mod:`aflowrl.trainer.tasks`), each
 ``trainer.groupSize`` (n) times: the n episodes of a group start identically (same benchmark,
 seed and seed workflow, the AFlow seed of the benchmark's task type), which is what GiGPO's and
-GRPO's group baselines need. Then, while any episode is active: one rollout call decides for
-every active episode (:mod:`aflowrl.trainer.acting`), and all of them step in parallel across
-the environment replicas (:mod:`aflowrl.trainer.routing`). Resets go to the replica owning the
-seed workflow's hash, so its evaluation is cached once for every group. :meth:`Collector.play`
-runs given episodes the same way (the evaluation of a policy: :mod:`aflowrl.trainer.evaluate`).
+GRPO's group baselines need. Resets go to the replica owning the seed workflow's hash, so its
+evaluation is cached once for every group. :meth:`Collector.play` runs given episodes the same
+way (the evaluation of a policy: :mod:`aflowrl.trainer.evaluate`).
 
-Randomness is derived from ``(trainer.seed, iteration)`` only (tasks, the choice sampler,
-generation seeds), so an iteration collects the same episodes whether or not the run was
-interrupted before it. With ``fused`` selection every Reset and Step carries the trainer's V(s)
-(:mod:`aflowrl.trainer.values`). Used by :mod:`aflowrl.trainer.loop`.
+**No lockstep.** Every episode moves as soon as its own step returns: act, step, act... An
+episode that needs a decision hands its observation to a batcher (:class:`DecisionBatcher`),
+which keeps at most one rollout call in flight (:mod:`aflowrl.trainer.acting`) and sends, as
+soon as none is, one call with every observation waiting: those queued while the previous call
+ran, or, when none was running, those handed over in the same turn of the event loop (after the
+resets, every episode's first one). No fixed waiting window: a batch is whatever is ready.
+Steps go in parallel across the environment replicas (:mod:`aflowrl.trainer.routing`). So no
+episode waits for the slowest step of a round, and generation overlaps the other episodes'
+steps; the iteration's ``generate`` and ``step`` times are each the wall time during which at
+least one such call was in flight (:mod:`aflowrl.trainer.clock`).
+
+**Determinism.** Which episodes share a rollout call, and in what order steps return, depends on
+timing, so nothing may depend on it. Every decision draws on its own randomness, named by
+``(trainer.seed, iteration, episode, step)`` (:class:`aflowrl.trainer.acting.Draw`: the choice
+sampler's generator and the generation seed); the rollout scores each item on its own and seeds
+each generated prompt on its own. With ``fused`` selection every Reset and Step carries V(s):
+the table as it was when the collection started plus what that episode itself observed since
+(:class:`aflowrl.trainer.values.EpisodeValues`), and the episodes' observations join the table
+when the collection ends, in step order, then episode order. An iteration therefore collects
+the same episodes whether or not the run was interrupted before it, and however its steps
+interleaved. Used by :mod:`aflowrl.trainer.loop`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
-
-import numpy as np
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from typing import Any
 
 from aflowrl._proto.v1 import environment_pb2
 from aflowrl.benchmarks import get_benchmark
 from aflowrl.config import RunSpec
 from aflowrl.errors import FailedPreconditionError
-from aflowrl.seeding import derive_seed
-from aflowrl.trainer.acting import Actor, Observed
+from aflowrl.trainer.acting import Actor, Draw, Observed
 from aflowrl.trainer.clients import EnvironmentClient
 from aflowrl.trainer.clock import Timeline
 from aflowrl.trainer.rows import Batch, Decision, Episode, StepRow
 from aflowrl.trainer.tasks import Task, training_tasks
-from aflowrl.trainer.values import ValueTable
+from aflowrl.trainer.values import EpisodeValues, ValueTable
 from aflowrl.workflow import Graph, library
 
 logger = logging.getLogger(__name__)
@@ -66,9 +80,79 @@ def group_episodes(tasks: Sequence[Task], group_size: int, prefix: str) -> list[
     ]
 
 
-def iteration_rng(seed: int, iteration: int) -> np.random.Generator:
-    """The generator of an iteration's choices (PCG64 seeded by the run seed and iteration)."""
-    return np.random.default_rng([seed, iteration])
+def decision_draw(seed: int, iteration: int, traj: int, step: int) -> Draw:
+    """The randomness of episode ``traj``'s decision at ``step`` of ``iteration``."""
+    return Draw.of(seed, iteration, traj, step)
+
+
+async def gather_or_cancel(coroutines: Iterable[Coroutine[Any, Any, Any]]) -> list[Any]:
+    """Run the coroutines concurrently; the first to fail cancels the others (awaited) and its
+    error is raised as it is."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class DecisionBatcher:
+    """One actor call at a time, for every decision waiting (module docstring)."""
+
+    def __init__(self, actor: Actor, timeline: Timeline) -> None:
+        self.actor = actor
+        self.timeline = timeline
+        self.batches: list[int] = []
+        """The size of each actor call made so far."""
+        self._waiting: list[tuple[Observed, Draw, asyncio.Future[Decision]]] = []
+        self._runner: asyncio.Task[None] | None = None
+
+    async def decide(self, observed: Observed, draw: Draw) -> Decision:
+        """The actor's decision on ``observed``, drawing on ``draw``."""
+        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        self._waiting.append((observed, draw, future))
+        if self._runner is None:
+            self._runner = asyncio.create_task(self._run())
+        return await future
+
+    async def _run(self) -> None:
+        batch: list[tuple[Observed, Draw, asyncio.Future[Decision]]] = []
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                self.batches.append(len(batch))
+                try:
+                    with self.timeline.phase("generate"):
+                        async with self.timeline.call():
+                            decisions = await self.actor.act(
+                                [o for o, _, _ in batch], draws=[d for _, d, _ in batch]
+                            )
+                    if len(decisions) != len(batch):
+                        raise RuntimeError(
+                            f"the actor made {len(decisions)} decisions for {len(batch)} "
+                            "observations"
+                        )
+                except Exception as exc:  # noqa: BLE001  # each waiting episode raises it
+                    for _, _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, _, future), decision in zip(batch, decisions, strict=True):
+                    if not future.done():
+                        future.set_result(decision)
+        finally:
+            self._runner = None
+            waiting, self._waiting = self._waiting, []
+            for _, _, future in batch + waiting:
+                future.cancel()  # a no-op on those already answered
+
+    async def close(self) -> None:
+        """Stop a call still running (its waiting episodes were cancelled)."""
+        runner = self._runner
+        if runner is not None:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
 
 
 class Collector:
@@ -97,14 +181,24 @@ class Collector:
         tasks = training_tasks(self.spec, iteration)
         return group_episodes(tasks, self.spec.trainer.group_size, f"it{iteration}")
 
-    async def reset_all(self, episodes: Sequence[Episode], timeline: Timeline) -> None:
-        """Reset every episode (after refreshing the environment replicas)."""
+    async def reset_all(
+        self,
+        episodes: Sequence[Episode],
+        timeline: Timeline,
+        values: Sequence[EpisodeValues | None] | None = None,
+    ) -> None:
+        """Reset every episode (after refreshing the environment replicas); ``values``: each
+        episode's V(s) to send (default: the table as it is)."""
         # New replicas (an autoscaled Service) join, recovered ones come back.
         await self.env.refresh()
-        await asyncio.gather(*(self._reset(e, timeline) for e in episodes))
+        sent = values if values is not None else [None] * len(episodes)
+        await asyncio.gather(
+            *(self._reset(e, timeline, v) for e, v in zip(episodes, sent, strict=True))
+        )
 
     def state_values(self) -> environment_pb2.StateValues | None:
-        """V(s) to send with a Reset or Step (fused selection), else None."""
+        """V(s) to send with a Reset or Step (fused selection), else None: the table as it is
+        now (the warm start's; a collection sends :class:`EpisodeValues`)."""
         return self.values.proto() if self.values is not None else None
 
     async def collect(self, iteration: int, timeline: Timeline) -> Batch:
@@ -112,42 +206,73 @@ class Collector:
         return await self.play(self.episodes(iteration), iteration, timeline)
 
     async def play(self, episodes: list[Episode], iteration: int, timeline: Timeline) -> Batch:
-        """Reset ``episodes``, then act and step until every one is done."""
+        """Reset ``episodes``, then run each until it is done (module docstring)."""
+        base = self.values.snapshot() if self.values is not None else None
+        values = [EpisodeValues(base) if base is not None else None for _ in episodes]
         self._on_phase(iteration, "reset")
         with timeline.phase("reset"):
-            await self.reset_all(episodes, timeline)
-        rng = iteration_rng(self.spec.trainer.seed, iteration)
-        max_steps = self.spec.environment.search.max_steps
-        step = 0
-        while active := [e for e in episodes if not e.done]:
-            if step >= max_steps:
-                raise FailedPreconditionError(
-                    f"the environment did not end {len(active)} episodes after "
-                    f"environment.search.maxSteps={max_steps} steps"
+            await self.reset_all(episodes, timeline, values)
+        batcher = DecisionBatcher(self.actor, timeline)
+        reached = [0]
+
+        def progress(step: int) -> None:
+            if step + 1 > reached[0]:
+                reached[0] = step + 1
+                max_steps = self.spec.environment.search.max_steps
+                self._on_phase(iteration, f"step {step + 1}/{max_steps}")
+
+        try:
+            await gather_or_cancel(
+                self._play_episode(
+                    e,
+                    values=v,
+                    iteration=iteration,
+                    batcher=batcher,
+                    timeline=timeline,
+                    progress=progress,
                 )
-            self._on_phase(iteration, f"step {step + 1}/{max_steps}")
-            observed = [Observed(e.observation_text, e.admissible) for e in active]
-            with timeline.phase("generate"):
-                async with timeline.call():
-                    decisions = await self.actor.act(
-                        observed,
-                        rng=rng,
-                        seed=derive_seed(self.spec.trainer.seed, "generate", iteration, step),
-                    )
-            if self.values is not None:
-                for episode, decision in zip(active, decisions, strict=True):
-                    self.values.observe(episode.anchor, decision.value)
-            with timeline.phase("step"):
-                await asyncio.gather(
-                    *(
-                        self._step(e, d, step, timeline)
-                        for e, d in zip(active, decisions, strict=True)
-                    )
-                )
-            step += 1
+                for e, v in zip(episodes, values, strict=True)
+            )
+        finally:
+            await batcher.close()
+        if self.values is not None:
+            rows = sorted((r for e in episodes for r in e.rows), key=lambda r: (r.step, r.traj))
+            for row in rows:
+                self.values.observe(row.anchor, row.decision.value)
         return Batch(iteration, episodes)
 
-    async def _reset(self, episode: Episode, timeline: Timeline) -> None:
+    async def _play_episode(
+        self,
+        episode: Episode,
+        *,
+        values: EpisodeValues | None,
+        iteration: int,
+        batcher: DecisionBatcher,
+        timeline: Timeline,
+        progress: Callable[[int], None],
+    ) -> None:
+        """Act and step ``episode`` until it is done."""
+        max_steps = self.spec.environment.search.max_steps
+        step = 0
+        while not episode.done:
+            if step >= max_steps:
+                raise FailedPreconditionError(
+                    f"the environment did not end episode {episode.episode_id} after "
+                    f"environment.search.maxSteps={max_steps} steps"
+                )
+            progress(step)
+            draw = decision_draw(self.spec.trainer.seed, iteration, episode.traj, step)
+            decision = await batcher.decide(
+                Observed(episode.observation_text, episode.admissible), draw
+            )
+            if values is not None:
+                values.observe(episode.anchor, decision.value)
+            await self._step(episode, decision, step, timeline, values)
+            step += 1
+
+    async def _reset(
+        self, episode: Episode, timeline: Timeline, values: EpisodeValues | None = None
+    ) -> None:
         search = self.spec.environment.search
         request = environment_pb2.ResetRequest(
             task=episode.benchmark,
@@ -156,7 +281,7 @@ class Collector:
             max_steps=search.max_steps,
             action_mode=_ACTION_MODES[search.action_mode],
             seed_workflow_json=self._seed_json[episode.benchmark],
-            values=self.state_values(),
+            values=values.proto() if values is not None else self.state_values(),
         )
         seed_hash = self.seed_workflows[episode.benchmark].content_hash
         async with timeline.call():
@@ -165,14 +290,22 @@ class Collector:
         episode.seed_score = reply.seed_score
         _observe(episode, reply.observation)
 
-    async def _step(self, episode: Episode, decision: Decision, step: int, tl: Timeline) -> None:
-        async with tl.call():
-            reply, replica = await self.env.step(
-                episode.state,
-                decision.action,
-                episode_key=episode.episode_id,
-                values=self.state_values(),
-            )
+    async def _step(
+        self,
+        episode: Episode,
+        decision: Decision,
+        step: int,
+        tl: Timeline,
+        values: EpisodeValues | None,
+    ) -> None:
+        with tl.phase("step"):
+            async with tl.call():
+                reply, replica = await self.env.step(
+                    episode.state,
+                    decision.action,
+                    episode_key=episode.episode_id,
+                    values=values.proto() if values is not None else None,
+                )
         info = reply.info
         episode.rows.append(
             StepRow(

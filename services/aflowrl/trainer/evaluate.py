@@ -4,10 +4,10 @@
 :class:`~aflowrl.trainer.acting.ChoiceActor` / :class:`~aflowrl.trainer.acting.TextActor` on
 the rollout's current weights, or :class:`~aflowrl.trainer.acting.UniformActor`) on each given
 task (a benchmark and a task seed: :class:`~aflowrl.trainer.tasks.Task`), through the same
-collection path as training (:meth:`aflowrl.trainer.collect.Collector.play`: reset, act, step
-until done), and returns one :class:`EpisodeResult` per episode. Nothing is trained, no weights
-move, and nothing is written. Sampling is seeded by ``seed``, so the same call on the same
-weights gives the same episodes.
+collection path as training (:meth:`aflowrl.trainer.collect.Collector.play`: reset, then each
+episode acts and steps on its own until done), and returns one :class:`EpisodeResult` per
+episode. Nothing is trained, no weights move, and nothing is written. Sampling is seeded by
+``seed``, so the same call on the same weights gives the same episodes.
 
 Held-out tasks come from :func:`aflowrl.trainer.tasks.held_out_tasks` (task seeds training
 never draws); a benchmark of ``environment.heldOutBenchmarks`` is served by the environment but
@@ -66,6 +66,8 @@ class EpisodeResult:
     duplicates: int
     """Valid steps that reached a workflow the tree already held."""
     invalid_steps: int
+    best_workflow_json: str | None = None
+    """The best-scoring workflow the episode added (JSON; None when it added none)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,7 +85,15 @@ class EpisodeResult:
             steps=len(episode.rows),
             duplicates=sum(1 for r in episode.rows if r.valid and r.duplicate),
             invalid_steps=sum(1 for r in episode.rows if not r.valid),
+            best_workflow_json=_best_new(episode),
         )
+
+
+def _best_new(episode: Episode) -> str | None:
+    added = [r for r in episode.rows if r.valid and not r.duplicate and r.child_workflow_json]
+    if not added:
+        return None
+    return max(added, key=lambda r: r.child_score).child_workflow_json
 
 
 def policy_actor(spec: RunSpec, rollout: RolloutClient) -> Actor:
@@ -142,7 +152,7 @@ async def evaluate_policy(
             )
         if task.seed < 0:
             raise InvalidInputError(f"{task.seed} is negative", field=f"tasks[{index}].seed")
-    # The collector seeds sampling and generation from trainer.seed and the iteration.
+    # The collector seeds each decision from trainer.seed, the iteration, episode and step.
     seeded = spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"seed": seed})})
     benchmarks = list(dict.fromkeys(task.benchmark for task in tasks))
     if values is None:

@@ -4,7 +4,8 @@ Per iteration (``trainer.iterations`` of them)::
 
     (once)      a fresh run with trainer.warmStart: label behaviour episodes and train
                 the policy on them, supervised                                (warmstart.py)
-    collect     reset B task seeds x n episodes; act and step until done     (collect.py)
+    collect     reset B task seeds x n episodes; each acts and steps on its own
+                until done, decisions batched from whatever is waiting          (collect.py)
     advantage   gigpo (default), grpo/rloo or ppo-with-critic targets         (advantages.py)
     logprob     ComputeLogProbs: critic values (ppo), old log-probs of rows from an older
                 policy version (and of every row when rollout and learner numerics differ),
@@ -43,7 +44,9 @@ values (``fused``), random with UCB alone, the same tasks, episodes and evaluati
 (:func:`aflowrl.trainer.evaluate.proposer_comparison`); the table closes ``final.md``.
 
 Runs are reproducible on a CPU with overlap off (every random choice derives from
-``trainer.seed`` and the iteration). Called by ``aflowrl train`` (:mod:`aflowrl.cli.train`).
+``trainer.seed``, the iteration, and for a decision its episode and step, so neither an
+interruption nor the order in which steps return changes what an iteration collects). Called
+by ``aflowrl train`` (:mod:`aflowrl.cli.train`).
 """
 
 from __future__ import annotations

@@ -19,10 +19,21 @@ side (:class:`aflowrl.search.StaticValues`); the default sent for the rest is th
 known values (anchor-mc: its prior, 0). At most :data:`MAX_SENT` anchors are sent, those seen
 most recently. The table is part of the trainer's checkpointed state. Used by
 :mod:`aflowrl.trainer.collect` and the loop.
+
+**What a request carries while episodes move independently.** Episodes of a collection do not
+advance in lockstep, so "the table now" would depend on which episode's step returned first.
+Instead, every Reset and Step of a collection carries the table as it was when the collection
+started (:meth:`ValueTable.snapshot`) plus the values that episode itself observed since, newest
+last (:class:`EpisodeValues`; only the ``policy`` source observes during a collection). A
+request is then a function of its own episode's history and the previous iterations alone. When
+the collection ends, the collector adds every episode's observations to the table in step order,
+then episode order (:meth:`ValueTable.observe`), so the table is the same however the steps
+interleaved.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -89,14 +100,28 @@ class ValueTable:
                 self.returns.record(row.anchor, to_go)
                 self._seen(row.anchor)
 
-    def proto(self) -> environment_pb2.StateValues:
-        """The request field: the most recent anchors and the default for the rest."""
+    def snapshot(self) -> ValueTable:
+        """A copy of the table as it is now (later changes to either do not reach the other)."""
+        return copy.deepcopy(self)
+
+    def proto(self, own: Mapping[str, float] | None = None) -> environment_pb2.StateValues:
+        """The request field: the most recent anchors and the default for the rest; ``own``
+        (an episode's own estimates, :class:`EpisodeValues`) replaces the table's entries and
+        counts as the most recent."""
         anchors = list(self._recent)
+        if own:
+            anchors = [a for a in anchors if a not in own] + list(own)
+            del anchors[:-MAX_SENT]
         if self.source == "anchor-mc":
             default = self.returns.prior
             values = {a: self.returns.value(a) for a in anchors}
         else:
-            values = {a: self.estimates[a] for a in anchors if a in self.estimates}
+            mine = own or {}
+            values = {
+                a: mine[a] if a in mine else self.estimates[a]
+                for a in anchors
+                if a in mine or a in self.estimates
+            }
             default = math.fsum(values.values()) / len(values) if values else 0.0
         return environment_pb2.StateValues(values=values, default_value=default)
 
@@ -117,3 +142,21 @@ class ValueTable:
         for anchor in doc.get("recent", []):
             table._seen(str(anchor))
         return table
+
+
+class EpisodeValues:
+    """What one episode's requests carry during a collection: ``base`` (the table when the
+    collection started) plus the estimates this episode observed since (module docstring)."""
+
+    def __init__(self, base: ValueTable) -> None:
+        self.base = base
+        self.own: OrderedDict[str, float] = OrderedDict()
+
+    def observe(self, anchor: str, value: float | None) -> None:
+        """The policy's value of ``anchor`` as this episode just observed it (``policy``)."""
+        if self.base.source == "policy" and value is not None and math.isfinite(value):
+            self.own[anchor] = value
+            self.own.move_to_end(anchor)
+
+    def proto(self) -> environment_pb2.StateValues:
+        return self.base.proto(self.own)

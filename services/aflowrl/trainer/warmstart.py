@@ -12,7 +12,10 @@ trace is therefore a state with the reward of *every* candidate:
    scores the observation (the policy's own decision, which also gives the token ids the
    learner trains on), and every admissible action is stepped from the state: r_k is the
    reward of candidate k (a duplicate's is the duplicate penalty); the behaviour's action then
-   moves the episode on;
+   moves the episode on. The episodes move in rounds (one rollout call for all, then their
+   labelling steps), and each state draws on its own randomness
+   (:class:`aflowrl.trainer.acting.Draw` of the run seed, episode and step), so the labels do
+   not depend on which step returned first;
 2. each labelled state becomes a supervised row: the target q_k = softmax_k(r_k / tau) over its
    candidates (tau = ``warmStart.temperature``, in reward units) and the value target
    sum_k q_k r_k, the reward the target policy expects from the state;
@@ -39,7 +42,7 @@ import numpy as np
 
 from aflowrl.config import RunSpec
 from aflowrl.search import encoding
-from aflowrl.trainer.acting import Actor, Observed
+from aflowrl.trainer.acting import Actor, Draw, Observed
 from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, TrainRow
 from aflowrl.trainer.clock import Timeline
 from aflowrl.trainer.collect import Collector, group_episodes
@@ -127,16 +130,20 @@ class WarmStart:
         episodes = group_episodes(tasks, 1, "warm")
         with timeline.phase("reset"):
             await self.collector.reset_all(episodes, timeline)
-        rng = np.random.default_rng([self.spec.trainer.seed, 7])
+        seed = self.spec.trainer.seed
         states: list[LabelledState] = []
         step = 0
         while active := [e for e in episodes if not e.done and e.admissible]:
             observed = [Observed(e.observation_text, e.admissible) for e in active]
+            draws = [Draw.of(seed, "warm", e.traj, step) for e in active]
             with timeline.phase("generate"):
-                decisions = await self.actor.act(observed, rng=rng, seed=step)
+                decisions = await self.actor.act(observed, draws=draws)
             with timeline.phase("step"):
                 labelled = await asyncio.gather(
-                    *(self._label(e, d, step, rng) for e, d in zip(active, decisions, strict=True))
+                    *(
+                        self._label(e, d, step, draw.rng)
+                        for e, d, draw in zip(active, decisions, draws, strict=True)
+                    )
                 )
             states.extend(labelled)
             step += 1

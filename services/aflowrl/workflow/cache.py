@@ -6,10 +6,11 @@ executor with its settings:
 * ``runs``: one scored run per workflow hash. A run is deterministic given the workflow's
   canonical hash and that key, so trajectories that reach the same workflow share its
   evaluation, and repeating an evaluation costs nothing.
-* ``draws``: one result per node draw, keyed by the hash of the node's upstream subgraph
-  (:func:`aflowrl.workflow.canonical.upstream_hashes`) and the draw's index (a fan-out sample, a
-  MedPrompt vote). A child workflow reuses the parent's draws for every node its edit did not
-  touch, so an edit pays only for the nodes it changes.
+* ``draws``: one result per node draw, keyed by the node's own content, its canonical position
+  and the values of its inputs in the run (:meth:`aflowrl.workflow.canonical.UpstreamHash.key`)
+  and the draw's index (a fan-out sample, a MedPrompt vote). A child workflow reuses the
+  parent's draws for every node its edit did not touch (and for those after it whose inputs came
+  out the same), so an edit pays only for the nodes it changes.
 
 Entries live in memory (bounded, least recently used first out) and, when a path is given, in
 SQLite, which survives restarts. Draws that made no executor call and ran no code (an ensemble
@@ -91,7 +92,8 @@ class DrawKey:
     """What identifies one draw of one node in one run."""
 
     draw: str
-    """``<upstream draw hash>`` (a whole node) or ``<upstream draw hash>/<index>``."""
+    """``<draw key>`` (a whole node) or ``<draw key>/<index>``
+    (:meth:`aflowrl.workflow.canonical.UpstreamHash.key`)."""
     problem: str
     """``<benchmark>/<problem_id>`` (plus a digest of the public tests when overridden)."""
     sample: int

@@ -13,9 +13,12 @@ The evaluation cache and the search's dedupe key on :func:`content_hash`.
 
 :func:`upstream_hashes` gives every node the hash of its *upstream subgraph*: its operator,
 parameters and instruction text, the task type, and (recursively) everything it reads. A node's
-value depends on nothing else (given the problem, the sample index and the executor settings),
-so the interpreter derives the seeds of a node's executor calls from it and the evaluator reuses
-a node's results across workflows that share it: an edit re-runs only what it touches.
+value depends on nothing else (given the problem, the sample index and the executor settings).
+With it come the node's canonical position, which seeds its calls, and its *own* hash (operator,
+parameters, instruction text and task type, without its inputs); these and the values its inputs
+carry in a run key the node's draws (:meth:`UpstreamHash.key`), so the evaluator reuses a node's
+results across workflows that feed it the same texts at the same position: an edit re-runs only
+what it changes.
 
 This module sits below :mod:`aflowrl.workflow.graph` (whose ``Graph.content_hash`` calls it) and
 reads graphs through their public attributes only; it imports the graph types for annotations.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +43,9 @@ HASH_VERSION = 1
 
 UPSTREAM_VERSION = 2
 """Bumped whenever :func:`upstream_hashes` changes (seeds and reused node results follow it)."""
+
+DRAW_KEY_VERSION = 1
+"""Bumped whenever :meth:`UpstreamHash.key` changes (stored draws under other keys are unused)."""
 
 
 def canonical_order(graph: Graph) -> list[Node]:
@@ -105,27 +112,38 @@ def content_hash(graph: Graph) -> str:
 
 @dataclass(frozen=True)
 class UpstreamHash:
-    """What a node's results depend on, as two hashes (SHA-256 hex).
+    """What a node's results depend on, as hashes (SHA-256 hex).
 
-    ``draw`` keys one independent draw of the node (a fan-out sample, a MedPrompt vote; the
-    whole node for other operators): it covers everything upstream but not the number of draws
-    (``samples``, ``votes``), so a fan-out that grows from 3 to 5 samples shares its first 3.
-    ``node`` adds that number: it is what the node's readers depend on.
+    ``draw`` identifies one independent draw of the node (a fan-out sample, a MedPrompt vote;
+    the whole node for other operators) by everything upstream but not the number of draws
+    (``samples``, ``votes``); ``node`` adds that number: it is what the node's readers depend on.
+    ``own`` covers the node alone (task type, operator, parameters except the number of draws,
+    instruction text), not its inputs.
     ``position`` is the node's canonical position (:func:`canonical_index`): calls are seeded by
     it, never by the node's content, so a workflow that differs from its parent only in a
     prompt draws with the parent's random numbers (common random numbers: the score change a
-    prompt edit earns is the prompt's effect on the same draws, not sampling noise). A draw is
-    stored under its content and its position together (:meth:`key`), so a reused draw is
-    exactly the one a fresh run would make.
+    prompt edit earns is the prompt's effect on the same draws, not sampling noise).
+
+    A draw is stored under :meth:`key`: ``own``, the position and the values the node's inputs
+    carry in the run. A draw's value is a function of exactly these (plus the problem, the run's
+    seed and the executor settings, which the store's key adds): its prompts are built from its
+    own parameters and its input values, its seeds from the position. So a reused draw is the
+    one a fresh run would make, and it is reused wherever the same texts reach the same node at
+    the same position, also when an edit upstream changed the graph but not those texts (a
+    rewritten analysis prompt that yields the same notes, a different first stage that yields
+    the same answer). Draw ``i`` of a fan-out does not depend on the number of draws, so a
+    growing ensemble keeps the samples it had.
     """
 
     draw: str
     node: str
     position: int = 0
+    own: str = ""
 
-    def key(self) -> str:
-        """The store key of the node's draws: its content and the position its seeds follow."""
-        return f"{self.draw}@{self.position}"
+    def key(self, inputs: Mapping[str, Sequence[object]]) -> str:
+        """The store key of the node's draws given its inputs' values in a run (slot ->
+        JSON-able value per reference, in reference order)."""
+        return _digest([DRAW_KEY_VERSION, self.own, self.position, inputs])
 
 
 def _digest(doc: object) -> str:
@@ -156,19 +174,17 @@ def upstream_hashes(graph: Graph) -> dict[str, UpstreamHash]:
             slot: [PROBLEM if r == PROBLEM else hashes[r].node for r in refs]
             for slot, refs in node.inputs.items()
         }
-        base = _digest(
-            {
-                "version": [HASH_VERSION, UPSTREAM_VERSION],
-                "task_type": graph.task_type,
-                "op": node.op,
-                "params": params,
-                "inputs": inputs,
-            }
-        )
+        own = {
+            "version": [HASH_VERSION, UPSTREAM_VERSION],
+            "task_type": graph.task_type,
+            "op": node.op,
+            "params": params,
+        }
+        base = _digest({**own, "inputs": inputs})
         twin = seen[base]
         seen[base] += 1
         draw = _digest([base, twin])
         hashes[node.id] = UpstreamHash(
-            draw, draw if count is None else _digest([draw, count]), position
+            draw, draw if count is None else _digest([draw, count]), position, _digest(own)
         )
     return hashes

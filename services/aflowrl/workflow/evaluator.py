@@ -13,10 +13,12 @@ means); ``score_std`` is the sample standard deviation (ddof=1) of the R per-rep
 spread AFlow reports over its repeated runs (0 when R = 1).
 
 Node reuse: below the whole-run cache, every run keeps its node draws (one per fan-out sample,
-MedPrompt vote, or other node) keyed by the hash of the node's upstream subgraph, the problem,
-the sample index and the executor key. A child workflow's run takes every draw its parent already
-made (the nodes upstream of the edit, the samples a growing ensemble already has) and calls the
-executor only for the rest. Results are those of a cold run, answer by answer; ``executor_calls``
+MedPrompt vote, or other node) keyed by the node's own content (operator, parameters,
+instruction), its canonical position (which seeds its calls), the values its inputs carry, the
+problem, the sample index and the executor key. A child workflow's run takes every draw its
+parent already made (the nodes upstream of the edit, the samples a growing ensemble already has,
+and nodes downstream of the edit whose inputs came out the same) and calls the executor only for
+the rest. Results are those of a cold run, answer by answer; ``executor_calls``
 counts the calls made, ``reused_calls`` those answered from earlier draws, and each sample's
 ``llm_calls`` and cost stay what one full run takes.
 

@@ -14,10 +14,10 @@ Failure rules, the same for every operator:
 * executor and sandbox infrastructure errors propagate: they are not wrong answers.
 
 Draws (:meth:`~aflowrl.workflow.runtime.RunContext.draw`): each fan-out sample and each
-MedPrompt vote is one draw, and every other operator's node is one draw, so a draw whose
-upstream subgraph a parent workflow already ran is reused instead of paid for again. A draw
+MedPrompt vote is one draw, and every other operator's node is one draw, so a draw a parent
+workflow already made on the same input texts is reused instead of paid for again. A draw
 depends only on its inputs' values, the problem, its seeds and its own parameters (never on how
-many siblings it has), which is what makes reusing it exact.
+many siblings it has, nor on what produced its inputs), which is what makes reusing it exact.
 """
 
 from __future__ import annotations
@@ -349,6 +349,7 @@ async def run_node(ctx: RunContext, node: Node, values: Mapping[str, Value]) -> 
     Fan-out operators draw their samples or votes one by one; any other node is one draw.
     """
     impl = _IMPLS[node.op]
+    ctx.bind_inputs(node, values)
     if node.spec.fan_out is not None:
         return await impl(ctx, node, values)
     value = await ctx.draw(node, None, lambda: impl(ctx, node, values))

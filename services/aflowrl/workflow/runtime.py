@@ -9,16 +9,19 @@ position* (``UpstreamHash.position`` of :func:`aflowrl.workflow.canonical.upstre
 never from its id, its content or the order calls happen in. So renamed copies of a graph make
 identical requests, and a workflow that differs from its parent only in a prompt draws with the
 parent's random numbers: the score change a prompt edit earns is the prompt's effect on the same
-draws, not sampling noise (common random numbers). Draws are stored under the node's upstream
-content and its position, so any other workflow holding the same upstream at the same position
-reuses them, exactly.
+draws, not sampling noise (common random numbers). Draws are stored under the node's own
+content (operator, parameters, instruction), its position and the values its inputs carry in the
+run (:meth:`aflowrl.workflow.canonical.UpstreamHash.key`), so any other workflow that feeds the
+same texts to the same node at the same position reuses them, exactly, whatever produced those
+texts.
 
 Draws: operators wrap each independent piece of work in :meth:`RunContext.draw` (one fan-out
 sample, one MedPrompt vote, or a whole node for the other operators). With a :class:`DrawStore`
-(the evaluator's node cache), a draw made before for the same upstream hash, problem, sample
-index and executor settings is taken as it was, with no executor call; its value is exactly what
-running it again would give with a deterministic executor, because its seeds and inputs are
-functions of the same key.
+(the evaluator's node cache), a draw made before for the same node content, position, input
+values, problem, sample index and executor settings is taken as it was, with no executor call;
+its value is exactly what running it again would give with a deterministic executor, because its
+prompts and seeds are functions of the same key. :meth:`RunContext.bind_inputs` fixes a node's
+key once its inputs are known (:func:`aflowrl.workflow.operators.run_node` calls it first).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from aflowrl.workflow.cache import StoredDraw
 from aflowrl.workflow.canonical import UpstreamHash
 from aflowrl.workflow.errors import OperatorOutputError
 from aflowrl.workflow.graph import Graph, Node
+from aflowrl.workflow.ops import PROBLEM
 
 
 class CodeRunner(Protocol):
@@ -189,6 +193,7 @@ class RunContext:
     reused: Bill = field(default_factory=Bill)
     """What the draws it reused cost when they were made."""
     _steps: dict[tuple[str, int], int] = field(default_factory=dict)
+    _draw_keys: dict[str, str] = field(default_factory=dict)
 
     @property
     def task_type(self) -> TaskType:
@@ -203,9 +208,22 @@ class RunContext:
         self._steps[key] = step + 1
         return step
 
+    def bind_inputs(self, node: Node, values: Mapping[str, Value]) -> None:
+        """Fix the key ``node``'s draws are stored under from the values of its inputs
+        (``values``: reference -> value, as the node runs on them)."""
+        inputs = {
+            slot: [ref if ref == PROBLEM else _encode(values[ref]) for ref in refs]
+            for slot, refs in node.inputs.items()
+        }
+        self._draw_keys[node.id] = self.upstream[node.id].key(inputs)
+
     def draw_hash(self, node: Node) -> str:
-        """The key a node's draws are stored under (its content and its seeds)."""
-        return self.upstream[node.id].key()
+        """The key a node's draws are stored under (its content, its position and the values
+        of its inputs: :meth:`bind_inputs`)."""
+        try:
+            return self._draw_keys[node.id]
+        except KeyError:
+            raise RuntimeError(f"node {node.id!r} drew before its inputs were bound") from None
 
     def position(self, node: Node) -> int:
         """The node's canonical position, which its calls are seeded by (never its id or

@@ -139,7 +139,8 @@ def test_the_embedded_default_run_is_the_tiny_surrogate_humaneval_run():
     assert spec.policy.model == "tiny" and spec.environment.benchmarks == ["humaneval"]
     assert spec.environment.executor.type == "surrogate"
     assert spec.environment.replicas.min == 2 and spec.rollout.engine == "hf"
-    assert spec.environment.search.max_admissible_actions <= 9  # one-digit replies
+    assert spec.environment.search.max_admissible_actions <= 9  # short lists: fast on a CPU
+    assert spec.trainer.warm_start.episodes > 0 and spec.trainer.warm_start.lr is not None
     preflight.check_local_run(spec)
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import torch
 
 from aflowrl.models import builtin
 from aflowrl.rollout.engine import SamplingOptions
+from aflowrl.rollout.errors import BadSamplingRequestError
 from aflowrl.rollout.gate import VersionGate
 from aflowrl.rollout.hf_engine import HfEngine
 
@@ -41,6 +43,38 @@ async def test_greedy_equals_generate_and_concurrent_requests_share_batches():
             c.token_ids for r in alone for c in r.completions
         ]
         assert all(len(c.token_ids) <= 5 for r in together[1] for c in r.completions)
+    finally:
+        await engine.close()
+
+
+async def test_prompt_seeds_sample_a_prompt_the_same_wherever_it_is_sent():
+    """With per-prompt seeds, a prompt's completion depends on its seed alone: not on its place
+    in the request nor on the other prompts (the trainer batches whatever decisions are ready)."""
+    engine = HfEngine(builtin.ensure("tiny"), max_batch_size=4)
+    await engine.start()
+    try:
+        tokenizer = engine.tokenizer
+        prompts = [tokenizer(f"Task {i}: {'y' * i}").input_ids for i in range(4)]
+        seeds = (11, 22, 33, 44)
+
+        def sampled(prompt_seeds: tuple[int, ...]) -> SamplingOptions:
+            return SamplingOptions(
+                temperature=1.0, max_tokens=12, seed=5, prompt_seeds=prompt_seeds
+            )
+
+        def tokens(results) -> list[list[int]]:
+            return [r.completions[0].token_ids for r in results]
+
+        together = tokens(await engine.generate(prompts, sampled(seeds)))
+        reordered = tokens(await engine.generate(prompts[::-1], sampled(seeds[::-1])))
+        alone = [
+            tokens(await engine.generate([p], sampled((s,))))[0]
+            for p, s in zip(prompts, seeds, strict=True)
+        ]
+        assert together == reordered[::-1] == alone
+        assert len({tuple(t) for t in together}) > 1  # the prompts did sample
+        with pytest.raises(BadSamplingRequestError):
+            await engine.generate(prompts, sampled(seeds[:1]))
     finally:
         await engine.close()
 

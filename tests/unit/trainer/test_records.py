@@ -138,6 +138,30 @@ async def test_timeline_counts_overlapping_calls_once():
         pass
 
 
+async def test_timeline_phases_are_unions_of_their_overlapping_blocks():
+    """Episodes move independently: one episode's step overlaps another's, and generation
+    overlaps both; each phase counts the wall time during which one of its blocks ran."""
+    now = [0.0]
+    timeline = Timeline(clock=lambda: now[0])
+    first_step = timeline.phase("step")
+    first_step.__enter__()  # an episode steps from 0 to 0.4 s
+    now[0] = 0.1
+    with timeline.phase("generate"):  # another one's decision from 0.1 to 0.2 s
+        now[0] = 0.2
+    with timeline.phase("step"):  # its step from 0.2 to 0.3 s
+        now[0] = 0.3
+    now[0] = 0.4
+    first_step.__exit__(None, None, None)
+    now[0] = 0.5
+    with timeline.phase("step"):  # a later step from 0.5 to 0.6 s
+        now[0] = 0.6
+    assert timeline.phases["step"] == pytest.approx(0.5)
+    assert timeline.phases["generate"] == pytest.approx(0.1)
+    with timeline.phase("step"):
+        now[0] = 0.7
+        assert timeline.record()["time/step"] == pytest.approx(0.6)  # an open block counts
+
+
 def test_final_table_aligns_scores_and_unknown_costs():
     rows = [
         FinalRow("best (3fa2c1d9)", "3fa2", 0.912, 0.01, 131, 0.95, 1310, 12, 0.0123, 5.0),

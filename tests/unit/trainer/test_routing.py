@@ -149,3 +149,11 @@ async def test_a_recovered_replica_takes_its_keys_back():
     await client.close()
     await server.stop()
     await other.stop()
+
+
+def test_the_default_channel_deadline_lets_a_step_run_its_whole_timeout():
+    # gRPC takes the smaller of the channel's deadline and the call's: a default client whose
+    # channel capped calls at 60 s cut every long Evaluate or Step short.
+    client = EnvironmentClient(["127.0.0.1:1"], step_timeout_s=1234.0)
+    assert client.options.timeout_s == 1234.0
+    assert EnvironmentClient(["127.0.0.1:1"]).options.timeout_s == 1800.0

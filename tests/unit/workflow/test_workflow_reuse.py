@@ -7,7 +7,9 @@ as it goes, and each again by a cold evaluator with an empty cache. Every sample
 extracted answer, detail, error and call count must agree, and the warm side must really have
 reused draws (else the comparison proves nothing). The scripted-executor tests pin down the
 individual rules: seeds follow upstream hashes, twins stay independent, a growing fan-out keeps
-its samples, a stored failure names the reusing node, shared draws are made once.
+its samples, a node downstream of an edit whose input texts came out the same is reused (but not
+at another position, whose seeds differ), a stored failure names the reusing node, shared draws
+are made once.
 """
 
 from __future__ import annotations
@@ -199,6 +201,98 @@ async def test_twin_generators_stay_independent_samples(scripted_executor):
     seeds = [seed for prompt, seed in executor.calls if "step by step" in prompt]
     assert len(seeds) == 2 and len(set(seeds)) == 2
     assert result.executor_calls == 3 and result.reused_calls == 0
+
+
+def _planned(plan_prompt: str) -> Graph:
+    return Graph.from_dict(
+        {
+            "name": "planned",
+            "task_type": "math",
+            "prompts": {"plan": plan_prompt, "cot": "Think step by step."},
+            "nodes": [
+                {"id": "plan", "op": "Custom", "inputs": {"input": ["problem"]},
+                 "params": {"instruction": "plan"}},
+                {"id": "generate", "op": "Custom", "inputs": {"input": ["problem", "plan"]},
+                 "params": {"instruction": "cot", "samples": 2}},
+                {"id": "pick", "op": "MdEnsemble", "inputs": {"solutions": ["generate"]},
+                 "params": {"votes": 3}},
+            ],
+            "output": "pick",
+        }
+    )  # fmt: skip
+
+
+def _same_notes(prompt: str, seed: int | None) -> str:
+    """Every planning prompt ("... Do not solve it yet.") gives one note; the rest as _answer."""
+    if "Do not solve it yet." in prompt and "Result of an earlier step" not in prompt:
+        return "Given: 2 and 3. Asked: their sum." if "Quietly" not in prompt else "Nothing."
+    return _answer(prompt, seed)
+
+
+async def test_nodes_whose_input_texts_come_out_the_same_are_reused_after_an_upstream_edit(
+    scripted_executor,
+):
+    evaluator = Evaluator(scripted_executor(_same_notes), get_benchmark("gsm8k"))
+    first = await evaluator.evaluate(_planned("List the givens. Do not solve it yet."), [MATH])
+    assert first.executor_calls == 1 + 2 + 3
+    # Another planning prompt: the graph (and every upstream hash after the plan) changed, but
+    # the note reaching the generator is the same text, so its samples and the votes are reused.
+    rewritten = _planned("Name the concepts needed. Do not solve it yet.")
+    assert upstream_hashes(rewritten)["generate"] != upstream_hashes(_planned("x"))["generate"]
+    edited = await evaluator.evaluate(rewritten, [MATH])
+    assert (edited.executor_calls, edited.reused_calls) == (1, 2 + 3)
+    cold = await Evaluator(scripted_executor(_same_notes), get_benchmark("gsm8k")).evaluate(
+        rewritten, [MATH]
+    )
+    assert _signature(edited) == _signature(cold) and cold.executor_calls == 1 + 2 + 3
+    # A plan whose note differs pays for the generator's samples; they answer as before (this
+    # executor's answers follow the seed only), so the votes over them are reused again.
+    quiet = _planned("Quietly list the givens. Do not solve it yet.")
+    other = await evaluator.evaluate(quiet, [MATH])
+    assert (other.executor_calls, other.reused_calls) == (1 + 2, 3)
+    cold = await Evaluator(scripted_executor(_same_notes), get_benchmark("gsm8k")).evaluate(
+        quiet, [MATH]
+    )
+    assert _signature(other) == _signature(cold)
+
+
+async def test_the_same_inputs_at_another_position_are_drawn_afresh(scripted_executor):
+    alone = Graph.from_dict(
+        {
+            "name": "alone",
+            "task_type": "math",
+            "prompts": {"cot": "Think step by step."},
+            "nodes": [{"id": "gen", "op": "Custom", "inputs": {"input": ["problem"]},
+                       "params": {"instruction": "cot"}}],
+            "output": "gen",
+        }
+    )  # fmt: skip
+    # The same generator on the same problem, after another branch in canonical order: its
+    # calls are seeded by its new position, so the first graph's draw is not its draw.
+    behind = Graph.from_dict(
+        {
+            "name": "behind",
+            "task_type": "math",
+            "prompts": {"cot": "Think step by step.", "brief": "Be brief."},
+            "nodes": [
+                {"id": "other", "op": "Custom", "inputs": {"input": ["problem"]},
+                 "params": {"instruction": "brief"}},
+                {"id": "gen", "op": "Custom", "inputs": {"input": ["problem"]},
+                 "params": {"instruction": "cot"}},
+                {"id": "pick", "op": "ScEnsemble", "inputs": {"solutions": ["other", "gen"]}},
+            ],
+            "output": "pick",
+        }
+    )  # fmt: skip
+    assert upstream_hashes(behind)["gen"].position != upstream_hashes(alone)["gen"].position
+    evaluator = Evaluator(scripted_executor(_answer), get_benchmark("gsm8k"))
+    await evaluator.evaluate(alone, [MATH])
+    warm = await evaluator.evaluate(behind, [MATH])
+    cold = await Evaluator(scripted_executor(_answer), get_benchmark("gsm8k")).evaluate(
+        behind, [MATH]
+    )
+    assert (warm.executor_calls, warm.reused_calls) == (3, 0)
+    assert _signature(warm) == _signature(cold)
 
 
 async def test_a_reused_failure_names_the_node_that_reuses_it(scripted_executor):

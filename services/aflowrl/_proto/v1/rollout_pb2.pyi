@@ -87,6 +87,7 @@ class GenerateRequest(_message.Message):
 
     PROMPTS_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
+    PROMPT_SEEDS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def prompts(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Prompt]:
         """Prompts to complete; results come back in this order."""
@@ -95,15 +96,23 @@ class GenerateRequest(_message.Message):
     def sampling(self) -> Global___SamplingParams:
         """Sampling parameters shared by every prompt of the request."""
 
+    @_builtins.property
+    def prompt_seeds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Per-prompt seeds: empty, or one per prompt. When set, prompt i's completions are seeded by
+        prompt_seeds[i] alone (sampling.seed is ignored), so a prompt samples the same tokens
+        whatever else the request holds and wherever it sits in it.
+        """
+
     def __init__(
         self,
         *,
         prompts: _abc.Iterable[_common_pb2.Prompt] | None = ...,
         sampling: Global___SamplingParams | None = ...,
+        prompt_seeds: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompts", b"prompts", "sampling", b"sampling"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt_seeds", b"prompt_seeds", "prompts", b"prompts", "sampling", b"sampling"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
