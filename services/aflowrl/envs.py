@@ -21,6 +21,8 @@ local runs from the shell.
 | AFLOWRL_POD_NAME | the pod's name (downward API); default: the host name |
 | KUBERNETES_SERVICE_HOST / _PORT | the API server (set by Kubernetes in every pod) |
 | AFLOWRL_SANDBOX | sandbox isolation: "auto" (bubblewrap where it runs), "bwrap" or "rlimits" |
+| MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ | glibc's malloc settings: when set, kept |
+| GLIBC_TUNABLES | with a ``glibc.malloc.`` setting, malloc is left alone (``GLIBC_MALLOC_SET``) |
 | RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT | set by torchrun for learner ranks |
 
 Third-party libraries that read their own variables at import (vLLM) get defaults through
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     KUBERNETES_SERVICE_HOST: str | None
     KUBERNETES_SERVICE_PORT: int
     AFLOWRL_SANDBOX: str
+    GLIBC_MALLOC_SET: bool
     RANK: int
     LOCAL_RANK: int
     WORLD_SIZE: int
@@ -95,6 +98,11 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "KUBERNETES_SERVICE_HOST": lambda: os.environ.get("KUBERNETES_SERVICE_HOST") or None,
     "KUBERNETES_SERVICE_PORT": lambda: _int("KUBERNETES_SERVICE_PORT", 443),
     "AFLOWRL_SANDBOX": lambda: os.environ.get("AFLOWRL_SANDBOX", "auto").lower(),
+    "GLIBC_MALLOC_SET": lambda: bool(
+        os.environ.get("MALLOC_MMAP_THRESHOLD_")
+        or os.environ.get("MALLOC_TRIM_THRESHOLD_")
+        or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")
+    ),
     "RANK": lambda: _int("RANK", 0),
     "LOCAL_RANK": lambda: _int("LOCAL_RANK", 0),
     "WORLD_SIZE": lambda: _int("WORLD_SIZE", 1),

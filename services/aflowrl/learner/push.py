@@ -1,9 +1,10 @@
 """The grpc transport's sender: learner rank 0 streams its weights straight to every replica.
 
 ``PushWeights`` (:mod:`aflowrl.learner.service`) runs a collective command that gathers one
-tensor at a time on every rank; rank 0 chunks, hashes and encodes each tensor
-(:func:`aflowrl.models.wire.encoded_weight_stream`) on the command thread and hands every message
-to a :class:`ReplicaFanout` on the event loop, which sends it to one ``UpdateWeights`` call per
+tensor at a time on every rank; rank 0 chunks and encodes each tensor
+(:func:`aflowrl.models.wire.encoded_weight_stream`, which hashes every chunk on a thread of its
+own while the next is encoded and sent) on the command thread and hands every message to a
+:class:`ReplicaFanout` on the event loop, which sends it to one ``UpdateWeights`` call per
 replica behind the pushed version. Each replica has a bounded queue (a few chunks): the stream
 runs at the pace of the slowest replica, the learner holds a few chunks beyond the tensor being
 sent, and a replica that fails is dropped without stopping the others. If the stream breaks off

@@ -21,7 +21,7 @@ from aflowrl.config import RunSpec
 from aflowrl.learner import distributed, worker
 from aflowrl.learner.metrics import LearnerMetrics
 from aflowrl.learner.service import SERVICE_NAME, LearnerServicer
-from aflowrl.models import transport
+from aflowrl.models import transport, wire
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,8 @@ async def serve(
         worker.follow(learner)
         distributed.shutdown()
         return
+    if spec.weight_transport.type == "grpc":
+        wire.keep_message_memory()  # rank 0 pushes the weights
     metrics = LearnerMetrics()
     servicer = LearnerServicer(
         learner,

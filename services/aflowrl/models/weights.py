@@ -6,7 +6,7 @@ gathered, so senders stream one tensor at a time and never hold the whole model:
 
 - ``grpc``: the payload (each tensor's raw little-endian C-contiguous bytes, concatenated) goes
   out as ``WeightChunk`` messages (manifest, data, commit); the sender hashes as it streams and
-  the commit carries the SHA-256. The rollout stages the payload with a
+  the commit carries the CRC-32. The rollout stages the payload with a
   :class:`PayloadAssembler`, which refuses anything out of order, short, long, corrupt or for
   another model before a single weight is touched.
 - ``nccl``: the tensors are packed into buckets (:func:`plan_buckets`, the same cut on both
@@ -22,6 +22,7 @@ flight, whatever the model's size.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import hashlib
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import torch
 
 from aflowrl import documents
@@ -354,27 +356,85 @@ class PayloadChecksum:
         self.value = zlib.crc32(data, self.value)
 
 
+class _OrderedWorker:
+    """Runs calls one after another on a thread of its own, at most ``backlog`` queued.
+
+    :meth:`submit` waits for the oldest call beyond the backlog, so a worker that falls behind
+    keeps a bounded number of buffers alive; :meth:`wait` raises what a call raised.
+    """
+
+    def __init__(self, backlog: int) -> None:
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checksum")
+        self._pending: collections.deque[concurrent.futures.Future[None]] = collections.deque()
+        self._backlog = max(1, backlog)
+
+    def submit(self, fn: Any, *args: Any) -> None:
+        while len(self._pending) >= self._backlog:
+            self._pending.popleft().result()
+        self._pending.append(self._thread.submit(fn, *args))
+
+    def wait(self) -> None:
+        while self._pending:
+            self._pending.popleft().result()
+
+    def close(self) -> None:
+        """Stop the thread, dropping the calls not started yet (idempotent)."""
+        self._pending.clear()
+        self._thread.shutdown(wait=True, cancel_futures=True)
+
+
+class BackgroundChecksum:
+    """A :class:`PayloadChecksum` fed on a thread of its own, in order.
+
+    ``zlib.crc32`` releases the GIL, so the sender hashes chunk k while it encodes and sends
+    chunk k + 1. At most ``backlog`` buffers wait to be hashed (:meth:`update` waits beyond
+    that). A buffer must not change until it is hashed: give it bytes.
+    """
+
+    def __init__(self, backlog: int = 4) -> None:
+        self._checksum = PayloadChecksum()
+        self._worker = _OrderedWorker(backlog)
+
+    def update(self, data: bytes | memoryview) -> None:
+        self._worker.submit(self._checksum.update, data)
+
+    def value(self) -> int:
+        """The CRC-32 of everything fed (waits for the thread)."""
+        self._worker.wait()
+        return self._checksum.value
+
+    def close(self) -> None:
+        self._worker.close()
+
+
 class PayloadAssembler:
     """Receives a payload in order into one buffer and hashes it as it arrives.
 
-    Each chunk is copied into the staging buffer at once; its hashing runs on a thread of its
-    own (hashlib releases the GIL), so a replica hashes chunk k while it receives chunk k + 1.
-    :meth:`finish` waits for the hash, checks the commit (version, size, checksum) and returns
-    the tensors, views of the buffer (no copy). Any error leaves nothing applied; the caller
-    drops the assembler (:meth:`close` stops its thread).
+    :meth:`add` checks a chunk's place at once and hands the rest to a thread of its own: the
+    copy into the staging buffer (numpy releases the GIL for it) and the hashing of that region
+    (so does zlib). The event loop goes back to receiving while chunk k is staged and hashed;
+    the received messages are held until then (a few at most: :meth:`add` waits beyond that).
+    :meth:`finish` waits for the thread, checks the commit (version, size, checksum) and
+    returns the tensors, views of the buffer (no copy). Any error leaves nothing applied; the
+    caller drops the assembler (:meth:`close` stops its thread).
     """
 
-    def __init__(self, manifest: Manifest, staging: StagingBuffer | None = None) -> None:
+    def __init__(
+        self, manifest: Manifest, staging: StagingBuffer | None = None, *, backlog: int = 4
+    ) -> None:
         self.manifest = manifest
         self._buffer = (staging or StagingBuffer()).take(manifest.total_bytes)
         self._view = memoryview(self._buffer)
+        self._array = np.frombuffer(self._buffer, dtype=np.uint8)
         self._checksum = PayloadChecksum()
-        self._hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checksum")
-        self._hashed: concurrent.futures.Future[None] | None = None
+        self._worker = _OrderedWorker(backlog)
         self.received = 0
 
     def add(self, offset: int, data: bytes | memoryview | Sequence[bytes | memoryview]) -> None:
-        """Stage the bytes of payload ``[offset, offset + len)`` (one buffer or several parts)."""
+        """Stage the bytes of payload ``[offset, offset + len)`` (one buffer or several parts).
+
+        The parts must not change until they are staged (they are a received message's bytes).
+        """
         if offset != self.received:
             raise WeightMismatchError(
                 f"chunk at offset {offset}, expected {self.received} (chunks must arrive in order)",
@@ -387,21 +447,27 @@ class PayloadAssembler:
                 f"chunk ends at byte {end}, past the announced {self.manifest.total_bytes}",
                 field="data",
             )
-        at = offset
-        for part in parts:
-            self._view[at : at + len(part)] = part
-            at += len(part)
-        # Hashed from the staging buffer, which no later chunk overwrites.
-        self._hashed = self._hasher.submit(self._checksum.update, self._view[offset:end])
+        self._worker.submit(self._stage, offset, parts)
         self.received = end
 
+    def _stage(self, offset: int, parts: list[bytes | memoryview]) -> None:
+        """On the worker: copy ``parts`` into the buffer at ``offset`` and hash that region."""
+        at = offset
+        for part in parts:
+            size = len(part)
+            if size:
+                np.copyto(self._array[at : at + size], np.frombuffer(part, dtype=np.uint8))
+            at += size
+        # Hashed from the staging buffer, which no later chunk overwrites.
+        self._checksum.update(self._view[offset:at])
+
     def checksum(self) -> int:
-        """CRC-32 of what was received (waits for the checksum thread)."""
-        self._hasher.shutdown(wait=True)
+        """CRC-32 of what was received (waits for the worker)."""
+        self._worker.wait()
         return self._checksum.value
 
     def close(self) -> None:
-        self._hasher.shutdown(wait=True, cancel_futures=True)
+        self._worker.close()
 
     def finish(self, commit_version: int, commit_crc32: int) -> dict[str, torch.Tensor]:
         manifest = self.manifest

@@ -134,6 +134,8 @@ async def serve(
 ) -> None:
     """Serve until SIGTERM / SIGINT; the engine is closed on every path."""
     transport.check_weight_transport(spec)
+    if spec.weight_transport.type == "grpc":
+        wire.keep_message_memory()  # before the engine allocates anything
     engine = build_engine(spec)
     metrics = RolloutMetrics()
     server: GrpcServer | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import zlib
 
 import pytest
@@ -45,6 +46,47 @@ def test_round_trip_through_chunks_and_protos():
     out = assembler.finish(commit.version, commit.crc32)
     for name, tensor in tensors.items():
         assert out[name].dtype == tensor.dtype and torch.equal(out[name], tensor)
+
+
+def test_the_payload_is_staged_and_hashed_off_the_caller_in_order():
+    """Chunks are copied and hashed on a worker thread, at most ``backlog`` behind the caller;
+    the sender hashes its messages on a thread of its own too. Both give the payload's CRC-32."""
+    tensors = {f"t{i}": torch.arange(1000 * (i + 1), dtype=torch.float32) for i in range(6)}
+    manifest = weights.build_manifest(2, tensors)
+    payload = b"".join(bytes(weights.tensor_bytes(t)) for t in tensors.values())
+    messages = list(wire.encoded_weight_stream(manifest, tensors.values(), chunk_bytes=3000))
+    commit = common_pb2.WeightChunk.FromString(messages[-1]).commit
+    assert commit.crc32 == zlib.crc32(payload)
+    assembler = weights.PayloadAssembler(manifest, backlog=1)
+    try:
+        for raw in messages[1:-1]:
+            chunk = wire.decode_chunk(raw)
+            assert isinstance(chunk, wire.DataChunk)
+            half = len(chunk.data) // 2  # in two parts, as several tensors' bytes may come
+            assembler.add(chunk.offset, [chunk.data[:half], chunk.data[half:]])
+        out = assembler.finish(commit.version, commit.crc32)
+    finally:
+        assembler.close()
+    for name, tensor in tensors.items():
+        assert torch.equal(out[name], tensor)
+
+    checksum = weights.BackgroundChecksum(backlog=2)
+    for start in range(0, len(payload), 1000):
+        checksum.update(payload[start : start + 1000])
+    assert checksum.value() == zlib.crc32(payload)
+    checksum.close()
+    checksum.close()  # idempotent
+
+
+def test_malloc_is_tuned_for_pushes_unless_the_user_tuned_it(monkeypatch):
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert not wire.keep_message_memory()
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=1048576")
+    assert not wire.keep_message_memory()
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    assert wire.keep_message_memory() == (platform.libc_ver()[0] == "glibc")
 
 
 def test_data_chunks_are_encoded_exactly_as_protobuf_encodes_them():
