@@ -7,7 +7,7 @@ checksumming, streaming them from the learner to the rollout, verifying and swap
 The baseline sends the same number of bytes through a plain TCP socket on loopback in this
 process (the upper bound of any transport here). Prints both rates and their ratio.
 
-    python bench/weight_push.py [--hidden 512] [--layers 8] [--rounds 3]
+    python bench/weight_push.py [--hidden 512] [--layers 8] [--rounds 3] [--warmup 1]
 """
 
 from __future__ import annotations
@@ -93,11 +93,12 @@ async def main(args: argparse.Namespace) -> None:
                 learner.target, [rollout.target], chunk_bytes=args.chunk_mib * 1024 * 1024
             )
             rates = []
-            for iteration in range(args.rounds):
+            for iteration in range(args.warmup + args.rounds):
                 await stub.Train(learner_pb2.TrainRequest(samples=[sample], iteration=iteration))
                 report = await sync.push()
                 assert report.ok, report
-                rates.append(report.replicas[0].bytes / report.seconds / 1e6)
+                if iteration >= args.warmup:
+                    rates.append(report.replicas[0].bytes / report.seconds / 1e6)
             await sync.close()
             await channel.close()
         finally:
@@ -105,12 +106,14 @@ async def main(args: argparse.Namespace) -> None:
             learner.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    for _ in range(args.warmup):
+        socket_copy(nbytes)
     raw = statistics.median(socket_copy(nbytes) for _ in range(args.rounds))
     grpc_rate = statistics.median(rates)
     print(f"model: {nbytes / 1e6:.1f} MB float32 ({args.hidden} hidden, {args.layers} layers)")
     print(
         f"grpc push (gather, checksum, stream, verify, swap) {grpc_rate:8.1f} MB/s "
-        f"(median of {args.rounds})"
+        f"(median of {args.rounds}, after {args.warmup} untimed)"
     )
     print(f"raw loopback socket copy                       {raw:8.1f} MB/s")
     print(f"ratio grpc/raw = {grpc_rate / raw:.3f}")
@@ -122,4 +125,11 @@ if __name__ == "__main__":
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--chunk-mib", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="untimed rounds first, on both sides (a run pushes every iteration: the steady "
+        "state is what it pays; a process's first push also sets up its channel and heap)",
+    )
     asyncio.run(main(parser.parse_args()))
