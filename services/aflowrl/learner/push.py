@@ -11,6 +11,11 @@ sent, and a replica that fails is dropped without stopping the others. If the st
 (a rank fails mid-gather), every call is cancelled before its commit, so every replica keeps its
 previous weights.
 
+The channels to the replicas outlive a push (:class:`ReplicaChannels`): every iteration's push
+reuses the connections (and, with TLS, the handshakes) of the last one. A replica that failed a
+push gets a fresh channel next time, so a restarted replica is dialled at once instead of after
+the failed channel's reconnect back-off.
+
 Sending from the learner itself, rather than through a relay in the trainer, spares every byte
 one more hop and one more process (``bench/weight_push.py`` measures the push against a raw
 socket copy).
@@ -59,6 +64,35 @@ class ReplicaOutcome:
     seconds: float = 0.0
 
 
+class ReplicaChannels:
+    """Channels to the rollout replicas, kept from one push to the next (module docstring)."""
+
+    def __init__(self, options: ChannelOptions) -> None:
+        self.options = options
+        self._open: dict[tuple[str, str | None], aio.Channel] = {}
+
+    async def get(self, targets: Sequence[str], server_name: str | None) -> list[aio.Channel]:
+        """A channel per target; channels to targets no longer pushed to are closed."""
+        wanted = {(t, server_name) for t in targets}
+        for key in [k for k in self._open if k not in wanted]:
+            await self._open.pop(key).close()
+        for key in wanted:
+            if key not in self._open:
+                self._open[key] = make_channel(key[0], self.options, server_name=server_name)
+        return [self._open[(t, server_name)] for t in targets]
+
+    async def forget(self, target: str, server_name: str | None) -> None:
+        """Close ``target``'s channel: the next push dials it afresh."""
+        channel = self._open.pop((target, server_name), None)
+        if channel is not None:
+            await channel.close()
+
+    async def close(self) -> None:
+        for channel in self._open.values():
+            await channel.close()
+        self._open.clear()
+
+
 class ReplicaFanout:
     """One push to several replicas (module docstring). Create, :meth:`open`, send, close."""
 
@@ -69,13 +103,21 @@ class ReplicaFanout:
         *,
         queue_chunks: int = 4,
         server_name: str | None = None,
+        channels: Sequence[aio.Channel] | None = None,
     ) -> None:
         """``server_name``: with TLS, the name each replica's certificate is verified against
-        (the Service the targets were resolved from)."""
+        (the Service the targets were resolved from). ``channels``: one per target, kept open
+        by their owner (:class:`ReplicaChannels`); by default the fanout dials its own and
+        closes them in :meth:`close`."""
         self.targets = list(targets)
         self.queue_chunks = queue_chunks
         self.outcomes = [ReplicaOutcome(t) for t in self.targets]
-        self._channels = [make_channel(t, options, server_name=server_name) for t in self.targets]
+        self._owns_channels = channels is None
+        self._channels = (
+            [make_channel(t, options, server_name=server_name) for t in self.targets]
+            if channels is None
+            else list(channels)
+        )
         self._queues: dict[int, asyncio.Queue[bytes | None]] = {}
         self._waits: dict[int, asyncio.Future[Any]] = {}
         self._calls: dict[int, Any] = {}
@@ -164,8 +206,9 @@ class ReplicaFanout:
                 outcome.error = reason if reason and answer == INTERRUPTED else answer
 
     async def close(self) -> None:
-        for channel in self._channels:
-            await channel.close()
+        if self._owns_channels:
+            for channel in self._channels:
+                await channel.close()
 
 
 class PushSink:

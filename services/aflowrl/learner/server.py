@@ -100,6 +100,7 @@ async def serve(
         async with server:
             await server.serve_until_signal()
     finally:
+        await servicer.push_channels.close()
         await asyncio.to_thread(servicer.commands.close, _STOP_TIMEOUT_S)
         _stop_followers(learner)
 

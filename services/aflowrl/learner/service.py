@@ -35,7 +35,7 @@ from aflowrl.learner.errors import (
     WeightGroupError,
 )
 from aflowrl.learner.metrics import LearnerMetrics
-from aflowrl.learner.push import PushSink, ReplicaFanout
+from aflowrl.learner.push import PushSink, ReplicaChannels, ReplicaFanout
 from aflowrl.learner.worker import (
     BroadcastWeightsCommand,
     Command,
@@ -142,6 +142,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         self.default_chunk_bytes = default_chunk_bytes
         self.push_options = push_options or ChannelOptions(timeout_s=3600.0, max_attempts=1)
         """How rank 0 dials the rollout replicas it pushes to (grpc transport)."""
+        self.push_channels = ReplicaChannels(self.push_options)
+        """Those channels, kept from one push to the next."""
         config = learner.policy.module.lm.config
         self.vocab = int(config.vocab_size)
         self.max_len = int(getattr(config, "max_position_embeddings", 1 << 30))
@@ -399,7 +401,13 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         dtype = self._dtype(request.dtype)
         chunk = min(request.chunk_bytes or self.default_chunk_bytes, self.default_chunk_bytes)
         started = time.perf_counter()
-        fanout = ReplicaFanout(targets, self.push_options, server_name=request.server_name or None)
+        server_name = request.server_name or None
+        fanout = ReplicaFanout(
+            targets,
+            self.push_options,
+            server_name=server_name,
+            channels=await self.push_channels.get(targets, server_name),
+        )
         version = self.learner.state.policy_version
         try:
             await fanout.versions()
@@ -409,6 +417,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             fanout.mark_skipped(version)
         finally:
             await fanout.close()
+            for outcome in fanout.outcomes:
+                if outcome.error is not None:
+                    await self.push_channels.forget(outcome.target, server_name)
         seconds = time.perf_counter() - started
         sent = [o for o in fanout.outcomes if o.bytes]
         nbytes = sent[0].bytes if sent else 0

@@ -21,7 +21,7 @@ from grpc import aio
 
 from aflowrl._proto.v1 import rollout_pb2, rollout_pb2_grpc
 from aflowrl.common.client import ChannelOptions
-from aflowrl.learner.push import PushSink, ReplicaFanout
+from aflowrl.learner.push import PushSink, ReplicaChannels, ReplicaFanout
 from aflowrl.models import weights
 
 VERSION = 7
@@ -146,3 +146,30 @@ async def test_an_unreachable_replica_is_reported_and_nothing_is_sent(target):
     finally:
         await fanout.close()
     assert fanout.behind(VERSION) == [] and fanout.outcomes[0].error
+
+
+async def test_channels_outlive_a_push_until_their_replica_fails_or_leaves():
+    replicas = [Replica("takes everything"), Replica("takes everything")]
+    servers = [await _serve(r) for r in replicas]
+    targets = [t for _, t in servers]
+    channels = ReplicaChannels(ChannelOptions(timeout_s=30, max_attempts=1))
+    try:
+        first = await channels.get(targets, None)
+        for _ in range(2):  # two pushes
+            fanout = ReplicaFanout(targets, channels.options, channels=first, queue_chunks=1)
+            await fanout.versions()
+            assert fanout.behind(VERSION) == [0, 1]
+            await fanout.close()  # not the channels: they belong to ``channels``
+        again = await channels.get(targets, None)
+        assert again[0] is first[0] and again[1] is first[1]
+        assert first[0].get_state() != grpc.ChannelConnectivity.SHUTDOWN
+        # A replica that failed is dialled afresh; one no longer pushed to is closed.
+        await channels.forget(targets[0], None)
+        assert first[0].get_state() == grpc.ChannelConnectivity.SHUTDOWN
+        fresh = await channels.get(targets[:1], None)
+        assert fresh[0] is not first[0]
+        assert first[1].get_state() == grpc.ChannelConnectivity.SHUTDOWN
+    finally:
+        await channels.close()
+        for server, _ in servers:
+            await server.stop(None)
