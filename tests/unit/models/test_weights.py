@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import platform
 import zlib
 
@@ -46,6 +47,34 @@ def test_round_trip_through_chunks_and_protos():
     out = assembler.finish(commit.version, commit.crc32)
     for name, tensor in tensors.items():
         assert out[name].dtype == tensor.dtype and torch.equal(out[name], tensor)
+
+
+def test_the_payload_checksum_is_zlibs_crc32_whatever_computes_it():
+    """``weights.crc32`` (ISA-L where installed) gives zlib's CRC-32 (the oracle): whole or fed
+    in pieces of odd sizes, from bytes, bytearrays and views, empty or large."""
+    generator = torch.Generator().manual_seed(3)
+    size = 5 * 1024 * 1024 + 7
+    payload = bytes(torch.randint(0, 256, (size,), generator=generator, dtype=torch.uint8))
+    assert weights.crc32(b"") == zlib.crc32(b"") == 0
+    assert weights.crc32(payload) == zlib.crc32(payload)
+    assert weights.crc32(bytearray(payload[:1001]), 12345) == zlib.crc32(payload[:1001], 12345)
+    value, view, start = 0, memoryview(payload), 0
+    for step in itertools.cycle((1, 65_537, 3, 999_983)):
+        if start >= size:
+            break
+        value = weights.crc32(view[start : start + step], value)
+        start += step
+    assert value == zlib.crc32(payload)
+    checksum = weights.PayloadChecksum()
+    for start in range(0, size, 999_983):
+        checksum.update(view[start : start + 999_983])
+    assert checksum.value == zlib.crc32(payload)
+
+
+def test_the_fast_checksum_is_the_one_in_use():
+    """isal is a dependency of the learner and rollout extras: a missing or broken install falls
+    back to zlib silently (same values, five times slower), so the suite checks it is in use."""
+    assert weights._crc32.__module__ == "isal.isal_zlib"
 
 
 def test_the_payload_is_staged_and_hashed_off_the_caller_in_order():
