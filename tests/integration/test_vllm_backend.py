@@ -144,3 +144,72 @@ async def test_vllm_multiprocess_engine_takes_pushed_weights(services, tmp_path)
             await channel.close()
     finally:
         rollout_service.stop()
+
+
+async def test_vllm_lora_engine_takes_pushed_adapters_alone(tmp_path):
+    """With ``policy.lora`` vLLM starts with LoRA enabled and a push carries the adapters alone
+    (a small fraction of the model), registered as the serving adapter: the engine then serves
+    the new version with log-probs that match the learner's adapted policy."""
+    import math
+
+    from aflowrl.models import builtin, weights
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "policy: {dtype: float32, lora: {rank: 4, alpha: 8}}\n"
+        "learner:\n"
+        "  fsdp: {mixedPrecision: none}\n"
+        "  loss: {miniBatchSize: 4, microBatchSize: 2, klCoef: 0.01}\n"
+        "  optimizer: {lr: 0.01}\n"
+        "rollout:\n"
+        "  engine: vllm\n"
+        "  vllm: {maxModelLen: 4096, gpuMemoryUtilization: 0.05, enforceEager: true}\n"
+    )
+    started = []
+    try:
+        for service in ("learner", "rollout"):
+            started.append(
+                start_service(service, spec, tmp_path, name=f"lora-{service}", timeout=300)
+            )
+        learner_service, rollout_service = started
+        channels, learner, rollout = _stubs(learner_service, rollout_service)
+        reply, sequences = await _sample(rollout, seed=21)
+        assert reply.weight_version == 0
+        scored = await learner.ComputeLogProbs(
+            learner_pb2.ComputeLogProbsRequest(sequences=sequences)
+        )
+        assert _max_gap(reply, scored) < TOL  # B = 0: the base model on both sides
+        samples = [
+            learner_pb2.TrainSample(
+                sequence=s,
+                old_logprobs=lp.values,
+                advantages=[1.0 if i % 2 else -1.0] * len(lp.values),
+            )
+            for i, (s, lp) in enumerate(zip(sequences, scored.logprobs, strict=False))
+        ]
+        trained = await learner.Train(learner_pb2.TrainRequest(samples=samples, iteration=0))
+        sync = weight_sync.GrpcWeightSync(learner_service.target, [rollout_service.target])
+        report = await sync.push()
+        await sync.close()
+        assert report.ok and report.replicas[0].version == trained.policy_version
+        model_bytes = 4 * sum(
+            math.prod(shape)
+            for shape in weights.shapes_from_config(builtin.ensure("tiny")).values()
+        )
+        assert 0 < report.replicas[0].bytes < model_bytes / 4  # the adapters, not the model
+
+        reply, pushed = await _sample(rollout, seed=22)
+        assert reply.weight_version == trained.policy_version
+        rescored = await learner.ComputeLogProbs(
+            learner_pb2.ComputeLogProbsRequest(sequences=pushed)
+        )
+        assert _max_gap(reply, rescored) < TOL
+        base = await learner.ComputeLogProbs(
+            learner_pb2.ComputeLogProbsRequest(sequences=pushed, reference=True)
+        )
+        assert _max_gap(reply, base) > TOL  # the adapters changed what is served
+        for channel in channels:
+            await channel.close()
+    finally:
+        for service in reversed(started):
+            service.stop()

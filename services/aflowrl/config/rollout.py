@@ -10,6 +10,10 @@ from aflowrl.config._base import CelRule, FieldRuleError, Port, ShortText, SpecM
 from aflowrl.config.resources import ResourceSpec
 from aflowrl.config.scheduling import PodOverrides
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM 0.32 accepts: an engine for adapters of rank r is started
+with the smallest one of at least r (an adapter of a lower rank than the maximum is served)."""
+
 
 class SamplingSpec(SpecModel):
     """How the policy samples its actions during rollouts."""

@@ -24,7 +24,7 @@ from aflowrl.config.learner import GiGPOSpec, GRPOSpec, LearnerSpec, PPOSpec
 from aflowrl.config.monitoring import GrpcSpec, MonitoringSpec
 from aflowrl.config.policy import PolicySpec
 from aflowrl.config.resources import ImageSpec
-from aflowrl.config.rollout import RolloutSpec
+from aflowrl.config.rollout import VLLM_LORA_RANKS, RolloutSpec
 from aflowrl.config.scheduling import NcclSpec, SchedulingSpec
 from aflowrl.config.trainer import TrainerSpec
 from aflowrl.config.transport import GrpcTransportSpec, WeightTransportSpec
@@ -141,6 +141,12 @@ class RunSpec(SpecModel):
             "rollout.vllm.maxModelLen",
         ),
         CelRule(
+            "{rollout.engine} != 'vllm' || !{?policy.lora.rank} "
+            f"|| {{!policy.lora.rank}} <= {VLLM_LORA_RANKS[-1]}",
+            f"rollout.engine 'vllm' serves LoRA adapters of rank {VLLM_LORA_RANKS[-1]} at most",
+            "policy.lora.rank",
+        ),
+        CelRule(
             "{weightTransport.type} != 'nccl' "
             "|| (({learner.resources.gpus} > 0) == ({rollout.resources.gpus} > 0))",
             "weightTransport.type 'nccl' needs the learner and the rollout on the same kind of "
@@ -209,6 +215,15 @@ class RunSpec(SpecModel):
                     "rollout.vllm.maxModelLen",
                     f"rollout.vllm.maxModelLen={self.rollout.vllm.max_model_len} is below "
                     f"policy.maxPromptTokens + policy.maxResponseTokens = {needed}",
+                )
+            )
+        lora = self.policy.lora
+        if self.rollout.engine == "vllm" and lora is not None and lora.rank > VLLM_LORA_RANKS[-1]:
+            broken.append(
+                (
+                    "policy.lora.rank",
+                    f"policy.lora.rank={lora.rank} is above {VLLM_LORA_RANKS[-1]}, the largest "
+                    "adapter rank rollout.engine='vllm' serves",
                 )
             )
         learner_gpus, rollout_gpus = learner.resources.gpus, self.rollout.resources.gpus

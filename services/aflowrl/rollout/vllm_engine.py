@@ -55,7 +55,7 @@ import torch
 
 from aflowrl import envs
 from aflowrl.config.policy import LoraSpec
-from aflowrl.config.rollout import VllmEngineSpec
+from aflowrl.config.rollout import VLLM_LORA_RANKS, VllmEngineSpec
 from aflowrl.models import loading, weights
 from aflowrl.models.broadcast import BroadcastResult, Expectation, Rendezvous
 from aflowrl.models.errors import BroadcastBrokenError, StaleWeightsError, WeightMismatchError
@@ -77,6 +77,16 @@ _MAX_PART = 1024 * _MIB
 """Largest byte string one RPC argument holds (a tensor above it travels in several)."""
 
 logger = logging.getLogger(__name__)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The ``max_lora_rank`` to start vLLM with for adapters of ``rank``: vLLM takes only the
+    values of :data:`VLLM_LORA_RANKS` (rank 4 is refused at start), and serves any adapter of a
+    rank up to it. The run spec refuses ranks above the largest."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above {VLLM_LORA_RANKS[-1]}, vLLM's largest")
 
 
 @dataclass
@@ -193,7 +203,11 @@ class VllmEngine(RolloutEngine):
             disable_log_stats=True,
             distributed_executor_backend="uni" if spec.tensor_parallel_size == 1 else None,
             **(
-                {"enable_lora": True, "max_lora_rank": self._lora.rank, "max_loras": 1}
+                {
+                    "enable_lora": True,
+                    "max_lora_rank": vllm_lora_rank(self._lora.rank),
+                    "max_loras": 1,
+                }
                 if self._lora is not None
                 else {}
             ),

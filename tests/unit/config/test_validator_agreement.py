@@ -113,6 +113,7 @@ INVALID: list[tuple[dict, str | set[str]]] = [
     (run({"trainer": {"groupSize": 1}}), {"spec.trainer.groupSize", "spec.learner.loss.miniBatchSize"}),
     (run({"learner": {"resources": {"gpus": 1}}, "weightTransport": {"type": "nccl"}}), "spec.weightTransport.type"),
     (run({"rollout": {"engine": "vllm", "vllm": {"maxModelLen": 1024}}}), "spec.rollout.vllm.maxModelLen"),
+    (run({"rollout": {"engine": "vllm"}, "policy": {"lora": {"rank": 600}}}), "spec.policy.lora.rank"),
     (run({"rollout": {"engine": "vllm", "resources": GPU, "vllm": {"tensorParallelSize": 4}}}), "spec.rollout.vllm.tensorParallelSize"),
     (run({"learner": {"loss": {"miniBatchSize": 4, "microBatchSize": 8}}}), "spec.learner.loss.microBatchSize"),
     (run({"learner": {"loss": {"miniBatchSize": 10000}}}), "spec.learner.loss.miniBatchSize"),
@@ -153,6 +154,9 @@ VALID: list[dict] = [
     run({}),
     run({"trainer": {"iterations": 5.0}}),  # JSON has one number type: 5.0 is the integer 5
     run({"policy": {"lora": None}, "environment": {"data": None}}),  # null: not set
+    run({"rollout": {"engine": "vllm"}, "policy": {"lora": {"rank": 512}}}),
+    run({"rollout": {"engine": "vllm"}, "policy": {"lora": {}}}),  # the default rank
+    run({"policy": {"lora": {"rank": 600}}}),  # the hf engine serves any rank
     run({"learner": {"optimizer": {"betas": [0, 0.95]}, "algorithm": {"type": "ppo"}}, "environment": {"search": {"selection": "fused", "valueSource": "critic"}}}),
     run({**FS, "learner": {"algorithm": {"type": "grpo", "normByStd": False}}}),
     run({"environment": {"benchmarks": ["gsm8k"], "data": {"dir": "/data", "persistentVolumeClaim": "datasets"}, "executor": {"type": "openai", "baseUrl": "https://api.openai.com/v1", "apiKeySecret": {"name": "openai", "key": "api-key"}}}}),
