@@ -13,8 +13,8 @@ a barrier, so the time is until every member has everything:
   ``--load`` also copies every tensor into a model-sized set of parameters, as the hf engine
   does (vLLM loads on the GPU instead).
 
-Prints MB/s of both (median of ``--rounds``) and their ratio. With NCCL on GPUs the same code
-runs; this machine measures gloo only.
+Prints MB/s of both (median of ``--rounds``), each round's ratio and the median ratio. With
+NCCL on GPUs the same code runs; this machine measures gloo only.
 
     python bench/weight_broadcast.py [--receivers 1] [--bucket-mib 64] [--load]
 """
@@ -119,9 +119,7 @@ def _member(rank: int, args: argparse.Namespace, port: int, results: Any) -> Non
             bare.append(bare_s)
             ours.append(ours_s)
     if rank == 0:
-        results.put(
-            (manifest.total_bytes, len(plan), statistics.median(bare), statistics.median(ours))
-        )
+        results.put((manifest.total_bytes, len(plan), bare, ours))
     group.close()
 
 
@@ -137,10 +135,14 @@ def main(args: argparse.Namespace) -> None:
     ]
     for process in members:
         process.start()
-    nbytes, buckets, bare_s, ours_s = results.get(timeout=1800)
+    nbytes, buckets, bare, ours = results.get(timeout=1800)
     for process in members:
         process.join(60)
-    bare_rate, ours_rate = nbytes / bare_s / 1e6, nbytes / ours_s / 1e6
+    bare_rate = nbytes / statistics.median(bare) / 1e6
+    ours_rate = nbytes / statistics.median(ours) / 1e6
+    # Each round's two runs are back to back: their ratio is compared with the machine as it
+    # was that moment (its speed drifts between rounds on a shared machine).
+    ratios = [b / o for b, o in zip(bare, ours, strict=True)]
     print(
         f"payload: {nbytes / 1e6:.1f} MB in {buckets} buckets of {args.bucket_mib} MiB, "
         f"{args.receivers} receiver(s), gloo over loopback"
@@ -148,7 +150,8 @@ def main(args: argparse.Namespace) -> None:
     print(f"bare torch.distributed broadcast   {bare_rate:8.1f} MB/s (median of {args.rounds})")
     what = "send/receive_weights + load" if args.load else "send/receive_weights"
     print(f"aflow-rl {what:26s} {ours_rate:8.1f} MB/s")
-    print(f"ratio aflow-rl/bare = {ours_rate / bare_rate:.3f}")
+    print(f"per round aflow-rl/bare: {' '.join(f'{r:.3f}' for r in ratios)}")
+    print(f"ratio aflow-rl/bare = {statistics.median(ratios):.3f}")
 
 
 if __name__ == "__main__":
