@@ -331,6 +331,55 @@ async def test_requests_during_a_swap_are_served_by_one_version(rollout, referen
     await channel.close()
 
 
+async def test_updates_after_adopted_ones_stage_elsewhere_and_fail_cleanly(
+    rollout, reference_model
+):
+    """The CPU engine serves from the staged tensors of a grpc update: the buffers alternate.
+    Refused updates then write into the spare one only, so what is served stays; every good
+    update serves exactly its own weights (log-probs recomputed in this process)."""
+    model, tokenizer, base = reference_model
+    channel, stub = _stub(rollout)
+    version = await _version(stub)
+    prompt_ids = tokenizer("Buffers alternate between updates", add_special_tokens=False).input_ids
+    request = rollout_pb2.GenerateRequest(
+        prompts=[common_pb2.Prompt(token_ids=common_pb2.TokenIds(ids=prompt_ids))],
+        sampling=rollout_pb2.SamplingParams(temperature=1.0, max_tokens=12, seed=5),
+    )
+
+    async def check(tensors: dict[str, torch.Tensor], served: int) -> list[int]:
+        reply = await stub.Generate(request)
+        completion = reply.results[0].completions[0]
+        assert reply.weight_version == served
+        _load(model, tensors)
+        expected = _recompute(model, prompt_ids, list(completion.token_ids), 1.0)
+        assert max(abs(a - b) for a, b in zip(completion.logprobs, expected, strict=False)) < 1e-4
+        return list(completion.token_ids)
+
+    updates = [_perturbed(base, seed=300 + version + i) for i in range(4)]
+    for i in range(2):  # the engine adopts the first staging buffer, then a second one
+        await stub.UpdateWeights(_stream(_messages(updates[i], version + 1 + i)))
+        await check(updates[i], version + 1 + i)
+    served = await check(updates[1], version + 2)
+
+    messages = _messages(updates[2], version + 3)
+    corrupt = list(messages)
+    data = corrupt[-2].data
+    corrupt[-2] = common_pb2.WeightChunk(
+        data=common_pb2.WeightData(offset=data.offset, data=bytes(len(data.data)))
+    )
+    for stream in (messages[:-1], corrupt):  # staged in full or almost, then refused
+        with pytest.raises(aio.AioRpcError) as info:
+            await stub.UpdateWeights(_stream(stream))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert await check(updates[1], version + 2) == served
+
+    for i in (2, 3):  # the spare buffer, written by the refused updates, is reused in full
+        await stub.UpdateWeights(_stream(_messages(updates[i], version + 1 + i)))
+        await check(updates[i], version + 1 + i)
+    _load(model, base)
+    await channel.close()
+
+
 async def test_load_weights_from_a_directory(rollout, reference_model, tmp_path):
     _, _, base = reference_model
     channel, stub = _stub(rollout)

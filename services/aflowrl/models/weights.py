@@ -334,18 +334,31 @@ class StagingBuffer:
     Fresh memory costs a page fault per 4 KiB page on first touch (on the order of the copy
     itself), so reusing it makes every update after the first one cheaper. It is the "model" in
     the bound "one model plus one chunk" of a replica's host memory during a grpc push.
+
+    An engine on the CPU may serve from the staged tensors themselves instead of copying them
+    into its own (:meth:`adopted`): the buffer then holds the served weights, and the next update
+    is staged in the one that held the weights before, which nothing serves from any more. Two
+    buffers alternate, and the bound stays one model plus one buffer.
     """
 
     def __init__(self) -> None:
         self._buffer: bytearray | None = None
+        self._serving: bytearray | None = None
 
     def take(self, nbytes: int) -> bytearray:
+        """The buffer to stage the next update in (never the one an engine serves from)."""
         if self._buffer is None or len(self._buffer) != nbytes:
             self._buffer = None  # free the old one before allocating the new one
             self._buffer = bytearray(nbytes)
         return self._buffer
 
+    def adopted(self) -> None:
+        """The engine now serves from the buffer last taken; the one it served from before (if
+        any) is free, and the next :meth:`take` reuses it."""
+        self._serving, self._buffer = self._buffer, self._serving
+
     def release(self) -> None:
+        """Drop the staging buffer (not the weights an engine serves from)."""
         self._buffer = None
 
 

@@ -142,6 +142,16 @@ class RolloutEngine(abc.ABC):
         ``tensors`` is consumed lazily on the engine's thread, in manifest order.
         """
 
+    async def adopt_weights(self, tensors: Mapping[str, torch.Tensor]) -> bool:
+        """Serve from ``tensors`` themselves (a verified full update), without copying them.
+
+        Only an engine whose weights live in host memory, in the same dtypes and shapes, can;
+        the caller then never writes into the tensors' memory again while they are served.
+        Returns whether the engine did; False (the default) leaves its weights untouched, and
+        the caller loads them with :meth:`load_weights` instead.
+        """
+        return False
+
     weight_group_ranks: int = 1
     """Members this engine contributes to a weight group (its workers)."""
 

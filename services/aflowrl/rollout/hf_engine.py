@@ -366,6 +366,33 @@ class HfEngine(RolloutEngine):
         await self._submit_call(lambda: self._copy(tensors))
         return 1
 
+    async def adopt_weights(self, tensors: Mapping[str, torch.Tensor]) -> bool:
+        """On the CPU, point every weight at its staged tensor (no copy): a grpc update is then
+        swapped in at once. Only when every tensor matches its weight in dtype and shape and is
+        aligned to its element size; otherwise nothing changes and the caller copies."""
+        targets = self._targets
+        if self.device.type != "cpu" or set(tensors) != set(self._shapes):
+            return False
+        for name, tensor in tensors.items():
+            target = targets.get(name)
+            if (
+                target is None
+                or tensor.device.type != "cpu"
+                or tensor.dtype != target.dtype
+                or tensor.shape != target.shape
+                or not tensor.is_contiguous()
+                or tensor.data_ptr() % tensor.element_size()
+            ):
+                return False
+
+        def adopt() -> None:
+            with torch.no_grad():
+                for name, tensor in tensors.items():
+                    targets[name].data = tensor
+
+        await self._submit_call(adopt)
+        return True
+
     # ---- the nccl transport (on the worker thread, where the model lives) --------------------
 
     async def join_weight_group(self, rendezvous: Rendezvous) -> None:

@@ -33,7 +33,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -350,13 +350,22 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         *,
         transport: str,
         nbytes: int,
+        staged: Mapping[str, torch.Tensor] | None = None,
     ) -> int:
-        """Load a verified stream of tensors as ``version``; returns the engine's pieces."""
+        """Load a verified stream of tensors as ``version``; returns the engine's pieces.
+
+        ``staged``: the same tensors, views of :attr:`_staging`'s buffer, which an engine on the
+        CPU may serve from as they are (:meth:`RolloutEngine.adopt_weights`) instead of copying.
+        """
         async with self.gate.swapping():
             weights.check_stale(version, self._floor())
             self.metrics.weight_updates_running.inc()
             try:
-                pieces = await self.engine.load_weights(tensors)
+                if staged is not None and await self.engine.adopt_weights(staged):
+                    self._staging.adopted()
+                    pieces = 1
+                else:
+                    pieces = await self.engine.load_weights(tensors)
             finally:
                 self.metrics.weight_updates_running.dec()
             self.gate.version = version
@@ -424,7 +433,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         finally:
             assembler.close()
         pieces = await self._swap(
-            tensors.items(), manifest.version, transport="grpc", nbytes=manifest.total_bytes
+            tensors.items(),
+            manifest.version,
+            transport="grpc",
+            nbytes=manifest.total_bytes,
+            staged=tensors,
         )
         seconds = time.perf_counter() - started
         self.metrics.weight_update_duration.labels("grpc").observe(seconds)

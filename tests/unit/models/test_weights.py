@@ -256,3 +256,23 @@ def test_a_streamed_directory_is_written_in_shards_and_read_back_one_tensor_at_a
     name, first = next(stream)
     assert name == "a.weight" and torch.equal(first, tensors["a.weight"])
     assert all(torch.equal(t, tensors[n]) for n, t in stream)
+
+
+def test_the_staging_buffer_never_hands_out_the_weights_an_engine_serves_from():
+    """After an engine adopts the staged tensors, the next update is staged in the buffer the
+    engine served from before (none the first time), never in the one it serves from now."""
+    staging = weights.StagingBuffer()
+    first = staging.take(64)
+    assert staging.take(64) is first  # reused while nobody adopts it
+    staging.adopted()  # the engine serves from `first`
+    second = staging.take(64)
+    assert second is not first
+    staging.adopted()  # now from `second`; `first` is free again
+    assert staging.take(64) is first
+    staging.adopted()
+    assert staging.take(64) is second
+    staging.adopted()  # serving from `second`, `first` is spare
+    other = staging.take(32)  # another model size: a new buffer, the served one untouched
+    assert len(other) == 32 and other is not second
+    staging.release()
+    assert staging.take(64) is not second

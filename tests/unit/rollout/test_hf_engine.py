@@ -102,3 +102,39 @@ async def test_gate_holds_swaps_until_requests_finish():
     assert await first == 3 and await late == 4
     await swapping
     assert order == ["slow", "swap", "late"]
+
+
+async def test_a_cpu_engine_serves_staged_weights_without_copying_them():
+    """``adopt_weights``: matching tensors become the weights themselves (no copy) and greedy
+    output follows them; a dtype, shape or name mismatch, or a partial set, is declined with
+    nothing changed (the caller copies instead)."""
+    engine = HfEngine(builtin.ensure("tiny"), max_batch_size=2, dtype="float32")
+    await engine.start()
+    try:
+        prompt = [engine.tokenizer("Adopt the staged weights").input_ids]
+        greedy = SamplingOptions(temperature=0.0, max_tokens=8)
+        before = (await engine.generate(prompt, greedy))[0].completions[0].token_ids
+        params = dict(engine.model.named_parameters())
+        names = list(engine.parameter_shapes())
+        generator = torch.Generator().manual_seed(0)
+        staged = {
+            n: params[n].detach() + 0.5 * torch.randn(params[n].shape, generator=generator)
+            for n in names
+        }
+        pointers = {n: params[n].data_ptr() for n in names}
+
+        wrong_dtype = {**staged, names[0]: staged[names[0]].to(torch.float64)}
+        wrong_shape = {**staged, names[0]: staged[names[0]].reshape(-1)}
+        partial = {n: staged[n] for n in names[1:]}
+        for declined in (wrong_dtype, wrong_shape, partial):
+            assert not await engine.adopt_weights(declined)
+            assert {n: params[n].data_ptr() for n in names} == pointers
+        assert (await engine.generate(prompt, greedy))[0].completions[0].token_ids == before
+
+        assert await engine.adopt_weights(staged)
+        assert all(params[n].data_ptr() == staged[n].data_ptr() for n in names)
+        assert all(torch.equal(params[n], staged[n]) for n in names)
+        after = (await engine.generate(prompt, greedy))[0].completions[0].token_ids
+        assert after != before
+    finally:
+        await engine.close()
