@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import mmap
 import os
 import shutil
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -333,7 +334,10 @@ class StagingBuffer:
 
     Fresh memory costs a page fault per 4 KiB page on first touch (on the order of the copy
     itself), so reusing it makes every update after the first one cheaper. It is the "model" in
-    the bound "one model plus one chunk" of a replica's host memory during a grpc push.
+    the bound "one model plus one chunk" of a replica's host memory during a grpc push. A new
+    buffer is not zero-filled: its pages are mapped as the update is copied in, on the
+    assembler's worker thread, not on the event loop (filling 15 GB would hold the GIL there
+    for seconds).
 
     An engine on the CPU may serve from the staged tensors themselves instead of copying them
     into its own (:meth:`adopted`): the buffer then holds the served weights, and the next update
@@ -342,20 +346,29 @@ class StagingBuffer:
     """
 
     def __init__(self) -> None:
-        self._buffer: bytearray | None = None
-        self._serving: bytearray | None = None
+        self._buffer: np.ndarray | None = None
+        self._serving: np.ndarray | None = None
 
-    def take(self, nbytes: int) -> bytearray:
+    def take(self, nbytes: int) -> np.ndarray:
         """The buffer to stage the next update in (never the one an engine serves from)."""
-        if self._buffer is None or len(self._buffer) != nbytes:
+        if self._buffer is None or self._buffer.nbytes != nbytes:
             self._buffer = None  # free the old one before allocating the new one
-            self._buffer = bytearray(nbytes)
+            self._buffer = np.empty(nbytes, dtype=np.uint8)
         return self._buffer
 
     def adopted(self) -> None:
         """The engine now serves from the buffer last taken; the one it served from before (if
         any) is free, and the next :meth:`take` reuses it."""
         self._serving, self._buffer = self._buffer, self._serving
+
+    def prepare(self) -> None:
+        """After the first adoption: allocate the spare buffer and map its pages now (call it on
+        a worker thread; numpy releases the GIL), so that the next update is staged into memory
+        that is already there instead of faulting it in during the push."""
+        if self._buffer is None and self._serving is not None:
+            buffer = np.empty(self._serving.nbytes, dtype=np.uint8)
+            buffer[:: mmap.PAGESIZE] = 0
+            self._buffer = buffer
 
     def release(self) -> None:
         """Drop the staging buffer (not the weights an engine serves from)."""
@@ -447,9 +460,8 @@ class PayloadAssembler:
         self, manifest: Manifest, staging: StagingBuffer | None = None, *, backlog: int = 4
     ) -> None:
         self.manifest = manifest
-        self._buffer = (staging or StagingBuffer()).take(manifest.total_bytes)
-        self._view = memoryview(self._buffer)
-        self._array = np.frombuffer(self._buffer, dtype=np.uint8)
+        self._array = (staging or StagingBuffer()).take(manifest.total_bytes)
+        self._view = self._array.data
         self._checksum = PayloadChecksum()
         self._worker = _OrderedWorker(backlog)
         self.received = 0
@@ -512,14 +524,14 @@ class PayloadAssembler:
                 f"{commit_crc32:08x}",
                 field="commit.crc32",
             )
-        return tensors_from_payload(manifest.tensors, self._buffer)
+        return tensors_from_payload(manifest.tensors, self._array)
 
 
 def tensors_from_payload(
-    specs: Iterable[TensorSpec], payload: bytearray | bytes
+    specs: Iterable[TensorSpec], payload: np.ndarray | bytearray | bytes
 ) -> dict[str, torch.Tensor]:
-    """Tensors viewing ``payload`` (a bytearray is shared, bytes are copied once)."""
-    buffer = payload if isinstance(payload, bytearray) else bytearray(payload)
+    """Tensors viewing ``payload`` (an array or a bytearray is shared, bytes are copied once)."""
+    buffer = payload if isinstance(payload, np.ndarray | bytearray) else bytearray(payload)
     tensors: dict[str, torch.Tensor] = {}
     offset = 0
     for spec in specs:

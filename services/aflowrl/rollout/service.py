@@ -140,6 +140,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.on_health = on_health
         """Turns the replica's health SERVING (True) or NOT_SERVING (False)."""
         self._staging = weights.StagingBuffer()
+        self._preparing: asyncio.Future[None] | None = None
         self._update_lock = asyncio.Lock()
         self._queued = 0
         self._generated_total = 0
@@ -363,6 +364,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             try:
                 if staged is not None and await self.engine.adopt_weights(staged):
                     self._staging.adopted()
+                    # The spare buffer's pages are mapped in the background, not by the next push.
+                    self._preparing = asyncio.ensure_future(
+                        asyncio.to_thread(self._staging.prepare)
+                    )
                     pieces = 1
                 else:
                     pieces = await self.engine.load_weights(tensors)
@@ -407,6 +412,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         weights.check_manifest(
             manifest, self.engine.parameter_shapes(), serving_version=self._floor()
         )
+        if self._preparing is not None:
+            await self._preparing
+            self._preparing = None
         assembler = weights.PayloadAssembler(manifest, self._staging)
         try:
             commit: common_pb2.WeightCommit | None = None

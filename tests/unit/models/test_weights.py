@@ -276,3 +276,21 @@ def test_the_staging_buffer_never_hands_out_the_weights_an_engine_serves_from():
     assert len(other) == 32 and other is not second
     staging.release()
     assert staging.take(64) is not second
+
+
+def test_the_spare_buffer_is_prepared_ahead_after_the_first_adoption():
+    """After the first adoption there is no spare (the engine served from its own weights):
+    ``prepare`` allocates it ahead of the next update (its pages mapped), and does nothing when
+    a spare exists or nothing was adopted."""
+    staging = weights.StagingBuffer()
+    staging.prepare()  # nothing adopted: nothing to prepare
+    first = staging.take(3 * 4096 + 5)
+    staging.prepare()
+    assert staging.take(3 * 4096 + 5) is first
+    staging.adopted()
+    staging.prepare()
+    spare = staging.take(3 * 4096 + 5)
+    assert spare is not first and spare.nbytes == first.nbytes
+    staging.adopted()  # serving from `spare`, `first` is the spare now
+    staging.prepare()
+    assert staging.take(3 * 4096 + 5) is first
