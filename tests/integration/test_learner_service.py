@@ -82,6 +82,23 @@ async def _sample(
     return reply, sequences
 
 
+def _signed_samples(
+    sequences: list[learner_pb2.Sequence],
+    scored: learner_pb2.ComputeLogProbsResponse,
+    negative: float = -1.0,
+) -> list[learner_pb2.TrainSample]:
+    """Training rows of ``sequences`` at their scored log-probs, advantages alternating
+    ``negative`` and +1 (so one update moves the policy both ways)."""
+    return [
+        learner_pb2.TrainSample(
+            sequence=seq,
+            old_logprobs=lp.values,
+            advantages=[1.0 if i % 2 else negative] * len(lp.values),
+        )
+        for i, (seq, lp) in enumerate(zip(sequences, scored.logprobs, strict=False))
+    ]
+
+
 def _max_gap(
     reply: rollout_pb2.GenerateResponse, scored: learner_pb2.ComputeLogProbsResponse
 ) -> float:
@@ -125,14 +142,7 @@ async def test_logprobs_agree_before_and_after_train_and_push(services):
     assert abs(chosen.logprobs[0].values[0] - expected) < TOL
 
     # Train on the sampled rows (and the choice), push over gRPC, sample again.
-    samples = [
-        learner_pb2.TrainSample(
-            sequence=seq,
-            old_logprobs=lp.values,
-            advantages=[1.0 if i % 2 else -0.5] * len(lp.values),
-        )
-        for i, (seq, lp) in enumerate(zip(sequences, scored.logprobs, strict=False))
-    ]
+    samples = _signed_samples(sequences, scored, negative=-0.5)
     samples.append(
         learner_pb2.TrainSample(
             choice=choice, old_logprobs=[chosen.logprobs[0].values[0]], advantages=[1.0]

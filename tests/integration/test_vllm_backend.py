@@ -22,7 +22,7 @@ from aflowrl.trainer import weight_sync
 
 sys.path.insert(0, str(Path(__file__).parent))
 from policy_services import SPEC, start_service
-from test_learner_service import TOL, _chat, _max_gap, _sample, _stubs
+from test_learner_service import TOL, _chat, _max_gap, _sample, _signed_samples, _stubs
 
 pytestmark = [
     pytest.mark.vllm,
@@ -84,12 +84,7 @@ async def test_vllm_rollout_matches_the_learner_and_takes_pushed_weights(service
         list(c.token_ids) for r in from_hf.results for c in r.completions
     ]
 
-    samples = [
-        learner_pb2.TrainSample(
-            sequence=s, old_logprobs=lp.values, advantages=[1.0 if i % 2 else -1.0] * len(lp.values)
-        )
-        for i, (s, lp) in enumerate(zip(sequences, scored.logprobs, strict=False))
-    ]
+    samples = _signed_samples(sequences, scored)
     trained = await learner.Train(learner_pb2.TrainRequest(samples=samples, iteration=0))
     sync = weight_sync.GrpcWeightSync(
         learner_service.target, [vllm_service.target, hf_service.target]
@@ -179,14 +174,7 @@ async def test_vllm_lora_engine_takes_pushed_adapters_alone(tmp_path):
             learner_pb2.ComputeLogProbsRequest(sequences=sequences)
         )
         assert _max_gap(reply, scored) < TOL  # B = 0: the base model on both sides
-        samples = [
-            learner_pb2.TrainSample(
-                sequence=s,
-                old_logprobs=lp.values,
-                advantages=[1.0 if i % 2 else -1.0] * len(lp.values),
-            )
-            for i, (s, lp) in enumerate(zip(sequences, scored.logprobs, strict=False))
-        ]
+        samples = _signed_samples(sequences, scored)
         trained = await learner.Train(learner_pb2.TrainRequest(samples=samples, iteration=0))
         sync = weight_sync.GrpcWeightSync(learner_service.target, [rollout_service.target])
         report = await sync.push()
