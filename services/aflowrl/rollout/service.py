@@ -413,8 +413,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             manifest, self.engine.parameter_shapes(), serving_version=self._floor()
         )
         if self._preparing is not None:
-            await self._preparing
-            self._preparing = None
+            preparing, self._preparing = self._preparing, None
+            try:
+                await preparing
+            except MemoryError as exc:  # the assembler allocates what it needs itself
+                logger.warning("could not map the spare staging buffer ahead: %s", exc)
         assembler = weights.PayloadAssembler(manifest, self._staging)
         try:
             commit: common_pb2.WeightCommit | None = None
