@@ -1,59 +1,73 @@
-"""Does the policy learn to improve workflows? GiGPO against the baselines a sceptic would name.
+"""Does GiGPO make the policy better than the policy it started from? A bench that cannot flatter.
 
-One set of local services runs everything: environment replicas serving five training
-benchmarks (gsm8k, math, humaneval, hotpotqa, drop) and one held-out benchmark (mbpp) with the
-surrogate executor, an hf rollout and a learner. The learner's initial weights are saved once and
-reloaded (its version lifted above the rollout's) before each trained method, so every method
-starts from the same fresh built-in policy. Methods, each with ``--seeds`` (3) seeds; a seed
-fixes the training tasks, the warm start's traces and all sampling:
+One set of local services (environment replicas with the surrogate executor, an hf rollout and
+a learner) serves four training benchmarks (gsm8k, math, hotpotqa, drop) and one held-out
+benchmark (mbpp). The held-out benchmark is a code task: its seed workflow lists actions
+(``wrap generate in test_fix``, ``replace generate with CustomCodeGenerate``...) that no
+training benchmark shows, so its row measures transfer to an unseen action list.
 
-- ``warm-start``: the supervised warm start only (``trainer.warmStart``: behaviour episodes in
-  which every listed action is stepped, the policy trained towards the best-rewarded ones);
-- ``gigpo``: the warm start, then ``--iterations`` of GiGPO (episode + step groups);
+**Problems never overlap.** Each benchmark's validation problems are split into disjoint pools
+(``environment.evaluation.pools``: 30 % held out, 20 % tuning, 50 % training; by a stable hash
+of the problem id). Training tasks, the warm start's episodes and the expected-greedy table use
+the training pool; settings (the defaults below, ``--split tuning``) were chosen on tuning-pool
+tasks; every figure of the evaluation (``--split eval``, the default) comes from held-out-pool
+tasks: ``--eval-tasks`` (12) per training benchmark (48 tasks) and as many of mbpp, each
+``--problems`` (20) problems, one episode per task and seed.
+
+**Methods**, each trained and evaluated once per seed (``--seeds``, 5; a seed fixes the
+warm start's traces, training tasks and all sampling):
+
+- ``warm start``: the supervised warm start (``trainer.warmStart``) from the fresh policy;
+- ``gigpo``: the warm start, then ``--iterations`` of GiGPO (``mean_std_norm``, sibling step
+  groups, several PPO epochs, the exact KL to the warm start);
 - ``grpo``: the warm start, then the same iterations of GRPO (episode groups only);
-- ``random``: uniform over the admissible actions;
-- ``constant``: the best state-blind constant policy, "always the k-th listed action": every k
-  is tried on selection tasks drawn from the training benchmarks (not the evaluation tasks),
-  and the best k is then played on the evaluation tasks.
+- ``warm start (equal budget)``: the warm start alone with as many more labelled episodes as
+  make its workflow evaluations match warm start + GiGPO's (budget: distinct (task, workflow)
+  evaluations, siblings included; the executor calls measured are printed too, but depend on
+  what the shared cache already held).
 
-**Training settings** (defaults): the tiny preset; the warm start labels ``--warm-episodes``
-(40) behaviour episodes and trains ``--warm-epochs`` (3) passes at ``--warm-lr`` (3e-3) with the
-value replies' loss at ``--warm-value-coef`` (0.5); GiGPO and GRPO then run ``--iterations``
-(10) of 5 tasks x 4 episodes at ``--lr`` (3e-4) with that loss at ``--value-coef`` (0.05). At the
-warm start's rate and value weight, RL undid most of the warm start's lead (best-gain +0.065 ->
-+0.052 over 3 seeds, in the run that chose these settings).
+**Reference rows** (no training): ``random`` (uniform over the listed actions); ``uniform
+new`` (uniform over the listed actions that do not lead to a workflow the tree holds);
+``constant`` (always the k-th listed action, k chosen on tuning tasks); ``expected-greedy``
+(at each state, the listed action with the highest mean one-step reward over ``--greedy-tasks``
+training-pool tasks of the benchmark started from the same workflow: the best a policy that
+generalises across tasks can do one step at a time); ``oracle`` (at each state, every listed
+action is evaluated on the task itself and the best taken: the one-step-lookahead ceiling).
+Trained policies search as the product does (``fused`` selection on their own values); the
+references with UCB alone (same c).
 
-**Evaluation** (paired: every method and seed plays the same tasks; nothing is trained):
-``--eval-tasks`` held-out tasks of each training benchmark (task seeds training never draws)
-and of the held-out benchmark (transfer), ``--eval-episodes`` episodes each. The trained
-policies search as the product does, with fused selection on their own values; the value-less
-baselines with UCB (the same c: fused selection with an empty value table). The row ``gigpo
-(ucb)`` plays the GiGPO policy with UCB too,
-so the proposals' effect is seen apart from the selection rule's.
+**Metrics.** *best-gain*: the best score among the workflows an episode added minus the seed
+workflow's. *one-step*: the exact expected one-step reward E_{a~pi} r(s, a) on held-out states
+(the seed, CoT-SC, MedPrompt and Self-Refine workflows of every evaluation task; every listed
+child evaluated once and cached): a low-variance view of the same policies. *duplicates*:
+steps into a workflow the tree held. *moved*: mean total variation on those states between a
+trained policy and the one it started from, and, per GiGPO iteration, the range of approx_kl,
+the clip fraction and the exact KL of the update (``policy/update_kl``).
 
-**Measured**, per method (mean ± standard error over the seeds, each seed's value the mean over
-its evaluation episodes):
+**Standard errors.** Every figure is a mean over (task, seed) cells; every difference is paired
+by (task, seed). Its standard error is a two-way cluster bootstrap (Davison & Hinkley's
+"pigeonhole" scheme: ``--bootstrap`` 2000 resamples of the tasks and, independently, of the
+seeds, with replacement), so task-to-task and seed-to-seed variance both enter it, and a
+deterministic baseline does not get an SE of zero. "+X SE" is mean / SE of the paired
+difference.
 
-- *best-gain*: the best score among the workflows an episode added minus the seed workflow's
-  (the episode's headline), on held-out tasks of the training benchmarks and on the held-out
-  benchmark;
-- *duplicates*: the share of steps into a workflow the tree already held;
-- *test vs baselines*: per benchmark, the method's best workflow (chosen on the whole validation
-  split among the ``--test-candidates`` (3) best new workflows of its evaluation episodes, all
-  seeds) scored on test problems minus the best classic baseline (IO, CoT, CoT-SC, MedPrompt,
-  Self-Refine) on the same problems;
-- *state-TV*: the mean total variation between the GiGPO policy's action distributions over the
-  listed positions, across 24 states (6 benchmarks x the seed, CoT-SC, MedPrompt and Self-Refine
-  workflows): a policy that ignores its input scores 0; *shuffle*: the distribution of every one
-  of those states, with its candidate list permuted, is the permuted distribution (ok), else
-  FAIL.
+**state-TV**: the mean total variation between the GiGPO policy's distributions at two held-out
+states that list the same candidates (e.g. the seed workflow on two tasks, or on gsm8k and
+math), averaged over seeds: 0 for a policy that reads only the candidate list. **shuffle**:
+every state's listing is permuted in the observation text together with the candidates; the
+check is ok when the distribution follows the actions' content (TV to the permuted
+distribution) at most half as far as it follows their positions (TV to the unpermuted one).
 
-The last line is ``learning: gigpo-random=+X.X SE gigpo-constant=+Y.Y SE state-TV=Z.ZZZ
-shuffle=ok``: GiGPO's lead in best-gain (all evaluation tasks) over random and over the best
-constant, in standard errors of the difference, sqrt(se_a^2 + se_b^2).
+The last line is::
 
-    python bench/learning.py [--seeds 0 1 2] [--iterations N] [--warm-episodes E] \\
-        [--eval-tasks T] [--eval-episodes K] [--preset tiny|small] [--data-dir DIR] [--keep DIR]
+    learning: gigpo-start=+X.X SE gigpo-greedy=+Y.Y SE oracle-share=0.NN state-TV=0.NNN shuffle=ok
+
+gigpo-start: GiGPO's paired best-gain lead over the warm start it started from; gigpo-greedy:
+its lead over expected-greedy; oracle-share: (gigpo - random) / (oracle - random) in best-gain;
+all on the 48 evaluation tasks of the training benchmarks.
+
+    python bench/learning.py [--seeds 0 1 2 3 4] [--iterations N] [--split eval|tuning] \\
+        [--data-dir DIR] [--keep DIR] [--methods gigpo grpo equal-budget]
 """
 
 from __future__ import annotations
@@ -61,13 +75,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import math
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,81 +92,103 @@ import numpy as np
 from aflowrl._proto.v1 import environment_pb2, rollout_pb2
 from aflowrl.benchmarks import get_benchmark
 from aflowrl.config import RunSpec
-from aflowrl.errors import NotFoundError
 from aflowrl.local.launcher import local_services, local_spec
 from aflowrl.search import encoding
-from aflowrl.trainer import app, final
+from aflowrl.trainer import app
 from aflowrl.trainer.acting import (
     Actor,
+    Draw,
     IndexActor,
     UniformActor,
     action_log_probs,
     prompt_of,
 )
 from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutClient
+from aflowrl.trainer.collect import PROBLEM_POOLS
 from aflowrl.trainer.evaluate import EpisodeResult, evaluate_policy, policy_actor
+from aflowrl.trainer.rows import Decision, Observed
 from aflowrl.trainer.tasks import Task, held_out_tasks
 from aflowrl.trainer.values import ValueTable
-from aflowrl.workflow import Graph, library
+from aflowrl.trainer.weight_sync import make_weight_sync
+from aflowrl.workflow import library
 
-TRAIN = ("gsm8k", "math", "humaneval", "hotpotqa", "drop")
+TRAIN = ("gsm8k", "math", "hotpotqa", "drop")
 HELD_OUT = ("mbpp",)
-TV_WORKFLOWS = ("seed", "cot_sc", "medprompt", "self_refine")
-BENCHMARKS = (*TRAIN, *HELD_OUT)
+STATE_WORKFLOWS = ("seed", "cot_sc", "medprompt", "self_refine")
 LISTED = 9
-"""Admissible actions listed per observation (the constants try each position)."""
+"""Admissible actions listed per observation."""
+POOLS = {"heldOut": 0.3, "tuning": 0.2}
+SPLIT_POOL = {"eval": "held_out", "tuning": "tuning"}
+SPLIT_SEED = {"eval": 10_007, "tuning": 20_011}
+"""Task-seed namespaces of the evaluation tasks of each split."""
 
 SPEC = """
 policy: {{model: {preset}, dtype: float32, value: {{lossCoef: {value_coef}}}}}
 learner:
   fsdp: {{mixedPrecision: none}}
   optimizer: {{lr: {lr}}}
-  loss: {{miniBatchSize: 10, microBatchSize: 5, epochs: 1, klCoef: 0.0}}
+  loss: {{miniBatchSize: {mini_batch}, microBatchSize: {micro_batch}, epochs: {epochs},
+    klCoef: {kl_coef}, klEstimator: exact}}
+  algorithm: {{type: gigpo, mode: {mode}, siblingStepGroups: {siblings}, stepAdvantageW: {step_w}}}
 environment:
   benchmarks: {train}
   heldOutBenchmarks: {held_out}
   data: {{dir: {data_dir}}}
   executor: {{type: surrogate}}
   replicas: {{min: 2, max: 2}}
-  evaluation: {{maxProblems: {problems}, repeats: 1}}
+  evaluation: {{maxProblems: {problems}, repeats: 1, pools: {{heldOut: {held}, tuning: {tuning}}}}}
   search:
     maxSteps: {steps}
     maxAdmissibleActions: {listed}
-    maxObservationChars: 6000
-    failedExamples: 1
+    maxObservationChars: {obs_chars}
+    failedExamples: {failed}
     describeOperators: false
     selection: fused
     valueSource: policy
     ucbC: {ucb_c}
 trainer:
   iterations: {iterations}
-  tasksPerIteration: 5
-  groupSize: 4
+  tasksPerIteration: {tasks_per_iteration}
+  groupSize: {group_size}
   checkpointEvery: 0
   finalTestEval: false
-  warmStart: {{episodes: {warm}, temperature: {tau}, epochs: {epochs}, lr: {warm_lr},
+  warmStart: {{episodes: {warm}, temperature: {tau}, epochs: {warm_epochs}, lr: {warm_lr},
     valueLossCoef: {warm_value_coef}}}
 """
 
 
-def _spec(args: argparse.Namespace, **trainer: Any) -> RunSpec:
+def make_spec(args: argparse.Namespace, **trainer: Any) -> RunSpec:
+    """The bench's run spec (module docstring), ``trainer`` fields overridden."""
     text = SPEC.format(
         preset=args.preset,
-        lr=args.lr,
-        warm_lr=args.warm_lr,
         value_coef=args.value_coef,
-        warm_value_coef="null" if args.warm_value_coef is None else args.warm_value_coef,
+        lr=args.lr,
+        mini_batch=args.mini_batch,
+        micro_batch=min(args.mini_batch, 8),
+        epochs=args.epochs,
+        kl_coef=args.kl_coef,
+        mode=args.mode,
+        siblings="true" if args.siblings else "false",
+        step_w=args.step_w,
         train=list(TRAIN),
         held_out=list(HELD_OUT),
         data_dir=args.data_dir,
         problems=args.problems,
+        held=POOLS["heldOut"],
+        tuning=POOLS["tuning"],
         steps=args.steps,
         listed=LISTED,
+        obs_chars=args.observation_chars,
+        failed=args.failed_examples,
         ucb_c=args.ucb_c,
         iterations=args.iterations,
+        tasks_per_iteration=args.tasks_per_iteration,
+        group_size=args.group_size,
         warm=args.warm_episodes,
         tau=args.tau,
-        epochs=args.warm_epochs,
+        warm_epochs=args.warm_epochs,
+        warm_lr=args.warm_lr,
+        warm_value_coef=args.warm_value_coef,
     )
     spec = RunSpec.from_yaml(text, source="bench/learning.py")
     doc = spec.to_document()
@@ -159,299 +196,720 @@ def _spec(args: argparse.Namespace, **trainer: Any) -> RunSpec:
     return RunSpec.from_document(doc)
 
 
-def _mean_se(values: Sequence[float]) -> tuple[float, float]:
-    mean = statistics.fmean(values)
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
-    return mean, se
+# ---- statistics -------------------------------------------------------------------------------
 
 
 @dataclass
-class Scores:
-    """One method's per-seed figures."""
+class Cells:
+    """One figure per (task, seed) cell: a mean over that cell's values."""
 
-    gain: list[float] = field(default_factory=list)
-    gain_train: list[float] = field(default_factory=list)
-    gain_held_out: list[float] = field(default_factory=list)
-    duplicates: list[float] = field(default_factory=list)
-    episodes: list[EpisodeResult] = field(default_factory=list)
-    seconds: float = 0.0
+    values: dict[tuple[Any, int], list[float]] = field(default_factory=dict)
 
-    def add(self, played: Sequence[EpisodeResult]) -> None:
-        self.gain.append(statistics.fmean(_gain(e) for e in played))
-        self.gain_train.append(statistics.fmean(_gain(e) for e in played if e.benchmark in TRAIN))
-        self.gain_held_out.append(
-            statistics.fmean(_gain(e) for e in played if e.benchmark in HELD_OUT)
+    def add(self, task: Any, seed: int, value: float) -> None:
+        self.values.setdefault((task, seed), []).append(value)
+
+    def matrix(self, tasks: Sequence[Any], seeds: Sequence[int]) -> np.ndarray:
+        """[tasks, seeds] of cell means (every cell must exist)."""
+        return np.array(
+            [[statistics.fmean(self.values[t, s]) for s in seeds] for t in tasks],
+            dtype=np.float64,
         )
-        steps = sum(e.steps for e in played)
-        self.duplicates.append(sum(e.duplicates for e in played) / max(1, steps))
-        self.episodes.extend(played)
 
 
-def _gain(episode: EpisodeResult) -> float:
-    return episode.best_gain
+def two_way_bootstrap(matrix: np.ndarray, resamples: int, seed: int = 0) -> float:
+    """SE of the mean of a [tasks, seeds] matrix, tasks and seeds resampled independently."""
+    tasks, seeds = matrix.shape
+    rng = np.random.default_rng(seed)
+    means = np.empty(resamples)
+    for b in range(resamples):
+        rows = rng.integers(tasks, size=tasks)
+        cols = rng.integers(seeds, size=seeds)
+        means[b] = matrix[np.ix_(rows, cols)].mean()
+    return float(means.std(ddof=1))
+
+
+@dataclass
+class Figure:
+    mean: float
+    se: float
+
+    def __str__(self) -> str:
+        return f"{self.mean:+.4f} ± {self.se:.4f}"
+
+    @property
+    def z(self) -> float:
+        return self.mean / self.se if self.se > 0 else math.copysign(math.inf, self.mean)
+
+
+# ---- reference actors (the bench's own: they look the state up) ---------------------------
+
+
+class UniformNewActor(Actor):
+    """Uniform over the listed actions that lead to a workflow the tree does not hold."""
+
+    async def act(self, observed: Sequence[Observed], *, draws: Sequence[Draw]) -> list[Decision]:
+        out = []
+        for o, draw in zip(observed, draws, strict=True):
+            new = [k for k, node in enumerate(o.in_tree) if node < 0] or list(
+                range(len(o.admissible))
+            )
+            k = new[int(draw.rng.integers(len(new)))]
+            out.append(Decision(action=encoding.action_reply(o.admissible[k])))
+        return out
+
+
+class OracleActor(Actor):
+    """Evaluates every listed action on the task itself and takes the best (ties: first)."""
+
+    def __init__(self, env: EnvironmentClient) -> None:
+        self.env = env
+
+    async def act(self, observed: Sequence[Observed], *, draws: Sequence[Draw]) -> list[Decision]:
+        async def one(o: Observed) -> Decision:
+            rewards = await step_rewards(self.env, o.state, o.admissible, key=o.anchor)
+            k = int(np.argmax(rewards))
+            return Decision(action=encoding.action_reply(o.admissible[k]))
+
+        return list(await asyncio.gather(*(one(o) for o in observed)))
+
+
+class GreedyActor(Actor):
+    """Expected-greedy: the listed action with the best mean one-step reward over training-pool
+    tasks of the benchmark started from the same workflow (a duplicate is worth minus the
+    duplicate penalty, as on the task itself); fitted lazily, per (benchmark, workflow)."""
+
+    def __init__(
+        self, env: EnvironmentClient, spec: RunSpec, fit_tasks: dict[str, list[Task]]
+    ) -> None:
+        self.env = env
+        self.spec = spec
+        self.fit_tasks = fit_tasks
+        self.table: dict[tuple[str, str], dict[str, float]] = {}
+        self._fitting: dict[tuple[str, str], asyncio.Future[dict[str, float]]] = {}
+
+    async def means(self, benchmark: str, anchor: str, workflow_json: str) -> dict[str, float]:
+        """Mean reward per action text of ``workflow_json`` over the fit tasks."""
+        key = (benchmark, anchor)
+        if key in self.table:
+            return self.table[key]
+        if key not in self._fitting:
+            self._fitting[key] = asyncio.ensure_future(self._fit(benchmark, workflow_json, anchor))
+        means = await self._fitting[key]
+        self.table[key] = means
+        return means
+
+    async def _fit(self, benchmark: str, workflow_json: str, anchor: str) -> dict[str, float]:
+        rewards: dict[str, list[float]] = {}
+
+        async def one(task: Task) -> None:
+            reply = await reset(self.env, self.spec, task, workflow_json, key=anchor)
+            actions = list(reply.observation.admissible_actions)
+            values = await step_rewards(self.env, reply.state, actions, key=task.benchmark)
+            for action, value in zip(actions, values, strict=True):
+                rewards.setdefault(action, []).append(value)
+
+        await asyncio.gather(*(one(t) for t in self.fit_tasks[benchmark]))
+        return {a: statistics.fmean(v) for a, v in rewards.items()}
+
+    def choose(self, o: Observed, means: dict[str, float]) -> int:
+        penalty = self.spec.environment.search.duplicate_penalty
+        values = [
+            -penalty if node >= 0 else means.get(action, -math.inf)
+            for action, node in zip(
+                o.admissible, o.in_tree or [-1] * len(o.admissible), strict=True
+            )
+        ]
+        return int(np.argmax(values))
+
+    async def act(self, observed: Sequence[Observed], *, draws: Sequence[Draw]) -> list[Decision]:
+        async def one(o: Observed) -> Decision:
+            means = await self.means(o.benchmark, o.anchor, o.workflow_json)
+            return Decision(action=encoding.action_reply(o.admissible[self.choose(o, means)]))
+
+        return list(await asyncio.gather(*(one(o) for o in observed)))
+
+
+async def reset(
+    env: EnvironmentClient, spec: RunSpec, task: Task, workflow_json: str, *, key: str
+) -> environment_pb2.ResetResponse:
+    """An episode of ``task`` started from ``workflow_json`` (routed by ``key``, its hash)."""
+    return await env.reset(
+        environment_pb2.ResetRequest(
+            task=task.benchmark,
+            seed=task.seed,
+            max_steps=spec.environment.search.max_steps,
+            seed_workflow_json=workflow_json,
+            problem_pool=PROBLEM_POOLS[task.pool],
+            values=environment_pb2.StateValues(),
+        ),
+        key=key,
+    )
+
+
+async def step_rewards(
+    env: EnvironmentClient, state: bytes, actions: Sequence[str], *, key: str
+) -> list[float]:
+    """The one-step reward of every action from ``state``."""
+    replies = await asyncio.gather(
+        *(
+            env.step(
+                state,
+                encoding.action_reply(a),
+                episode_key=key,
+                values=environment_pb2.StateValues(),
+            )
+            for a in actions
+        )
+    )
+    return [float(reply.reward) for reply, _ in replies]
+
+
+# ---- held-out states ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class State:
+    """A held-out state with the reward of every listed action."""
+
+    task: Task
+    workflow: str
+    text: str
+    actions: tuple[str, ...]
+    rewards: tuple[float, ...]
+    observed: Observed
+
+    @property
+    def benchmark(self) -> str:
+        return self.task.benchmark
+
+
+def permuted_text(text: str, actions: Sequence[str], order: Sequence[int]) -> str:
+    """``text`` with its listing of ``actions`` reordered as ``order`` (``actions[order[i]]``
+    listed i-th)."""
+    lines = text.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("## Admissible actions")) + 1
+    block = lines[start : start + len(actions)]
+    for line, action in zip(block, actions, strict=True):
+        if not line.startswith(f"- {action}"):
+            raise ValueError(f"listing line {line[:60]!r} is not action {action[:60]!r}")
+    lines[start : start + len(actions)] = [block[k] for k in order]
+    return "\n".join(lines)
+
+
+def total_variation(p: np.ndarray, q: np.ndarray) -> float:
+    return 0.5 * float(np.abs(p - q).sum())
+
+
+# ---- the bench ------------------------------------------------------------------------------
+
+
+@dataclass
+class Method:
+    """One row of the tables."""
+
+    name: str
+    gain: Cells = field(default_factory=Cells)
+    onestep: Cells = field(default_factory=Cells)
+    duplicates: list[float] = field(default_factory=list)
+    evaluations: list[float] = field(default_factory=list)
+    """Workflow evaluations its training needed, per seed."""
+    executor_calls: list[float] = field(default_factory=list)
+    moved: list[float] = field(default_factory=list)
+    """TV on the held-out states from the policy it started from, per seed."""
+    updates: list[dict[str, float]] = field(default_factory=list)
+    """GiGPO/GRPO: per iteration, the update's statistics (all seeds)."""
+    seconds: float = 0.0
 
 
 class Bench:
-    """The services and clients every method shares."""
+    """The services, the tasks and every method's figures (module docstring)."""
 
     def __init__(self, args: argparse.Namespace, root: Path) -> None:
         self.args = args
         self.root = root
-        self.base = local_spec(_spec(args), root)
-        self.scores: dict[str, Scores] = {}
-        self.tv: float = math.nan
-        self.shuffle_ok = False
-        self.tv_note = ""
-        self.test_margin: dict[str, dict[str, float]] = {}
-        """Method -> benchmark -> best workflow's test score minus the best classic's."""
+        self.base = local_spec(make_spec(args), root)
+        pool = SPLIT_POOL[args.split]
+        namespace = SPLIT_SEED[args.split]
+        self.tasks = held_out_tasks(TRAIN, args.eval_tasks, seed=namespace, pool=pool)
+        self.transfer = held_out_tasks(HELD_OUT, args.eval_tasks, seed=namespace, pool=pool)
+        self.methods: dict[str, Method] = {}
+        self.states: list[State] = []
+        self.tv: list[float] = []
+        self.shuffle: list[tuple[float, float]] = []
+        self.start_distribution: dict[int, list[np.ndarray]] = {}
 
-    def evaluation_tasks(self) -> list[Task]:
-        """The same for every method and seed (a paired comparison)."""
-        return held_out_tasks(TRAIN + HELD_OUT, self.args.eval_tasks, seed=10_007)
+    def method(self, name: str) -> Method:
+        return self.methods.setdefault(name, Method(name))
 
-    async def play(
-        self, spec: RunSpec, actor: Actor, tasks: list[Task], seed: int, *, ucb: bool = False
-    ) -> list[EpisodeResult]:
-        """``ucb``: search with an empty value table (fused selection = UCB alone)."""
-        return await evaluate_policy(
-            spec,
-            self.env,
-            actor,
-            tasks,
-            episodes_per_task=self.args.eval_episodes,
-            seed=seed,
-            values=ValueTable.empty() if ucb else None,
-        )
+    # ---- services ----
 
     async def run(self) -> None:
-        args = self.args
         async with local_services(self.base, self.root) as (targets, _group):
             self.targets = targets
             self.learner = LearnerClient(targets.learner)
             self.rollout = RolloutClient(targets.rollout)
             self.env = EnvironmentClient(targets.env, step_timeout_s=1800.0)
+            self.weights = make_weight_sync(self.base, targets.learner, targets.rollout)
             initial = self.root / "initial-policy"
             await self.learner.save(str(initial), b"")
             try:
-                await self._baselines()
-                for seed in args.seeds:
-                    await self._trained(seed, initial)
-                await self._state_dependence()
-                await self._test_vs_baselines()
+                await self._states()
+                await self._references()
+                for seed in self.args.seeds:
+                    await self._seed(seed, initial)
             finally:
+                await self.weights.close()
                 await self.learner.close()
                 await self.rollout.close()
                 await self.env.close()
 
-    async def _baselines(self) -> None:
-        args, tasks = self.args, self.evaluation_tasks()
-        base = self.base
-        started = time.perf_counter()
-        random = self.scores.setdefault("random", Scores())
-        for seed in args.seeds:
-            random.add(await self.play(base, UniformActor(), tasks, seed, ucb=True))
-        random.seconds = time.perf_counter() - started
-        _report("random", random)
-        # The best constant, chosen on tasks drawn from the training benchmarks (not the
-        # evaluation tasks): every position k is tried.
-        started = time.perf_counter()
-        selection = [Task(name, 1_000 + k) for name in TRAIN for k in range(args.selection_tasks)]
-        tried = {}
-        for k in range(LISTED):
-            played = await evaluate_policy(
-                base, self.env, IndexActor(k), selection, seed=0, values=ValueTable.empty()
-            )
-            tried[k] = statistics.fmean(_gain(e) for e in played)
-        best = max(tried, key=lambda k: tried[k])
-        constant = self.scores.setdefault(f"constant (k={best + 1})", Scores())
-        for seed in args.seeds:
-            constant.add(await self.play(base, IndexActor(best), tasks, seed, ucb=True))
-        constant.seconds = time.perf_counter() - started
-        self.constant = f"constant (k={best + 1})"
-        print(
-            "constants on the selection tasks: "
-            + ", ".join(f"k={k + 1} {v:+.4f}" for k, v in tried.items()),
-            flush=True,
-        )
-        _report(self.constant, constant)
-
-    async def _fresh(self, initial: Path) -> None:
+    async def _load(self, path: Path) -> None:
+        """Load a learner checkpoint and serve it (versions only increase)."""
         top = max((await self.rollout.versions()).values())
-        await self.learner.load(str(initial), min_policy_version=top + 1)
+        await self.learner.load(str(path), min_policy_version=top + 1)
+        report = await self.weights.push()
+        if not report.ok:
+            raise RuntimeError(f"the weights did not reach the rollout: {report.failed}")
 
-    async def _train(self, spec: RunSpec, run_dir: Path) -> None:
+    async def _train(self, spec: RunSpec, run_dir: Path) -> list[dict[str, Any]]:
         services = app.connect(
             spec, env=self.targets.env, rollout=self.targets.rollout, learner=self.targets.learner
         )
         await app.train(spec, services, run_dir)
+        path = run_dir / "metrics.jsonl"
+        return (
+            [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+        )
 
-    async def _trained(self, seed: int, initial: Path) -> None:
-        args, tasks = self.args, self.evaluation_tasks()
-        # The warm start alone: zero RL iterations.
-        warm_dir = self.root / f"warm-{seed}"
-        await self._fresh(initial)
+    # ---- held-out states and the references ----
+
+    async def _states(self) -> None:
+        """Every evaluation task started from each of :data:`STATE_WORKFLOWS`, with the reward
+        of every listed action."""
         started = time.perf_counter()
-        warm_spec = _spec(args, seed=seed, iterations=0, checkpointDir=str(warm_dir))
+
+        async def one(task: Task, name: str) -> State:
+            graph = library.load(name, get_benchmark(task.benchmark).task_type)
+            reply = await reset(
+                self.env, self.base, task, graph.to_json(indent=None), key=graph.content_hash
+            )
+            obs = reply.observation
+            actions = tuple(obs.admissible_actions)
+            rewards = await step_rewards(self.env, reply.state, actions, key=task.benchmark)
+            observed = Observed(
+                obs.text,
+                actions,
+                benchmark=task.benchmark,
+                anchor=obs.anchor,
+                workflow_json=graph.to_json(indent=None),
+                in_tree=tuple(obs.admissible_in_tree),
+                state=reply.state,
+                seed=task.seed,
+                pool=task.pool,
+            )
+            return State(task, name, obs.text, actions, tuple(rewards), observed)
+
+        pairs = [(t, w) for t in [*self.tasks, *self.transfer] for w in STATE_WORKFLOWS]
+        self.states = list(await asyncio.gather(*(one(t, w) for t, w in pairs)))
+        print(
+            f"held-out states: {len(self.states)} ({time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
+
+    def _record_states(
+        self, method: Method, seed: int, choose: Callable[[State], np.ndarray]
+    ) -> None:
+        """E_{a~pi} r(s, a) on every held-out state, ``choose`` giving pi(. | s)."""
+        for state in self.states:
+            pi = choose(state)
+            method.onestep.add(
+                state.task, seed, float(np.dot(pi, np.asarray(state.rewards, dtype=np.float64)))
+            )
+
+    async def _play(
+        self, method: Method, actor: Actor, seed: int, *, spec: RunSpec | None = None, ucb: bool
+    ) -> None:
+        spec = spec or self.base
+        played: list[EpisodeResult] = await evaluate_policy(
+            spec,
+            self.env,
+            actor,
+            [*self.tasks, *self.transfer],
+            seed=seed,
+            values=ValueTable.empty() if ucb else None,
+        )
+        for task, episode in zip([*self.tasks, *self.transfer], played, strict=True):
+            method.gain.add(task, seed, episode.best_gain)
+        steps = sum(e.steps for e in played)
+        method.duplicates.append(sum(e.duplicates for e in played) / max(1, steps))
+
+    async def _references(self) -> None:
+        args = self.args
+        greedy_fit = {
+            name: [Task(name, 3_000 + k, "training") for k in range(args.greedy_tasks)]
+            for name in (*TRAIN, *HELD_OUT)
+        }
+        greedy = GreedyActor(self.env, self.base, greedy_fit)
+        constant = await self._constant()
+        references: list[tuple[str, Actor]] = [
+            ("random", UniformActor()),
+            ("uniform new", UniformNewActor()),
+            (f"constant (k={constant + 1})", IndexActor(constant)),
+            ("expected-greedy", greedy),
+            ("oracle", OracleActor(self.env)),
+        ]
+        for name, actor in references:
+            method = self.method(name)
+            started = time.perf_counter()
+            for seed in args.seeds:
+                await self._play(method, actor, seed, ucb=True)
+            method.seconds = time.perf_counter() - started
+            print(f"{name:>28}: played ({method.seconds:.0f} s)", flush=True)
+        self.constant = f"constant (k={constant + 1})"
+        choice: dict[int, int] = {}
+        for state in self.states:
+            state_means = await greedy.means(
+                state.benchmark, state.observed.anchor, state.observed.workflow_json
+            )
+            choice[id(state)] = greedy.choose(state.observed, state_means)
+
+        def one_hot(k: int, n: int) -> np.ndarray:
+            out = np.zeros(n)
+            out[k] = 1.0
+            return out
+
+        rules: dict[str, Callable[[State], np.ndarray]] = {
+            "random": lambda s: np.full(len(s.actions), 1.0 / len(s.actions)),
+            "uniform new": lambda s: np.full(len(s.actions), 1.0 / len(s.actions)),
+            self.constant: lambda s: one_hot(min(constant, len(s.actions) - 1), len(s.actions)),
+            "expected-greedy": lambda s: one_hot(choice[id(s)], len(s.actions)),
+            "oracle": lambda s: one_hot(int(np.argmax(s.rewards)), len(s.actions)),
+        }
+        for name, rule in rules.items():
+            for seed in args.seeds:
+                self._record_states(self.method(name), seed, rule)
+
+    async def _constant(self) -> int:
+        """The best position k, chosen on tuning-pool tasks of the training benchmarks."""
+        tasks = [
+            Task(name, 4_000 + k, "tuning")
+            for name in TRAIN
+            for k in range(self.args.selection_tasks)
+        ]
+        tried = {}
+        for k in range(LISTED):
+            played = await evaluate_policy(
+                self.base, self.env, IndexActor(k), tasks, seed=0, values=ValueTable.empty()
+            )
+            tried[k] = statistics.fmean(e.best_gain for e in played)
+        print(
+            "constants on tuning tasks: "
+            + ", ".join(f"k={k + 1} {v:+.4f}" for k, v in tried.items()),
+            flush=True,
+        )
+        return max(tried, key=lambda k: tried[k])
+
+    # ---- the trained methods of one seed ----
+
+    async def _distributions(
+        self,
+        states: Sequence[State],
+        texts: Sequence[str] | None = None,
+        orders: Sequence[Sequence[int]] | None = None,
+    ) -> list[np.ndarray]:
+        """pi(. | s) of the served policy on ``states`` (texts/orders: permuted listings)."""
+        items = []
+        for i, state in enumerate(states):
+            text = texts[i] if texts is not None else state.text
+            actions = (
+                [state.actions[k] for k in orders[i]] if orders is not None else list(state.actions)
+            )
+            items.append(
+                rollout_pb2.CandidateSet(
+                    prompt=prompt_of(text), candidates=encoding.action_replies(actions)
+                )
+            )
+        scored = await self.rollout.score(items)
+        return [
+            np.exp(action_log_probs(scores, len(s.actions)))
+            for (scores, _), s in zip(scored, states, strict=True)
+        ]
+
+    async def _evaluate_policy(
+        self, name: str, spec: RunSpec, seed: int, start: list[np.ndarray] | None
+    ) -> list[np.ndarray]:
+        """Play the served policy on the evaluation tasks and record its figures."""
+        method = self.method(name)
+        started = time.perf_counter()
+        await self._play(method, policy_actor(spec, self.rollout), seed, spec=spec, ucb=False)
+        pis = await self._distributions(self.states)
+        for state, pi in zip(self.states, pis, strict=True):
+            method.onestep.add(state.task, seed, float(np.dot(pi, state.rewards)))
+        if start is not None:
+            method.moved.append(
+                statistics.fmean(total_variation(a, b) for a, b in zip(pis, start, strict=True))
+            )
+        method.seconds += time.perf_counter() - started
+        return pis
+
+    async def _seed(self, seed: int, initial: Path) -> None:
+        args = self.args
+        # The warm start alone.
+        await self._load(initial)
+        started = time.perf_counter()
+        warm_dir = self.root / f"warm-{seed}"
+        warm_spec = make_spec(args, seed=seed, iterations=0, checkpointDir=str(warm_dir))
         await self._train(warm_spec, warm_dir)
+        warm_summary = json.loads((warm_dir / "warmstart" / "summary.json").read_text())
+        warm = self.method("warm start")
+        warm.seconds += time.perf_counter() - started
+        warm.evaluations.append(warm_summary["warmstart/workflow_evaluations"])
+        warm.executor_calls.append(warm_summary["warmstart/executor_calls"])
         warm_ckpt = self.root / f"warm-checkpoint-{seed}"
         await self.learner.save(str(warm_ckpt), b"")
-        scores = self.scores.setdefault("warm-start", Scores())
-        scores.add(await self.play(warm_spec, policy_actor(warm_spec, self.rollout), tasks, seed))
-        scores.seconds += time.perf_counter() - started
-        _report(f"warm-start seed {seed}", scores, last=True)
-        for method in ("gigpo", "grpo"):
-            if method not in args.methods:
+        warm_pis = await self._evaluate_policy("warm start", warm_spec, seed, None)
+        report("warm start", warm, seed)
+        # RL from the warm start.
+        rl_budget = 0.0
+        for method_name, algorithm in (("gigpo", "gigpo"), ("grpo", "grpo")):
+            if method_name not in args.methods:
                 continue
-            top = max((await self.rollout.versions()).values())
-            await self.learner.load(str(warm_ckpt), min_policy_version=top + 1)
+            await self._load(warm_ckpt)
             started = time.perf_counter()
-            run_dir = self.root / f"{method}-{seed}"
-            spec = _spec(args, seed=seed, checkpointDir=str(run_dir))
+            run_dir = self.root / f"{method_name}-{seed}"
+            spec = make_spec(args, seed=seed, checkpointDir=str(run_dir))
             doc = spec.to_document()
             doc["trainer"]["warmStart"]["episodes"] = 0  # already warm
-            if method == "grpo":
+            if algorithm == "grpo":
                 doc["learner"]["algorithm"] = {"type": "grpo"}
             spec = RunSpec.from_document(doc)
-            await self._train(spec, run_dir)
-            actor = policy_actor(spec, self.rollout)
-            scores = self.scores.setdefault(method, Scores())
-            scores.add(await self.play(spec, actor, tasks, seed))
-            scores.seconds += time.perf_counter() - started
-            _report(f"{method} seed {seed}", scores, last=True)
-            if method == "gigpo":
-                plain = self.scores.setdefault("gigpo (ucb)", Scores())
-                plain.add(await self.play(spec, actor, tasks, seed, ucb=True))
-                _report(f"gigpo (ucb) seed {seed}", plain, last=True)
-
-    async def _state_dependence(self) -> None:
-        """state-TV and the shuffle check on the last GiGPO policy (module docstring)."""
-        spec = self.base
-        distributions: list[np.ndarray] = []
-        shuffled_ok = True
-        rng = np.random.default_rng(0)
-        for name in (*TRAIN, *HELD_OUT):
-            task_type = get_benchmark(name).task_type
-            for workflow in TV_WORKFLOWS:
-                graph = library.load(workflow, task_type)
-                reply = await self.env.reset(
-                    environment_pb2.ResetRequest(
-                        task=name,
-                        seed=10_007,
-                        max_steps=spec.environment.search.max_steps,
-                        seed_workflow_json=graph.to_json(indent=None),
-                        values=environment_pb2.StateValues(),
-                    ),
-                    key=graph.content_hash,
+            records = await self._train(spec, run_dir)
+            method = self.method(method_name)
+            method.seconds += time.perf_counter() - started
+            evaluations = sum(r.get("env/workflow_evaluations", 0.0) for r in records)
+            method.evaluations.append(warm.evaluations[-1] + evaluations)
+            method.executor_calls.append(
+                warm.executor_calls[-1]
+                + sum(
+                    r.get("env/executor_calls", 0.0) + r.get("env/sibling_executor_calls", 0.0)
+                    for r in records
                 )
-                actions = list(reply.observation.admissible_actions)[:LISTED]
-                text = reply.observation.text
-                log_pi = await self._distribution(text, actions)
-                padded = np.zeros(LISTED)
-                padded[: len(actions)] = np.exp(log_pi)
-                distributions.append(padded)
-                order = rng.permutation(len(actions))
-                permuted = await self._distribution(text, [actions[k] for k in order])
-                if not np.allclose(permuted, log_pi[order], atol=1e-4):
-                    shuffled_ok = False
-        pairs = list(itertools.combinations(distributions, 2))
-        self.tv = statistics.fmean(0.5 * float(np.abs(a - b).sum()) for a, b in pairs)
-        self.shuffle_ok = shuffled_ok
+            )
+            method.updates.extend(records)
+            pis = await self._evaluate_policy(method_name, spec, seed, warm_pis)
+            if method_name == "gigpo":
+                rl_budget = evaluations
+                await self._state_dependence(pis)
+            report(method_name, method, seed)
+        # The warm start alone at warm start + GiGPO's budget.
+        if "equal-budget" in args.methods and rl_budget > 0:
+            await self._load(initial)
+            started = time.perf_counter()
+            episodes = round(args.warm_episodes * (1.0 + rl_budget / warm.evaluations[-1]))
+            run_dir = self.root / f"warm-equal-{seed}"
+            spec = make_spec(args, seed=seed, iterations=0, checkpointDir=str(run_dir))
+            doc = spec.to_document()
+            doc["trainer"]["warmStart"]["episodes"] = episodes
+            spec = RunSpec.from_document(doc)
+            await self._train(spec, run_dir)
+            summary = json.loads((run_dir / "warmstart" / "summary.json").read_text())
+            method = self.method("warm start (equal budget)")
+            method.seconds += time.perf_counter() - started
+            method.evaluations.append(summary["warmstart/workflow_evaluations"])
+            method.executor_calls.append(summary["warmstart/executor_calls"])
+            await self._evaluate_policy("warm start (equal budget)", spec, seed, None)
+            report(f"warm start (equal budget, {episodes} episodes)", method, seed)
 
-    async def _test_vs_baselines(self) -> None:
-        """Per method and benchmark: its best workflow's test score minus the best classic's.
-
-        The candidates are the method's evaluation episodes' best new workflows (all seeds; the
-        ``--test-candidates`` with the highest episode scores), the best of them on the whole
-        validation split is tested with the classic baselines on the test split
-        (:func:`aflowrl.trainer.final.compare`: same problems, same seed).
-        """
-        seeds = {name: library.load("seed", get_benchmark(name).task_type) for name in BENCHMARKS}
-        for method, scores in self.scores.items():
-            if method == "gigpo (ucb)":
-                continue  # the same policy as gigpo
-            for name in BENCHMARKS:
-                played = [
-                    e for e in scores.episodes if e.benchmark == name and e.best_workflow_json
-                ]
-                played.sort(key=lambda e: e.best_gain, reverse=True)
-                pool: dict[str, final.Contender] = {}
-                for episode in played:
-                    graph = Graph.from_json(episode.best_workflow_json or "", source=method)
-                    if graph.content_hash != seeds[name].content_hash:
-                        pool.setdefault(
-                            graph.content_hash, final.Contender(graph.content_hash[:8], graph)
-                        )
-                    if len(pool) >= self.args.test_candidates:
-                        break
-                try:
-                    rows = await final.compare(
-                        self.env,
-                        list(pool.values()),
-                        final.baselines(seeds[name]),
-                        benchmark=name,
-                        repeats=1,
-                        seed=0,
-                    )
-                except NotFoundError:  # no test split (AFlow's HotpotQA has none)
-                    continue
-                classic = max(r.test_mean for r in rows if r.name in library.CLASSIC)
-                best = rows[0].test_mean if pool else seeds_score(rows)
-                self.test_margin.setdefault(method, {})[name] = best - classic
-
-    async def _distribution(self, text: str, actions: list[str]) -> np.ndarray:
-        item = rollout_pb2.CandidateSet(
-            prompt=prompt_of(text), candidates=encoding.action_replies(actions)
+    async def _state_dependence(self, pis: list[np.ndarray]) -> None:
+        """state-TV and the shuffle check of the served (GiGPO) policy (module docstring)."""
+        by_list: dict[tuple[str, ...], list[int]] = {}
+        for i, state in enumerate(self.states):
+            by_list.setdefault(state.actions, []).append(i)
+        pairs = [(i, j) for group in by_list.values() for i, j in itertools.combinations(group, 2)]
+        self.tv.append(statistics.fmean(total_variation(pis[i], pis[j]) for i, j in pairs))
+        rng = np.random.default_rng(len(self.tv))
+        orders = [rng.permutation(len(s.actions)).tolist() for s in self.states]
+        texts = [
+            permuted_text(s.text, s.actions, o) for s, o in zip(self.states, orders, strict=True)
+        ]
+        permuted = await self._distributions(self.states, texts, orders)
+        content = statistics.fmean(
+            total_variation(q, p[o]) for q, p, o in zip(permuted, pis, orders, strict=True)
         )
-        [(scores, _)] = await self.rollout.score([item])
-        return action_log_probs(scores, len(actions))
+        position = statistics.fmean(
+            total_variation(q, p) for q, p in zip(permuted, pis, strict=True)
+        )
+        self.shuffle.append((content, position))
+
+    # ---- figures ----
+
+    def figure(
+        self, name: str, metric: str, tasks: Sequence[Task], minus: str | None = None
+    ) -> Figure:
+        seeds = self.args.seeds
+        a = getattr(self.methods[name], metric).matrix(tasks, seeds)
+        if minus is not None:
+            a = a - getattr(self.methods[minus], metric).matrix(tasks, seeds)
+        return Figure(float(a.mean()), two_way_bootstrap(a, self.args.bootstrap))
 
 
-def seeds_score(rows: Sequence[final.FinalRow]) -> float:
-    """The seed's test score (a method that added no workflow keeps the seed)."""
-    return next(r.test_mean for r in rows if r.name == "seed")
-
-
-def _report(name: str, scores: Scores, *, last: bool = False) -> None:
-    gains = scores.gain[-1:] if last else scores.gain
+def report(name: str, method: Method, seed: int) -> None:
+    gains = [v for (task, s), vs in method.gain.values.items() if s == seed for v in vs]
+    onestep = [v for (task, s), vs in method.onestep.values.items() if s == seed for v in vs]
     print(
-        f"{name:>24}: best-gain {statistics.fmean(gains):+.4f}, duplicates "
-        f"{statistics.fmean(scores.duplicates[-len(gains) :]):.3f} ({scores.seconds:.0f} s)",
+        f"{name:>28} seed {seed}: best-gain {statistics.fmean(gains):+.4f}, one-step "
+        f"{statistics.fmean(onestep):+.4f} ({method.seconds:.0f} s so far)",
         flush=True,
     )
 
 
-def _margin(a: Scores, b: Scores) -> float:
-    (ma, sa), (mb, sb) = _mean_se(a.gain), _mean_se(b.gain)
-    return (ma - mb) / math.sqrt(sa**2 + sb**2) if sa > 0 or sb > 0 else math.inf
+def print_tables(bench: Bench) -> None:
+    args = bench.args
+    order = [
+        "random",
+        "uniform new",
+        bench.constant,
+        "expected-greedy",
+        "oracle",
+        "warm start",
+        "warm start (equal budget)",
+        "gigpo",
+        "grpo",
+    ]
+    names = [n for n in order if n in bench.methods]
+    print(
+        f"\nSplit {args.split}: {len(bench.tasks)} tasks of {', '.join(TRAIN)} and "
+        f"{len(bench.transfer)} of {', '.join(HELD_OUT)} (held out), {len(args.seeds)} seeds; "
+        "mean ± two-way cluster-bootstrap SE over (task, seed)"
+    )
+    header = (
+        f"{'method':<28}{'best-gain':>18}{'one-step E[r]':>18}{'held-out bm':>18}"
+        f"{'dup':>6}{'evaluations':>12}{'calls':>9}{'moved':>7}"
+    )
+    print(header)
+    for name in names:
+        m = bench.methods[name]
+        cells = [
+            bench.figure(name, "gain", bench.tasks),
+            bench.figure(name, "onestep", bench.tasks),
+            bench.figure(name, "gain", bench.transfer),
+        ]
+        budget = f"{statistics.fmean(m.evaluations):>12.0f}" if m.evaluations else f"{'-':>12}"
+        calls = f"{statistics.fmean(m.executor_calls):>9.0f}" if m.executor_calls else f"{'-':>9}"
+        moved = f"{statistics.fmean(m.moved):>7.3f}" if m.moved else f"{'-':>7}"
+        print(
+            f"{name:<28}"
+            + "".join(f"{c!s:>18}" for c in cells)
+            + f"{statistics.fmean(m.duplicates):>6.2f}{budget}{calls}{moved}"
+        )
+    print("\nPaired differences (best-gain; one-step E[r]) on the training benchmarks' tasks:")
+    comparisons = [
+        ("gigpo", "warm start"),
+        ("gigpo", "expected-greedy"),
+        ("gigpo", "warm start (equal budget)"),
+        ("gigpo", "grpo"),
+        ("gigpo", "random"),
+        ("warm start", "random"),
+        ("expected-greedy", "random"),
+    ]
+    for a, b in comparisons:
+        if a in bench.methods and b in bench.methods:
+            gain = bench.figure(a, "gain", bench.tasks, minus=b)
+            onestep = bench.figure(a, "onestep", bench.tasks, minus=b)
+            print(
+                f"  {a} - {b}: {gain} ({gain.z:+.1f} SE); one-step {onestep} ({onestep.z:+.1f} SE)"
+            )
+    for name in ("gigpo", "grpo"):
+        if name not in bench.methods or not bench.methods[name].updates:
+            continue
+        updates = bench.methods[name].updates
+
+        def span(key: str, updates: list[dict[str, Any]] = updates) -> str:
+            values = [
+                u[key] for u in updates if isinstance(u.get(key), float) and math.isfinite(u[key])
+            ]
+            return f"{min(values):.3f}..{max(values):.3f}" if values else "-"
+
+        print(
+            f"{name} updates ({len(updates)} iterations): approx_kl {span('charts/approx_kl')}, "
+            f"clip fraction {span('charts/clipfrac')}, candidate clip fraction "
+            f"{span('charts/candidate_clipfrac')}, update KL {span('policy/update_kl')}, "
+            f"TV from the warm start after the iteration {span('policy/start_tv')}, "
+            f"entropy {span('policy/entropy')}"
+        )
+    if bench.shuffle:
+        content = statistics.fmean(c for c, _ in bench.shuffle)
+        position = statistics.fmean(p for _, p in bench.shuffle)
+        print(
+            f"shuffle: TV to the permuted distribution {content:.3f}, to the unpermuted one "
+            f"{position:.3f}; state-TV between states listing the same candidates "
+            f"{statistics.fmean(bench.tv):.3f}"
+        )
+
+
+def final_line(bench: Bench) -> str:
+    start = bench.figure("gigpo", "gain", bench.tasks, minus="warm start")
+    greedy = bench.figure("gigpo", "gain", bench.tasks, minus="expected-greedy")
+    gigpo = bench.figure("gigpo", "gain", bench.tasks).mean
+    random = bench.figure("random", "gain", bench.tasks).mean
+    oracle = bench.figure("oracle", "gain", bench.tasks).mean
+    share = (gigpo - random) / (oracle - random) if oracle != random else math.nan
+    content = statistics.fmean(c for c, _ in bench.shuffle)
+    position = statistics.fmean(p for _, p in bench.shuffle)
+    shuffle = "ok" if content <= 0.5 * position else "FAIL"
+    return (
+        f"learning: gigpo-start={start.z:+.1f} SE gigpo-greedy={greedy.z:+.1f} SE "
+        f"oracle-share={share:.2f} state-TV={statistics.fmean(bench.tv):.3f} shuffle={shuffle}"
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    p.add_argument("--methods", nargs="+", default=["gigpo", "grpo", "equal-budget"])
+    p.add_argument("--split", choices=sorted(SPLIT_POOL), default="eval")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "small", "base"])
+    # RL (chosen on tuning tasks: README, "How the defaults were chosen")
+    p.add_argument("--iterations", type=int, default=8)
+    p.add_argument("--tasks-per-iteration", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--lr", type=float, default=1e-3, help="learner.optimizer.lr (RL)")
+    p.add_argument("--epochs", type=int, default=4, help="learner.loss.epochs")
+    p.add_argument("--mini-batch", type=int, default=16, help="learner.loss.miniBatchSize")
+    p.add_argument("--kl-coef", type=float, default=0.02, help="learner.loss.klCoef (exact)")
+    p.add_argument("--value-coef", type=float, default=0.05, help="policy.value.lossCoef")
+    p.add_argument("--mode", default="mean_std_norm", choices=["mean_norm", "mean_std_norm"])
+    p.add_argument("--siblings", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--step-w", type=float, default=1.0, help="GiGPO's stepAdvantageW")
+    # The warm start
+    p.add_argument("--warm-episodes", type=int, default=40)
+    p.add_argument("--warm-epochs", type=int, default=3)
+    p.add_argument("--warm-lr", type=float, default=3e-3)
+    p.add_argument("--tau", type=float, default=0.05)
+    p.add_argument("--warm-value-coef", type=float, default=0.5)
+    # The environment and the evaluation
+    p.add_argument("--problems", type=int, default=20, help="validation problems per task")
+    p.add_argument("--steps", type=int, default=4, help="edits per episode")
+    p.add_argument("--ucb-c", type=float, default=0.1)
+    p.add_argument("--observation-chars", type=int, default=2000)
+    p.add_argument(
+        "--failed-examples",
+        type=int,
+        default=0,
+        help="search.failedExamples (the tiny policy does not read them; they triple the "
+        "prompt and the learner's attention cost)",
+    )
+    p.add_argument("--eval-tasks", type=int, default=12, help="per benchmark")
+    p.add_argument("--greedy-tasks", type=int, default=6, help="per benchmark")
+    p.add_argument("--selection-tasks", type=int, default=3, help="per training benchmark")
+    p.add_argument("--bootstrap", type=int, default=2000)
+    p.add_argument("--data-dir", default=os.environ.get("AFLOWRL_DATA_DIR"))
+    p.add_argument("--keep", metavar="DIR", help="keep every run's directory under DIR")
+    return p
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--methods", nargs="+", default=["gigpo", "grpo"])
-    parser.add_argument("--preset", default="tiny", choices=["tiny", "small", "base"])
-    parser.add_argument("--iterations", type=int, default=10)
-    parser.add_argument("--warm-episodes", type=int, default=40)
-    parser.add_argument("--warm-epochs", type=int, default=3)
-    parser.add_argument("--tau", type=float, default=0.05)
-    parser.add_argument("--lr", type=float, default=0.0003, help="RL (learner.optimizer.lr)")
-    parser.add_argument("--warm-lr", type=float, default=0.003, help="trainer.warmStart.lr")
-    parser.add_argument("--value-coef", type=float, default=0.05, help="policy.value.lossCoef")
-    parser.add_argument(
-        "--warm-value-coef", type=float, default=0.5, help="trainer.warmStart.valueLossCoef"
-    )
-    parser.add_argument("--problems", type=int, default=20, help="validation problems per task")
-    parser.add_argument("--steps", type=int, default=4, help="edits per episode")
-    parser.add_argument("--ucb-c", type=float, default=0.1)
-    parser.add_argument("--eval-tasks", type=int, default=4, help="per benchmark")
-    parser.add_argument("--eval-episodes", type=int, default=3, help="per task")
-    parser.add_argument("--selection-tasks", type=int, default=2, help="per training benchmark")
-    parser.add_argument(
-        "--test-candidates", type=int, default=3, help="per method and benchmark, see above"
-    )
-    parser.add_argument("--data-dir", default=os.environ.get("AFLOWRL_DATA_DIR"))
-    parser.add_argument("--keep", metavar="DIR", help="keep every run's directory under DIR")
-    args = parser.parse_args()
+    args = parser().parse_args()
     if not args.data_dir:
         sys.exit("bench/learning.py needs the AFlow splits: --data-dir DIR or $AFLOWRL_DATA_DIR")
     started = time.perf_counter()
@@ -462,37 +920,10 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="aflowrl-learning-") as tmp:
             bench = Bench(args, Path(tmp))
             asyncio.run(bench.run())
-    print(
-        f"\n{'method':<24}{'best-gain':>18}{'training bm':>18}{'held-out bm':>18}{'duplicates':>12}"
-    )
-    for name, s in bench.scores.items():
-        cells = [_mean_se(s.gain), _mean_se(s.gain_train), _mean_se(s.gain_held_out)]
-        print(
-            f"{name:<24}"
-            + "".join(f"{m:>+10.4f} ± {se:.4f}" for m, se in cells)
-            + f"{statistics.fmean(s.duplicates):>12.3f}"
-        )
-    names = [*TRAIN, *(f"{n} (held out)" for n in HELD_OUT)]
-    print(
-        "\ntest split, each method's best workflow (chosen on the whole validation split among its"
-        " evaluation episodes' best) minus the best classic baseline (IO, CoT, CoT-SC, MedPrompt,"
-        " Self-Refine):"
-    )
-    print(f"{'method':<24}" + "".join(f"{n:>18}" for n in names) + f"{'mean':>9}")
-    for method, margins in bench.test_margin.items():
-        margin = [margins.get(n) for n in BENCHMARKS]
-        print(
-            f"{method:<24}"
-            + "".join(f"{'no test split':>18}" if c is None else f"{c:>+18.3f}" for c in margin)
-            + f"{statistics.fmean(c for c in margin if c is not None):>+9.3f}"
-        )
+    print_tables(bench)
     print(f"({time.perf_counter() - started:.0f} s in all)")
-    gigpo = bench.scores["gigpo"]
-    print(
-        f"learning: gigpo-random={_margin(gigpo, bench.scores['random']):+.1f} SE "
-        f"gigpo-constant={_margin(gigpo, bench.scores[bench.constant]):+.1f} SE "
-        f"state-TV={bench.tv:.3f} shuffle={'ok' if bench.shuffle_ok else 'FAIL'}"
-    )
+    if "gigpo" in bench.methods and bench.shuffle:
+        print(final_line(bench))
 
 
 if __name__ == "__main__":

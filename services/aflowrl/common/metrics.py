@@ -61,6 +61,7 @@ UNITS = (
     "norm",
     "entropy",
     "kl",
+    "advantage",
 )
 """Allowed name suffixes: base units, ``total`` for counters, and dimensionless gauge nouns."""
 

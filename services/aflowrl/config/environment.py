@@ -165,6 +165,45 @@ class RacingSpec(SpecModel):
     """Problems scored between two looks at the bound (more: more concurrency, later stops)."""
 
 
+PoolName = Literal["all", "training", "tuning", "held_out"]
+"""Which problems an episode's subset is drawn from (:class:`ProblemPoolsSpec`)."""
+
+
+class ProblemPoolsSpec(SpecModel):
+    """Disjoint pools of each benchmark's problems (of ``evaluation.split``), so that a policy is
+    never judged on a problem it was trained or tuned on: training tasks (and the warm start's
+    episodes) draw their problems from the *training* pool, held-out tasks (the evaluation at the
+    end of a run, the warm start's validation episodes) from the *held-out* pool, and settings
+    are chosen on the *tuning* pool (``bench/learning.py``). A problem's pool follows from a
+    stable hash of its benchmark and id, so every replica and every run agree; the pool sizes are
+    round(share x problems), at least one when the share is above 0. The workflow search's own
+    scores (best workflows, the final comparison) still use the whole split."""
+
+    held_out: float = Field(default=0.2, ge=0.0, le=0.9)
+    """Share of each benchmark's problems kept for held-out tasks (0: held-out tasks draw from
+    every problem, only their subsets differ from training tasks')."""
+    tuning: float = Field(default=0.0, ge=0.0, le=0.9)
+    """Share of each benchmark's problems kept for choosing settings (0: no tuning pool)."""
+
+    cel_rules = (
+        CelRule(
+            "{heldOut} + {tuning} <= 0.9",
+            "heldOut + tuning leave less than a tenth of the problems for training",
+            "tuning",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _training_left(self) -> ProblemPoolsSpec:
+        if self.held_out + self.tuning > 0.9:
+            raise FieldRuleError(
+                "tuning",
+                f"heldOut={self.held_out} + tuning={self.tuning} leave less than a tenth of the "
+                "problems for training",
+            )
+        return self
+
+
 class EvaluationSpec(SpecModel):
     """How a workflow is scored during the search."""
 
@@ -182,6 +221,8 @@ class EvaluationSpec(SpecModel):
     """SQLite file of the evaluation cache; empty keeps it in memory."""
     racing: RacingSpec = Field(default_factory=RacingSpec)
     """Stop evaluating children that cannot win (off by default)."""
+    pools: ProblemPoolsSpec = Field(default_factory=ProblemPoolsSpec)
+    """Disjoint training, tuning and held-out pools of each benchmark's problems."""
 
 
 class AflowSelectionSpec(SpecModel):

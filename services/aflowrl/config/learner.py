@@ -69,7 +69,18 @@ class GiGPOSpec(SpecModel):
     step_advantage_w: float = Field(default=1.0, ge=0.0, le=10.0)
     """Weight w of the step-level advantage in A = A_episode + w A_step."""
     mode: Literal["mean_norm", "mean_std_norm"] = "mean_norm"
-    """Group normalisation: subtract the mean, or also divide by the standard deviation."""
+    """Group normalisation of both terms: subtract the group's mean, or also divide by its
+    standard deviation (verl-agent's two modes). ``mean_std_norm`` puts both terms in units of
+    their group's spread, so a policy update's size does not depend on the reward's scale."""
+    sibling_step_groups: bool = False
+    """Choice mode: at every state an episode visits, step every other listed action too (the
+    environment is stateless and caches evaluations, so this costs only the evaluations no
+    episode made; counted in ``env/sibling_executor_calls``). The step group of that state then
+    holds each listed action once with its exact one-step reward, and the step term becomes its
+    expectation over the candidates under the behaviour policy (Rao-Blackwellised): every
+    candidate k gets w A_step,k, weighted by pi_old(k | s) in the loss; the episode term stays on
+    the sampled action. Off: GiGPO as published (step groups of the sampled actions at equal
+    anchors)."""
     enable_similarity: bool = False
     """Group step rows by anchor similarity instead of exact equality."""
     similarity_thresh: float = Field(default=0.95, gt=0.0, le=1.0)
@@ -129,8 +140,10 @@ class PolicyLossSpec(SpecModel):
     """How per-token losses are averaged into the batch loss."""
     kl_coef: float = Field(default=0.001, ge=0.0, le=100.0)
     """Weight of the KL penalty to the reference policy (0 disables the reference model)."""
-    kl_estimator: Literal["k1", "abs", "k2", "low_var_kl"] = "low_var_kl"
-    """KL estimator (low_var_kl is Schulman's k3, clamped to [-10, 10])."""
+    kl_estimator: Literal["k1", "abs", "k2", "low_var_kl", "exact"] = "low_var_kl"
+    """KL estimator (low_var_kl is Schulman's k3, clamped to [-10, 10]); ``exact``: a choice
+    row's KL(pi || pi_ref) summed over its candidates (no sampling noise), low_var_kl on text
+    rows. The reference is the policy RL starts from (``policy.referenceModel``)."""
     entropy_coef: float = Field(default=0.0, ge=0.0, le=10.0)
     """Weight of the entropy bonus."""
     epochs: int = Field(default=1, ge=1, le=64)
@@ -139,6 +152,12 @@ class PolicyLossSpec(SpecModel):
     """Rows per optimiser step."""
     micro_batch_size: int = Field(default=8, ge=1, le=65536)
     """Rows per forward/backward pass (gradient accumulation inside a mini-batch), per rank."""
+    update_diagnostics: bool = True
+    """After each RL update, one more forward pass (no gradient) over the batch measures what the
+    update did: ``policy/update_kl`` and ``policy/update_tv`` from the batch's behaviour policy,
+    ``policy/start_kl``, ``policy/start_tv`` and ``policy/param_distance`` from the reference
+    (the policy RL started from; needs klCoef > 0), and the entropy after the update. Off saves
+    that pass."""
 
     cel_rules = (
         CelRule(

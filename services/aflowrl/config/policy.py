@@ -81,7 +81,9 @@ class PolicySpec(SpecModel):
     lora: LoraSpec | None = None
     """Train LoRA adapters instead of all weights (recommended from 7B parameters up)."""
     reference_model: str | None = Field(default=None, max_length=1024)
-    """Frozen reference model for the KL term; empty = the initial policy weights."""
+    """Frozen reference model for the KL term; empty = the policy RL starts from: the warm
+    start's weights when the run warm-starts (the learner copies them at its first RL update),
+    else the initial weights."""
     value: PolicyValueSpec = Field(default_factory=PolicyValueSpec)
     """The policy's value estimate, used by fused parent selection."""
     persistent_volume_claim: DnsLabel | None = None

@@ -48,6 +48,17 @@ class WarmStartSpec(SpecModel):
     ``policy.value.lossCoef``. The warm start is where V(s) learns most (a target for every
     labelled state), while in RL updates the same loss competes with a weak policy gradient,
     so a small policy may want it high here and low in ``policy.value.lossCoef``."""
+    keep_optimizer_state: bool = False
+    """Carry the warm start's AdamW moments and step count into RL. False (the default): the
+    first RL update starts a fresh optimiser (zero moments, the warm-up from step 0), since the
+    supervised phase's second moments, sized to its larger gradients, would shrink every RL
+    step."""
+    validation_episodes: int = Field(default=0, ge=0, le=100_000)
+    """Behaviour episodes labelled like the others but never trained on (tasks from the held-out
+    problem pool, ``environment.evaluation.pools``): after every epoch the warm start reports
+    its fit on their states (``warmstart/val_*``: cross-entropy to the targets, the share of
+    states where the policy's top action is a best one, and the expected reward of the policy's
+    distribution against the best and the uniform one)."""
 
 
 class TrainerSpec(SpecModel):

@@ -45,7 +45,7 @@ from typing import Final
 from aflowrl import __version__, envs
 from aflowrl.benchmarks.base import Benchmark, Problem
 from aflowrl.config import BENCHMARKS
-from aflowrl.config.environment import EnvironmentSpec
+from aflowrl.config.environment import EnvironmentSpec, PoolName
 from aflowrl.envsvc.blob import StateCodec, refused
 from aflowrl.envsvc.errors import BadRequestError, SplitUnavailableError, StateBlobError
 from aflowrl.envsvc.metrics import EnvironmentMetrics
@@ -307,9 +307,20 @@ class Environment:
         max_steps: int | None = None,
         action_mode: ActionMode | None = None,
         values: StaticValues | None = None,
+        pool: PoolName = "all",
     ) -> ResetResult:
-        """Start an episode on ``task`` (one of the benchmarks this replica serves)."""
+        """Start an episode on ``task`` (one of the benchmarks this replica serves), its problems
+        drawn from problem pool ``pool`` (``evaluation.pools``)."""
         served = self.check_task(task, "reset.task")
+        pools = self.spec.evaluation.pools
+        share = {"held_out": pools.held_out, "tuning": pools.tuning}.get(pool)
+        if share == 0:
+            name = "heldOut" if pool == "held_out" else "tuning"
+            raise BadRequestError(
+                f"this environment has no {pool.replace('_', '-')} problem pool "
+                f"(environment.evaluation.pools.{name} is 0)",
+                field="reset.problem_pool",
+            )
         if len(episode_id) > MAX_EPISODE_ID_CHARS:
             raise BadRequestError(
                 f"{len(episode_id)} characters; at most {MAX_EPISODE_ID_CHARS}",
@@ -329,6 +340,7 @@ class Environment:
             seed_workflow=seed_workflow,
             max_steps=max_steps,
             action_mode=action_mode,
+            pool=pool,
         )
         self.metrics.resets.labels(served.name).inc()
         logger.info(

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from aflowrl._proto.v1 import common_pb2, environment_pb2, environment_pb2_grpc
+from aflowrl.config.environment import PoolName
 from aflowrl.envsvc.environment import Environment, state_values
 from aflowrl.envsvc.errors import BadRequestError, WarmingUpError
 from aflowrl.search import ActionMode, Observation, StaticValues
@@ -29,6 +30,14 @@ _MODES: Final[dict[int, ActionMode | None]] = {
     environment_pb2.ACTION_MODE_TEXT: "text",
     environment_pb2.ACTION_MODE_FREEFORM: "freeform",
 }
+
+POOLS: Final[dict[int, PoolName]] = {
+    environment_pb2.PROBLEM_POOL_UNSPECIFIED: "all",
+    environment_pb2.PROBLEM_POOL_TRAINING: "training",
+    environment_pb2.PROBLEM_POOL_TUNING: "tuning",
+    environment_pb2.PROBLEM_POOL_HELD_OUT: "held_out",
+}
+"""ResetRequest.problem_pool -> the pool's name (``environment.evaluation.pools``)."""
 
 
 def _graph(text: str, field: str) -> Graph:
@@ -124,6 +133,10 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServiceServicer):
             raise BadRequestError(
                 f"{request.action_mode} is not an ActionMode", field="reset.action_mode"
             )
+        if request.problem_pool not in POOLS:
+            raise BadRequestError(
+                f"{request.problem_pool} is not a ProblemPool", field="reset.problem_pool"
+            )
         seed_workflow = (
             _graph(request.seed_workflow_json, "reset.seed_workflow_json")
             if request.seed_workflow_json
@@ -142,6 +155,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServiceServicer):
             max_steps=request.max_steps or None,
             action_mode=_MODES[request.action_mode],
             values=_values(request, "reset.values"),
+            pool=POOLS[request.problem_pool],
         )
         outcome = result.outcome
         seed_node = outcome.state.nodes[0]

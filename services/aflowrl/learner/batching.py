@@ -79,6 +79,13 @@ class TrainRow:
     """The step's discounted return, the target of the item's value replies."""
     target_weights: tuple[float, ...] | None = None
     """Supervised warm start, choice rows: the target distribution over the candidates."""
+    candidate_old_logprobs: tuple[float, ...] | None = None
+    """Choice rows: log pi_old of every candidate (None: only the chosen one's is known)."""
+    candidate_advantages: tuple[float, ...] | None = None
+    """Choice rows, GiGPO's sibling step groups: an advantage for every candidate, trained in
+    expectation under pi_old (:func:`aflowrl.rl.ppo.compute_candidate_policy_loss`)."""
+    ref_candidates: tuple[float, ...] | None = None
+    """Choice rows: log pi_ref of every candidate (filled in by the learner for the exact KL)."""
 
 
 @dataclass

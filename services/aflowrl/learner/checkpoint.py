@@ -2,7 +2,8 @@
 
 A checkpoint directory holds::
 
-    dcp/                 sharded model and optimiser state (DCP; reloads on another world size)
+    dcp/                 sharded model and optimiser state, and the reference once it is the
+                         policy RL started from (DCP; reloads on another world size)
     learner_state.json   step, policy version, schedule position (rank 0)
     client_state.bin     opaque bytes the trainer stored with it (rank 0)
     rng-rank{r}.pt       each rank's torch (and CUDA), Python and numpy RNG states
@@ -18,6 +19,7 @@ import json
 import logging
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,13 @@ class LearnerState:
     """Train calls so far (plus the restored version)."""
     iteration: int = 0
     """Last trainer iteration trained on (the schedule's position)."""
+    objective: str = ""
+    """Objective of the last update: "sft" (warm start), "rl", or "" before any."""
+    phase_step: int = 0
+    """Optimiser steps since the optimiser started afresh (the warm-up counts these)."""
+    reference_anchored: bool = False
+    """The reference is the policy RL started from (saved in the checkpoint), not the one the
+    spec names."""
 
 
 def _rng_state() -> dict[str, Any]:
@@ -79,16 +88,19 @@ def save(
     optimizer: torch.optim.Optimizer,
     state: LearnerState,
     client_state: bytes,
+    reference: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """Write a checkpoint of this learner to ``path`` (collective)."""
+    """Write a checkpoint of this learner to ``path`` (collective); ``reference``: the anchored
+    reference's tensors, saved beside the model."""
     if ctx.is_main:
         path.mkdir(parents=True, exist_ok=True)
         (path / COMPLETE).unlink(missing_ok=True)
     barrier(ctx)
     model_sd, optim_sd = get_state_dict(module, optimizer)
-    dcp.save(  # type: ignore[attr-defined]
-        {"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp")
-    )
+    bundle: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+    if reference:
+        bundle["reference"] = reference
+    dcp.save(bundle, checkpoint_id=str(path / "dcp"))  # type: ignore[attr-defined]
     torch.save(_rng_state(), path / f"rng-rank{ctx.rank}.pt")
     if ctx.is_main:
         (path / "learner_state.json").write_text(json.dumps(state.__dict__))
@@ -101,14 +113,25 @@ def save(
 
 
 def load(
-    ctx: DistContext, path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ctx: DistContext,
+    path: Path,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    reference: Callable[[LearnerState], dict[str, torch.Tensor]] | None = None,
 ) -> tuple[LearnerState, bytes]:
-    """Restore a checkpoint written by :func:`save` (collective); returns (state, client_state)."""
+    """Restore a checkpoint written by :func:`save` (collective); returns (state, client_state).
+
+    ``reference(state)`` gives the tensors to fill with a saved reference (empty: none saved).
+    """
     if not (path / COMPLETE).is_file():
         what = "is partial (no complete.json)" if path.is_dir() else "does not exist"
         raise CheckpointNotFoundError(f"path: checkpoint {path} {what}")
+    state = LearnerState(**json.loads((path / "learner_state.json").read_text()))
     model_sd, optim_sd = get_state_dict(module, optimizer)
     bundle: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+    if state.reference_anchored and reference is not None:
+        bundle["reference"] = reference(state)
     dcp.load(bundle, checkpoint_id=str(path / "dcp"))  # type: ignore[attr-defined]
     set_state_dict(
         module, optimizer, model_state_dict=bundle["model"], optim_state_dict=bundle["optim"]
@@ -118,7 +141,6 @@ def load(
         _set_rng_state(torch.load(rng_file, weights_only=False))
     else:
         logger.warning("%s missing (saved with another world size): RNG not restored", rng_file)
-    state = LearnerState(**json.loads((path / "learner_state.json").read_text()))
     client_state = (path / "client_state.bin").read_bytes()
     barrier(ctx)
     return state, client_state

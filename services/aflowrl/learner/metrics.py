@@ -19,6 +19,26 @@ class LearnerMetrics(ComponentMetrics):
         self.entropy = self.gauge("policy_entropy", "Mean token entropy in the last Train.")
         self.clipfrac = self.gauge("clipfrac_ratio", "Share of tokens whose ratio was clipped.")
         self.grad_norm = self.gauge("grad_norm", "Global gradient norm before clipping.")
+        self.update_kl = self.gauge(
+            "update_kl",
+            "KL(pi_old || pi) of the last Train's batch after the update (exact over a choice's "
+            "candidates): how far the update moved the policy.",
+        )
+        self.update_tv = self.gauge(
+            "update_tv_ratio", "Total variation between the batch's old and updated policy."
+        )
+        self.start_kl = self.gauge(
+            "start_kl",
+            "KL(pi || pi_ref) of the last Train's batch, from the reference: the policy RL "
+            "started from.",
+        )
+        self.start_tv = self.gauge(
+            "start_tv_ratio", "Total variation of the policy from the one RL started from."
+        )
+        self.param_distance = self.gauge(
+            "param_distance_ratio",
+            "||theta - theta_ref|| / ||theta_ref||: the weights' distance from the reference.",
+        )
         self.learning_rate = self.gauge("learning_rate_ratio", "Current learning rate.")
         self.train_duration = self.histogram(
             "train_step_duration_seconds", "Wall time of one Train call."

@@ -3,8 +3,11 @@
     L = L_policy + kl_coef * L_kl - entropy_coef * H (+ value_loss_coef * L_value with a critic)
         (+ policy.value.lossCoef * L_bins when rows carry value replies)
 
-with L_policy the clipped PPO loss with dual clip (``rl.ppo.compute_policy_loss``), L_kl the KL
-estimator to the reference (``rl.kl.kl_penalty``) and H the entropy, each aggregated over response
+with L_policy the clipped PPO loss with dual clip (``rl.ppo.compute_policy_loss``) plus, on choice
+rows with an advantage for every candidate (GiGPO's sibling step groups), the all-action
+surrogate sum_k pi_old(k) L_k (``rl.ppo.compute_candidate_policy_loss``), L_kl the KL
+estimator to the reference (``rl.kl.kl_penalty``; ``exact``: a choice row's KL over its
+candidates, ``rl.choice.categorical_kl``) and H the entropy, each aggregated over response
 tokens by ``rl.ppo.agg_loss`` in ``learner.loss.lossAggMode``. L_bins is the policy's own value
 (its ``<value>b`` replies, :mod:`aflowrl.search.encoding`) trained by cross-entropy against the
 two-hot projection of the step's discounted return on the bin centres
@@ -54,6 +57,8 @@ STAT_NAMES = (
     "charts/clipfrac_lower",
     "charts/approx_kl",
     "charts/value_clipfrac",
+    "charts/candidate_clipfrac",
+    "charts/candidate_kl",
 )
 """Per-mini-batch statistics, in the order of :attr:`MicroLoss.stats`."""
 
@@ -168,10 +173,17 @@ def micro_loss(
     )
     loss = policy.pg_loss
     zero = torch.zeros((), device=device)
+    candidate_clipfrac, candidate_kl = zero, zero
+    siblings = [i for i, (o, r) in enumerate(zip(outputs, rows, strict=True)) if _all_action(o, r)]
+    if siblings:
+        term = _candidate_term(outputs, rows, siblings, spec, device)
+        per_row = torch.zeros((len(rows), width), device=device)
+        per_row[siblings, 0] = term.losses
+        loss = loss + ppo.agg_loss(per_row, mask, mode)
+        candidate_clipfrac, candidate_kl = term.clipfrac, term.kl.mean()
     kl_loss = zero
     if spec.kl_coef > 0:
-        ref_log_prob = pad_rows([r.ref_logprobs or () for r in rows], width, device)
-        kl_mat = kl.kl_penalty(log_prob, ref_log_prob, spec.kl_estimator)
+        kl_mat = _kl_matrix(outputs, rows, spec, log_prob, width=width, device=device)
         kl_loss = ppo.agg_loss(kl_mat, mask, mode)
         loss = loss + spec.kl_coef * kl_loss
     entropy = zero
@@ -204,6 +216,74 @@ def micro_loss(
             policy.pg_clipfrac_lower,
             policy.ppo_kl,
             value_clipfrac.detach(),
+            candidate_clipfrac,
+            candidate_kl,
         ]
     ).to(torch.float64)
     return MicroLoss(loss, stats)
+
+
+def _all_action(output: RowOutput, row: TrainRow) -> bool:
+    """Whether ``row`` trains every candidate (sibling step groups)."""
+    return bool(row.candidate_advantages) and output.candidates is not None
+
+
+def _stack_candidates(
+    values: Sequence[Sequence[float] | torch.Tensor], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, K] padded values and their mask."""
+    widest = max(len(v) for v in values)
+    mask = pad_rows([[1.0] * len(v) for v in values], widest, device) > 0
+    return pad_rows(values, widest, device), mask
+
+
+def _candidate_term(
+    outputs: Sequence[RowOutput],
+    rows: Sequence[TrainRow],
+    index: Sequence[int],
+    spec: PolicyLossSpec,
+    device: torch.device,
+) -> ppo.CandidateLoss:
+    """The all-action surrogate of the rows at ``index`` (module docstring)."""
+    new, mask = _stack_candidates([outputs[i].candidates for i in index], device)  # type: ignore[misc]
+    old, _ = _stack_candidates([rows[i].candidate_old_logprobs or () for i in index], device)
+    advantages, _ = _stack_candidates([rows[i].candidate_advantages or () for i in index], device)
+    return ppo.compute_candidate_policy_loss(
+        old,
+        new,
+        advantages,
+        mask,
+        clip_ratio_low=spec.clip_ratio_low,
+        clip_ratio_high=spec.clip_ratio_high,
+        clip_ratio_c=spec.dual_clip_c,
+    )
+
+
+def _kl_matrix(
+    outputs: Sequence[RowOutput],
+    rows: Sequence[TrainRow],
+    spec: PolicyLossSpec,
+    log_prob: torch.Tensor,
+    *,
+    width: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """[rows, width] KL to the reference: the estimator on the sampled tokens, or with
+    ``exact`` the whole KL over a choice row's candidates (low_var_kl on text rows)."""
+    ref_log_prob = pad_rows([r.ref_logprobs or () for r in rows], width, device)
+    estimator = "low_var_kl" if spec.kl_estimator == "exact" else spec.kl_estimator
+    kl_mat = kl.kl_penalty(log_prob, ref_log_prob, estimator)
+    if spec.kl_estimator != "exact":
+        return kl_mat
+    exact = [
+        i
+        for i, (o, r) in enumerate(zip(outputs, rows, strict=True))
+        if o.candidates is not None and r.ref_candidates
+    ]
+    if not exact:
+        return kl_mat
+    new, mask = _stack_candidates([outputs[i].candidates for i in exact], device)  # type: ignore[misc]
+    ref, _ = _stack_candidates([rows[i].ref_candidates or () for i in exact], device)
+    kl_mat = kl_mat.clone()
+    kl_mat[exact, 0] = choice.categorical_kl(new, ref, mask)
+    return kl_mat

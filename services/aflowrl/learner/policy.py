@@ -103,12 +103,74 @@ class Policy:
     pad_id: int
     lora_config: dict[str, Any] | None = None
     """PEFT's adapter_config.json of the adapters (None without LoRA)."""
+    reference_adapters: list[torch.Tensor] | None = None
+    """With LoRA, once the reference is anchored (:meth:`anchor_reference`): a copy of the
+    trainable tensors it stands for (this rank's shards), swapped in by :meth:`reference_mode`."""
+    reload_reference: Any = None
+    """Rebuilds the reference module from ``policy.referenceModel`` / the model directory
+    (:meth:`restore_reference`); None without a reference module."""
+
+    def anchor_reference(self) -> None:
+        """Make the current weights the reference: the policy RL starts from (a copy into the
+        reference module, or, with LoRA, of the adapters). Every rank copies its own shards."""
+        with torch.no_grad():
+            if self.reference is not None:
+                ref = dict(self.reference.named_parameters())
+                for name, param in self.module.named_parameters():
+                    if name in ref:
+                        ref[name].copy_(param)
+            elif self.lora_scale:
+                self.reference_adapters = [p.detach().clone() for p in self.trainable_parameters()]
+
+    def restore_reference(self) -> None:
+        """Back to the reference the spec names (undoes :meth:`anchor_reference`)."""
+        self.reference_adapters = None
+        if self.reference is not None and self.reload_reference is not None:
+            self.reference = self.reload_reference()
+
+    def reference_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(parameter, its reference value) of every weight with a reference copy; empty when
+        the reference is the LoRA base (adapters off)."""
+        if self.reference is not None:
+            ref = dict(self.reference.named_parameters())
+            return [(p, ref[n]) for n, p in self.module.named_parameters() if n in ref]
+        if self.reference_adapters is not None:
+            return list(zip(self.trainable_parameters(), self.reference_adapters, strict=True))
+        return []
+
+    def reference_state(self) -> dict[str, torch.Tensor]:
+        """The reference's tensors for a checkpoint (this rank's shards, DCP-ready)."""
+        if self.reference is not None:
+            return dict(self.reference.state_dict())
+        if self.reference_adapters is not None:
+            return {f"adapter.{k}": t for k, t in enumerate(self.reference_adapters)}
+        return {}
+
+    def load_reference_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore what :meth:`reference_state` gave (the tensors are filled in place)."""
+        if self.reference is not None:
+            self.reference.load_state_dict(tensors)
+        elif self.lora_scale:
+            self.reference_adapters = [tensors[f"adapter.{k}"] for k in range(len(tensors))]
 
     @contextlib.contextmanager
     def reference_mode(self) -> Iterator[PolicyModule]:
-        """The module that computes reference log-probs (adapters disabled with LoRA)."""
+        """The module that computes reference log-probs: the reference copy; with LoRA, the
+        policy with the anchored adapters swapped in, or with its adapters disabled."""
         if self.reference is not None:
             yield self.reference
+        elif self.lora_scale and self.reference_adapters is not None:
+            params = self.trainable_parameters()
+            with torch.no_grad():
+                current = [p.detach().clone() for p in params]
+                for param, anchored in zip(params, self.reference_adapters, strict=True):
+                    param.copy_(anchored)
+            try:
+                yield self.module
+            finally:
+                with torch.no_grad():
+                    for param, value in zip(params, current, strict=True):
+                        param.copy_(value)
         elif self.lora_scale:
             adapters = self.trainable_parameters()
             with self.module.lm.disable_adapter():  # type: ignore[operator]
@@ -239,17 +301,23 @@ def build_policy(spec: RunSpec, ctx: DistContext) -> Policy:
     _shard_from_rank0(module, ctx, spec)
     wants_reference = spec.learner.loss.kl_coef > 0
     reference = None
+    reload_reference = None
     if wants_reference and policy_spec.lora is None:
         ref_dir = (
             loading.resolve_model_path(policy_spec.reference_model, field="policy.referenceModel")
             if policy_spec.reference_model
             else model_dir
         )
-        ref_lm = _load_lm(ref_dir, dtype, ctx, trust)
-        reference = PolicyModule(ref_lm, critic=False, chunk_tokens=chunk).to(dtype)
-        reference.requires_grad_(False)
-        reference.eval()
-        _shard_from_rank0(reference, ctx, spec)
+
+        def reload_reference() -> PolicyModule:
+            ref_lm = _load_lm(ref_dir, dtype, ctx, trust)
+            module = PolicyModule(ref_lm, critic=False, chunk_tokens=chunk).to(dtype)
+            module.requires_grad_(False)
+            module.eval()
+            _shard_from_rank0(module, ctx, spec)
+            return module
+
+        reference = reload_reference()
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     logger.info(
         "policy %s: %d trainable parameters%s%s%s",
@@ -268,4 +336,5 @@ def build_policy(spec: RunSpec, ctx: DistContext) -> Policy:
         lora_scale=lora_scale,
         pad_id=int(tokenizer.pad_token_id),
         lora_config=lora_config,
+        reload_reference=reload_reference,
     )

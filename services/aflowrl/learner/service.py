@@ -231,6 +231,24 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         old = _floats(sample.old_logprobs, width, f"{field}.old_logprobs", optional=supervised)
         advantages = _floats(sample.advantages, width, f"{field}.advantages", optional=supervised)
         target_weights = self._target_weights(sample, item, field) if supervised else None
+        candidates = len(item.candidates) if isinstance(item, ChoiceItem) else 0
+        for name in ("candidate_old_logprobs", "candidate_advantages"):
+            if getattr(sample, name) and not candidates:
+                raise BadBatchError("only choice samples take them", field=f"{field}.{name}")
+        candidate_old = _floats(
+            sample.candidate_old_logprobs,
+            candidates,
+            f"{field}.candidate_old_logprobs",
+            optional=True,
+        )
+        candidate_advantages = _floats(
+            sample.candidate_advantages, candidates, f"{field}.candidate_advantages", optional=True
+        )
+        if candidate_advantages is not None and candidate_old is None and not supervised:
+            raise BadBatchError(
+                "candidate_advantages need candidate_old_logprobs (pi_old weighs each candidate)",
+                field=f"{field}.candidate_old_logprobs",
+            )
         value_target: float | None = None
         if sample.HasField("value_target"):
             value_target = float(sample.value_target)
@@ -245,6 +263,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             _floats(sample.old_values, width, f"{field}.old_values", optional=not critic),
             value_target if item.value_bins else None,
             target_weights,
+            candidate_old,
+            None if supervised else candidate_advantages,
         )
 
     @staticmethod
@@ -309,6 +329,11 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             if request.values
             else [],
             policy_version=version,
+            candidate_logprobs=[
+                common_pb2.TokenFloats(values=s.candidates or [])
+                for s in scores
+                if s.candidates is not None
+            ],
         )
 
     async def Train(
@@ -340,6 +365,16 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         m.approx_kl.set(values["charts/approx_kl"])
         m.entropy.set(values["losses/entropy"])
         m.clipfrac.set(values["charts/clipfrac"])
+        for gauge, name in (
+            (m.update_kl, "policy/update_kl"),
+            (m.update_tv, "policy/update_tv"),
+            (m.start_kl, "policy/start_kl"),
+            (m.start_tv, "policy/start_tv"),
+            (m.param_distance, "policy/param_distance"),
+        ):
+            value = values.get(name, math.nan)
+            if math.isfinite(value):
+                gauge.set(value)
         if math.isfinite(values["charts/grad_norm"]):
             m.grad_norm.set(values["charts/grad_norm"])
         m.learning_rate.set(values["charts/lr"])

@@ -6,7 +6,7 @@ broadcast, so ranks never disagree about whether to run a command.
 
 Train (per call = one trainer iteration)::
 
-    for epoch in 1..E:                          learner.loss.epochs
+    for epoch in 1..E:                          learner.loss.epochs (1 for a supervised call)
         shuffle rows (seeded by trainer.seed, iteration, epoch: the same on every rank)
         for each mini-batch of M rows:          learner.loss.miniBatchSize
             rank r takes rows[r::world]; micro-batches of m rows each (gradient accumulation)
@@ -35,6 +35,7 @@ from aflowrl.errors import AflowRLError
 from aflowrl.learner import checkpoint, export
 from aflowrl.learner.batching import (
     DUMMY,
+    ChoiceItem,
     Item,
     RowOutput,
     SequenceItem,
@@ -50,6 +51,7 @@ from aflowrl.learner.optim import learning_rate, make_optimizer
 from aflowrl.learner.policy import PolicyModule, build_policy
 from aflowrl.models import broadcast, loading, weights
 from aflowrl.models.errors import BroadcastBrokenError
+from aflowrl.rl import choice, kl
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ class Scores:
     logprobs: list[float]
     entropies: list[float] | None
     values: list[float] | None
+    candidates: list[float] | None = None
+    """Choice rows: log pi of every candidate."""
 
 
 class Learner:
@@ -132,8 +136,14 @@ class Learner:
     # ---- training --------------------------------------------------------------------------------
 
     def _with_reference(self, rows: list[TrainRow]) -> list[TrainRow]:
-        """Rows with reference log-probs filled in where the trainer sent none."""
-        missing = [i for i, r in enumerate(rows) if r.ref_logprobs is None]
+        """Rows with reference log-probs filled in where the trainer sent none (and, for choice
+        rows, the reference's log-probs of every candidate)."""
+        missing = [
+            i
+            for i, r in enumerate(rows)
+            if r.ref_logprobs is None
+            or (isinstance(r.item, ChoiceItem) and r.ref_candidates is None)
+        ]
         if not missing:
             return rows
         scores = self.compute_logprobs(
@@ -141,8 +151,45 @@ class Learner:
         )
         out = list(rows)
         for i, s in zip(missing, scores, strict=True):
-            out[i] = dataclasses.replace(rows[i], ref_logprobs=tuple(s.logprobs))
+            out[i] = dataclasses.replace(
+                rows[i],
+                ref_logprobs=rows[i].ref_logprobs or tuple(s.logprobs),
+                ref_candidates=tuple(s.candidates) if s.candidates is not None else None,
+            )
         return out
+
+    # ---- the start of RL after a supervised phase ------------------------------------------
+
+    def _begin_objective(self, supervised: bool) -> dict[str, float]:
+        """Record the objective; at the first RL update after supervised ones, start RL anew.
+
+        Unless ``trainer.warmStart.keepOptimizerState``, the optimiser starts fresh (zero
+        moments; the warm-up counts from this update), and a reference that stands for "the
+        policy RL starts from" (``policy.referenceModel`` unset) becomes the current weights.
+        """
+        state = self.state
+        objective = "sft" if supervised else "rl"
+        events: dict[str, float] = {}
+        if objective == "rl" and state.objective == "sft":
+            if not self.spec.trainer.warm_start.keep_optimizer_state:
+                self.optimizer = make_optimizer(
+                    self.policy.trainable_parameters(), self.spec.learner.optimizer
+                )
+                state.phase_step = 0
+                events["charts/optimizer_reset"] = 1.0
+            if self.policy.has_reference and self.spec.policy.reference_model is None:
+                self.policy.anchor_reference()
+                state.reference_anchored = True
+                events["charts/reference_anchored"] = 1.0
+            logger.info(
+                "RL starts after the warm start: %s, reference %s",
+                "fresh optimiser" if "charts/optimizer_reset" in events else "optimiser kept",
+                "= the warm start" if state.reference_anchored else "unchanged",
+            )
+        elif objective == "sft" and state.objective == "rl":
+            state.phase_step = 0
+        state.objective = objective
+        return events
 
     def _order(self, rows: int, iteration: int, epoch: int) -> list[int]:
         seed = (self.spec.trainer.seed * 1_000_003 + iteration * 8191 + epoch) % (2**63 - 1)
@@ -159,6 +206,7 @@ class Learner:
         started = time.perf_counter()
         ctx, spec = self.ctx, self.spec.learner
         loss_spec = spec.loss
+        events = self._begin_objective(supervised)
         if loss_spec.kl_coef > 0 and not supervised:
             rows = self._with_reference(rows)
         module = self.policy.module
@@ -183,7 +231,9 @@ class Learner:
         skipped = 0
         lr = 0.0
         micro = self._micro()
-        for epoch in range(loss_spec.epochs):
+        # A supervised call is one pass (the warm start calls once per trainer.warmStart.epochs).
+        epochs = 1 if supervised else loss_spec.epochs
+        for epoch in range(epochs):
             order = self._order(len(rows), iteration, epoch)
             for start in range(0, len(rows), loss_spec.mini_batch_size):
                 minibatch = [rows[i] for i in order[start : start + loss_spec.mini_batch_size]]
@@ -244,7 +294,7 @@ class Learner:
                     torch.nn.utils.clip_grad_norm_(params, spec.optimizer.max_grad_norm)
                 )
                 lr = learning_rate(
-                    optimizer_spec, self.state.step, iteration, self.spec.trainer.iterations
+                    optimizer_spec, self.state.phase_step, iteration, self.spec.trainer.iterations
                 )
                 if math.isfinite(grad_norm):
                     for group in self.optimizer.param_groups:
@@ -258,13 +308,17 @@ class Learner:
                     )
                 self.optimizer.zero_grad(set_to_none=True)
                 self.state.step += 1
+                self.state.phase_step += 1
         steps_taken = len(grad_norms) + skipped
         totals = all_reduce_sum(ctx, stats.to(ctx.device)).cpu() / max(1, steps_taken)
         self.state.policy_version += 1
         self.state.iteration = iteration
         seconds = time.perf_counter() - started
-        tokens = loss_spec.epochs * sum(_forward_tokens(r.item) for r in rows)
+        tokens = epochs * sum(_forward_tokens(r.item) for r in rows)
         metrics = {name: float(v) for name, v in zip(STAT_NAMES, totals.tolist(), strict=True)}
+        metrics.update(events)
+        if not supervised and loss_spec.update_diagnostics:
+            metrics.update(self._update_diagnostics(rows))
         metrics.update(
             {
                 "charts/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else math.nan,
@@ -278,6 +332,72 @@ class Learner:
         )
         return metrics
 
+    def _update_diagnostics(self, rows: list[TrainRow]) -> dict[str, float]:
+        """What the update did, from one more forward pass over the batch (no gradient).
+
+        Choice rows: the exact KL(pi_old || pi) and TV over their candidates from the behaviour
+        policy (``policy/update_*``; rows that carry every candidate's old log-prob) and from the
+        reference, the policy RL started from (``policy/start_*``; with a reference), and the
+        entropy over candidates; text rows: the k3 estimate on their response tokens. Means over
+        rows; ``policy/param_distance`` is ||theta - theta_ref|| / ||theta_ref|| (a reference
+        copy or anchored adapters only).
+        """
+        items = [r.item for r in rows]
+        now = self.score(self.policy.module, items, entropies=True, values=False)
+        reference: list[Scores] | None = None
+        if self.policy.has_reference:
+            reference = self.compute_logprobs(items, reference=True, entropies=False, values=False)
+        update_kl: list[float] = []
+        update_tv: list[float] = []
+        start_kl: list[float] = []
+        start_tv: list[float] = []
+        entropy: list[float] = []
+        for k, (row, score) in enumerate(zip(rows, now, strict=True)):
+            new = torch.tensor(score.candidates or score.logprobs, dtype=torch.float64)
+            if score.entropies:
+                entropy.append(float(sum(score.entropies) / len(score.entropies)))
+            if score.candidates is not None:
+                if row.candidate_old_logprobs:
+                    old = torch.tensor(row.candidate_old_logprobs, dtype=torch.float64)
+                    update_kl.append(float(choice.categorical_kl(old, new)))
+                    update_tv.append(float(choice.total_variation(old, new)))
+                if reference is not None and reference[k].candidates is not None:
+                    ref = torch.tensor(reference[k].candidates, dtype=torch.float64)
+                    start_kl.append(float(choice.categorical_kl(new, ref)))
+                    start_tv.append(float(choice.total_variation(new, ref)))
+            else:
+                old = torch.tensor(row.old_logprobs, dtype=torch.float64)
+                update_kl.append(float(kl.kl_penalty(new, old, "low_var_kl").mean()))
+                if reference is not None:
+                    ref = torch.tensor(reference[k].logprobs, dtype=torch.float64)
+                    start_kl.append(float(kl.kl_penalty(new, ref, "low_var_kl").mean()))
+        out = {
+            "policy/update_kl": _mean(update_kl),
+            "policy/update_tv": _mean(update_tv),
+            "policy/start_kl": _mean(start_kl),
+            "policy/start_tv": _mean(start_tv),
+            "policy/entropy": _mean(entropy),
+        }
+        distance = self._reference_distance()
+        if distance is not None:
+            out["policy/param_distance"] = distance
+        return out
+
+    def _reference_distance(self) -> float | None:
+        """||theta - theta_ref|| / ||theta_ref|| over the weights with a reference copy
+        (collective: each rank sums its shards)."""
+        pairs = self.policy.reference_pairs()
+        if not pairs:
+            return None
+        sums = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
+        with torch.no_grad():
+            for param, ref in pairs:
+                p, r = _local(param).double(), _local(ref).double()
+                sums[0] += (p - r).square().sum()
+                sums[1] += r.square().sum()
+        sums = all_reduce_sum(self.ctx, sums)
+        return float(sums[0].sqrt() / sums[1].sqrt().clamp(min=1e-12))
+
     # ---- checkpoints and weights -----------------------------------------------------------------
 
     def save_checkpoint(self, path: str, client_state: bytes) -> float:
@@ -289,15 +409,38 @@ class Learner:
             optimizer=self.optimizer,
             state=self.state,
             client_state=client_state,
+            reference=self.policy.reference_state() if self.state.reference_anchored else None,
         )
         return time.perf_counter() - started
 
     def load_checkpoint(self, path: str, min_policy_version: int = 0) -> tuple[bytes, float]:
-        """Restore ``path``; the policy version becomes at least ``min_policy_version``."""
+        """Restore ``path``; the policy version becomes at least ``min_policy_version``.
+
+        The reference comes back as the checkpoint had it: the policy its RL started from when
+        it was anchored, else the one the spec names (rebuilt if this learner had anchored its
+        own since).
+        """
         started = time.perf_counter()
-        self.state, client_state = checkpoint.load(
-            self.ctx, Path(path), self.policy.module, self.optimizer
+        anchored_here = self.state.reference_anchored
+        policy = self.policy
+
+        def reference_slots(_: checkpoint.LearnerState) -> dict[str, torch.Tensor]:
+            if policy.reference is None and policy.reference_adapters is None and policy.lora_scale:
+                policy.reference_adapters = [
+                    p.detach().clone() for p in policy.trainable_parameters()
+                ]
+            return policy.reference_state()
+
+        state, client_state = checkpoint.load(
+            self.ctx,
+            Path(path),
+            policy.module,
+            self.optimizer,
+            reference=reference_slots if policy.has_reference else None,
         )
+        if anchored_here and not state.reference_anchored and policy.has_reference:
+            policy.restore_reference()
+        self.state = state
         self.state.policy_version = max(self.state.policy_version, min_policy_version)
         return client_state, time.perf_counter() - started
 
@@ -451,7 +594,18 @@ def _scores(out: RowOutput) -> Scores:
         out.logprobs.float().cpu().tolist(),
         out.entropy.float().cpu().tolist() if out.entropy is not None else None,
         out.values.float().cpu().tolist() if out.values is not None else None,
+        out.candidates.float().cpu().tolist() if out.candidates is not None else None,
     )
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a (possibly sharded) tensor."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
 
 
 def _forward_tokens(item: Item) -> int:

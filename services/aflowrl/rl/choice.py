@@ -36,9 +36,11 @@ __all__ = [
     "PaddedCandidates",
     "bin_cross_entropy",
     "candidate_log_probs",
+    "categorical_kl",
     "choice_log_probs",
     "expected_values",
     "pad_candidates",
+    "total_variation",
 ]
 
 
@@ -201,3 +203,42 @@ def bin_cross_entropy(bin_log_probs: torch.Tensor, target_weights: torch.Tensor)
             field="value_targets",
         )
     return -(target_weights.to(bin_log_probs.dtype) * bin_log_probs).sum(dim=-1)
+
+
+def categorical_kl(
+    log_p: torch.Tensor, log_q: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """KL(p || q) = sum_k p_k (log p_k - log q_k) over the last axis, [...] (exact, no sampling).
+
+    ``mask`` marks the candidates that exist (default: all); padded entries may hold anything
+    (-inf included). Differentiable in both arguments.
+    """
+    if log_p.shape != log_q.shape:
+        raise RLInputError(
+            f"expected log_p and log_q of one shape, got {list(log_p.shape)} and "
+            f"{list(log_q.shape)}",
+            field="log_q",
+        )
+    keep = torch.ones_like(log_p, dtype=torch.bool) if mask is None else mask.bool()
+    zero = torch.zeros_like(log_p)
+    lp = torch.where(keep, log_p, zero)
+    lq = torch.where(keep, log_q, zero)
+    return torch.where(keep, lp.exp() * (lp - lq), zero).sum(dim=-1)
+
+
+def total_variation(
+    log_p: torch.Tensor, log_q: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """TV(p, q) = 1/2 sum_k |p_k - q_k| over the last axis, [...] (``mask`` as above)."""
+    if log_p.shape != log_q.shape:
+        raise RLInputError(
+            f"expected log_p and log_q of one shape, got {list(log_p.shape)} and "
+            f"{list(log_q.shape)}",
+            field="log_q",
+        )
+    keep = torch.ones_like(log_p, dtype=torch.bool) if mask is None else mask.bool()
+    zero = torch.zeros_like(log_p)
+    diff = torch.where(keep, torch.where(keep, log_p, zero).exp(), zero) - torch.where(
+        keep, torch.where(keep, log_q, zero).exp(), zero
+    )
+    return 0.5 * diff.abs().sum(dim=-1)

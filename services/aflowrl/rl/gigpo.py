@@ -12,6 +12,10 @@ trajectories started from one task) and ``traj_index`` its trajectory.
   group (optionally: similar, see :func:`build_step_groups`); the same normalisation of the
   discounted step returns, where a one-row step group gets 0.
 - A_i = A_episode_i + w A_step_i (Eq. 8), on every response token of the row, zero elsewhere.
+- Sibling step groups (:func:`compute_sibling_step_advantages`; this project's extension, for a
+  stateless environment): when every listed action of a visited state was stepped, that state's
+  step group is its listed actions, each once with its exact one-step reward, normalised the
+  same way; the learner then trains every candidate with its own step advantage.
 
 Step returns come from :func:`compute_step_discounted_returns` (Eq. 5), and the trainer's order
 (returns, then the invalid-action penalty on both levels) is :func:`compute_gigpo_rewards`.
@@ -57,6 +61,7 @@ __all__ = [
     "build_step_groups",
     "compute_gigpo_advantages",
     "compute_gigpo_rewards",
+    "compute_sibling_step_advantages",
     "compute_step_discounted_returns",
 ]
 
@@ -196,6 +201,41 @@ def compute_gigpo_advantages(  # noqa: PLR0917 (verl-agent's positional order, C
     advantages = episode_advantages + step_advantage_w * step_advantages
     logger.debug("GiGPO: %d episode groups, %d step groups, %d rows", n_groups, n_step_groups, rows)
     return broadcast_rows(advantages, response_mask, token_level_rewards)
+
+
+def compute_sibling_step_advantages(
+    candidate_rewards: Sequence[Sequence[float]],
+    *,
+    mode: GiGPOMode = "mean_norm",
+    epsilon: float = 1e-6,
+) -> list[NDArray[np.float64]]:
+    """Step advantages of sibling step groups: one group per row, its listed actions' rewards.
+
+    For row i with candidate rewards r_i1 .. r_iK (every listed action stepped from the row's
+    state), A_step_ik = r_ik - mean_k r_ik (``mean_norm``) or that over the group's unbiased std
+    plus ``epsilon`` (``mean_std_norm``); a one-candidate group gets 0, as a one-row step group
+    does. Returns one float64 array per row (K_i values).
+    """
+    if mode not in _MODES:
+        raise RLInputError(f"must be one of {list(_MODES)}, got {mode!r}", field="mode")
+    widths = [len(r) for r in candidate_rewards]
+    if not widths:
+        return []
+    if min(widths) < 1:
+        raise RLInputError("every row needs at least one candidate", field="candidate_rewards")
+    flat = np.asarray([float(v) for r in candidate_rewards for v in r], dtype=np.float64)
+    if not np.isfinite(flat).all():
+        raise RLInputError("rewards must be finite", field="candidate_rewards")
+    codes = np.repeat(np.arange(len(widths), dtype=np.int64), widths)
+    advantages = group_normalise(
+        flat,
+        codes,
+        len(widths),
+        by_std=mode == "mean_std_norm",
+        epsilon=epsilon,
+        singleton_mean_zero=False,
+    )
+    return [np.asarray(a, dtype=np.float64) for a in np.split(advantages, np.cumsum(widths)[:-1])]
 
 
 class GiGPORewards(NamedTuple):

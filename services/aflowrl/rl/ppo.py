@@ -11,6 +11,12 @@
   ``seq-mean-token-sum``, ``seq-mean-token-mean``, ``seq-mean-token-sum-norm`` (Dr. GRPO,
   arXiv 2503.20783: token sums divided by the padded length).
 - Entropy of the token distribution from logits.
+- All-action surrogate of a choice among candidates (:func:`compute_candidate_policy_loss`):
+  with an advantage for every candidate k (GiGPO's sibling step groups), the sampled surrogate
+  r_a A_a is replaced by its expectation under the behaviour policy,
+  sum_k pi_old(k) max(-A_k r_k, -A_k clip(r_k)) (with the dual clip), whose gradient is the
+  exact policy gradient at that state (a Rao-Blackwellised estimator; "mean actor-critic",
+  Allen et al., 2017, arXiv 1709.00503).
 
 torch only (autograd flows through every loss). Called by the learner in each micro-batch.
 """
@@ -24,10 +30,12 @@ import torch
 from aflowrl.rl.errors import RLInputError
 
 __all__ = [
+    "CandidateLoss",
     "LossAggMode",
     "PolicyLoss",
     "ValueLoss",
     "agg_loss",
+    "compute_candidate_policy_loss",
     "compute_entropy_loss",
     "compute_policy_loss",
     "compute_value_loss",
@@ -120,6 +128,34 @@ def compute_policy_loss(
     r = exp(logp - logp_old); L1 = -A r; L2 = -A clip(r, 1 - eps_low, 1 + eps_high);
     L = max(L1, L2); for A < 0, L = min(L, -A c); then :func:`agg_loss` over response tokens.
     """
+    logratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    approx_kl = masked_mean(-logratio, response_mask)
+    clipped = _clipped_surrogate(
+        torch.exp(logratio), advantages, clip_ratio_low, clip_ratio_high, clip_ratio_c
+    )
+    clipfrac = masked_mean(clipped.upper.float(), response_mask)
+    clipfrac_lower = masked_mean(clipped.lower.float(), response_mask)
+    pg_loss = agg_loss(clipped.losses, response_mask, loss_agg_mode)
+    return PolicyLoss(pg_loss, clipfrac.detach(), approx_kl.detach(), clipfrac_lower.detach())
+
+
+class _Clipped(NamedTuple):
+    losses: torch.Tensor
+    """Elementwise dual-clipped PPO loss."""
+    upper: torch.Tensor
+    """Where the clipped term was the larger one (verl's clipfrac)."""
+    lower: torch.Tensor
+    """Where the dual clip -A c bounded a negative advantage's loss."""
+
+
+def _clipped_surrogate(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float,
+) -> _Clipped:
+    """L = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)); for A < 0, min(L, -A c)."""
     if clip_ratio_c <= 1.0:
         raise RLInputError(
             f"the dual-clip bound must be > 1, got {clip_ratio_c}", field="clip_ratio_c"
@@ -128,21 +164,67 @@ def compute_policy_loss(
         raise RLInputError(f"must be in [0, 1), got {clip_ratio_low}", field="clip_ratio_low")
     if clip_ratio_high < 0.0:
         raise RLInputError(f"must be >= 0, got {clip_ratio_high}", field="clip_ratio_high")
-    logratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
-    ratio = torch.exp(logratio)
-    approx_kl = masked_mean(-logratio, response_mask)
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     clipped_loss = torch.maximum(pg_loss1, pg_loss2)
-    clipfrac = masked_mean(torch.gt(pg_loss2, pg_loss1).float(), response_mask)
     pg_loss3 = -advantages * clip_ratio_c
     dual_clipped_loss = torch.minimum(pg_loss3, clipped_loss)
-    clipfrac_lower = masked_mean(
-        (torch.gt(clipped_loss, pg_loss3) & (advantages < 0)).float(), response_mask
+    lower = torch.gt(clipped_loss, pg_loss3) & (advantages < 0)
+    losses = torch.where(advantages < 0, dual_clipped_loss, clipped_loss)
+    return _Clipped(losses, torch.gt(pg_loss2, pg_loss1), lower)
+
+
+class CandidateLoss(NamedTuple):
+    """The all-action surrogate of choice rows and its diagnostics (metrics detached)."""
+
+    losses: torch.Tensor
+    """[rows]: sum_k pi_old(k) L_k, differentiable in ``log_probs``."""
+    clipfrac: torch.Tensor
+    """pi_old-weighted share of candidates whose clipped term was active, mean over rows."""
+    kl: torch.Tensor
+    """[rows]: the exact KL(pi_old || pi) over each row's candidates (detached)."""
+
+
+def compute_candidate_policy_loss(
+    old_log_probs: torch.Tensor,
+    log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    candidate_mask: torch.Tensor,
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float = 3.0,
+) -> CandidateLoss:
+    """The expected clipped surrogate over every candidate; all tensors [rows, K].
+
+    r_k = exp(log pi(k) - log pi_old(k)) (clamped to [-20, 20] before the exponential, as
+    :func:`compute_policy_loss`), L_k the dual-clipped PPO loss of (r_k, A_k), and the row's
+    loss sum_k pi_old(k) L_k over its candidates (``candidate_mask``; padded entries may hold
+    anything, -inf included). Its gradient is sum_k pi(k) A_k grad log pi(k) while no clip is
+    active: the exact policy gradient at the state, where the sampled surrogate estimates it
+    from one action.
+    """
+    if not (old_log_probs.shape == log_probs.shape == advantages.shape == candidate_mask.shape):
+        raise RLInputError(
+            "expected old_log_probs, log_probs, advantages and candidate_mask of one shape "
+            f"[rows, K], got {list(old_log_probs.shape)}, {list(log_probs.shape)}, "
+            f"{list(advantages.shape)} and {list(candidate_mask.shape)}",
+            field="candidate_mask",
+        )
+    mask = candidate_mask.bool()
+    zero = torch.zeros_like(log_probs)
+    old = torch.where(mask, old_log_probs, zero)
+    new = torch.where(mask, log_probs, zero)
+    adv = torch.where(mask, advantages, zero)
+    weights = torch.where(mask, old.exp(), zero).detach()
+    logratio = torch.clamp(new - old, min=-20.0, max=20.0)
+    clipped = _clipped_surrogate(
+        torch.exp(logratio), adv, clip_ratio_low, clip_ratio_high, clip_ratio_c
     )
-    pg_losses = torch.where(advantages < 0, dual_clipped_loss, clipped_loss)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
-    return PolicyLoss(pg_loss, clipfrac.detach(), approx_kl.detach(), clipfrac_lower.detach())
+    losses = (weights * clipped.losses).sum(dim=-1)
+    clipfrac = (weights * clipped.upper.float()).sum(dim=-1).mean()
+    kl = (weights * (old - new)).sum(dim=-1)
+    return CandidateLoss(losses, clipfrac.detach(), kl.detach())
 
 
 def compute_value_loss(  # noqa: PLR0917 (verl's positional order, CONTRACTS.md)

@@ -59,7 +59,7 @@ from typing import Any, Final
 
 from aflowrl.benchmarks.base import Problem
 from aflowrl.config import SearchSpec
-from aflowrl.config.environment import EvaluationSpec, racing_conflict
+from aflowrl.config.environment import EvaluationSpec, PoolName, racing_conflict
 from aflowrl.errors import InvalidInputError
 from aflowrl.search import selection
 from aflowrl.search.edits import Candidate, admissible_actions
@@ -79,7 +79,7 @@ from aflowrl.search.state import (
 )
 from aflowrl.search.values import ValueQuery, ValueSource
 from aflowrl.seeding import derive_seed
-from aflowrl.workflow import EvaluationResult, Evaluator, Graph, library, subset
+from aflowrl.workflow import EvaluationResult, Evaluator, Graph, library, pool_problems, subset
 from aflowrl.workflow.evaluator import Race
 
 _SAME: Final = 1e-12
@@ -110,8 +110,17 @@ class SearchContext:
         """Executor id and run settings (what the evaluation cache keys on)."""
         return self.evaluator.executor_key
 
-    def episode_problems(self, seed: int, count: int | None) -> list[Problem]:
-        return subset(self.problems, count, seed)
+    def episode_problems(self, seed: int, count: int | None, pool: str = "all") -> list[Problem]:
+        """The ``count`` problems of ``pool`` seed ``seed`` chooses (``evaluation.pools``)."""
+        pools = self.evaluation.pools
+        members = pool_problems(
+            self.problems,
+            pool,
+            benchmark=self.evaluator.benchmark.name,
+            held_out=pools.held_out,
+            tuning=pools.tuning,
+        )
+        return subset(members, count, seed)
 
 
 @dataclass(frozen=True)
@@ -405,7 +414,7 @@ def _check(ctx: SearchContext, state: EpisodeState) -> list[Problem]:
             f"{ctx.executor_key!r}",
             field="state.executor",
         )
-    problems = ctx.episode_problems(state.seed, state.problem_count)
+    problems = ctx.episode_problems(state.seed, state.problem_count, state.pool)
     if problems_digest(problems) != state.problems:
         raise EpisodeStateError(
             "the episode's problems differ from this environment's (another data set?)",
@@ -423,8 +432,11 @@ async def reset(
     seed_workflow: Graph | None = None,
     max_steps: int | None = None,
     action_mode: ActionMode | None = None,
+    pool: PoolName = "all",
 ) -> ResetOutcome:
-    """Start an episode: evaluate the seed workflow and observe it."""
+    """Start an episode: evaluate the seed workflow and observe it; its problems are the
+    subset seed ``seed`` chooses in problem pool ``pool``
+    (:meth:`SearchContext.episode_problems`)."""
     benchmark = ctx.evaluator.benchmark
     graph = seed_workflow or library.load("seed", benchmark.task_type)
     if graph.task_type != benchmark.task_type:
@@ -445,7 +457,7 @@ async def reset(
     conflict = racing_conflict(search, ctx.evaluation)
     if conflict is not None:
         raise InvalidInputError(conflict, field="evaluation.racing.enabled")
-    problems = ctx.episode_problems(seed, ctx.evaluation.max_problems)
+    problems = ctx.episode_problems(seed, ctx.evaluation.max_problems, pool)
     result = await ctx.evaluator.evaluate(graph, problems, repeats=ctx.evaluation.repeats)
     root = _node(
         result, parent=None, action=None, graph=graph, step=0, wrong_limit=search.failed_examples
@@ -459,6 +471,7 @@ async def reset(
         executor=ctx.executor_key,
         problems=problems_digest(problems),
         problem_count=len(problems),
+        pool=pool,
         repeats=ctx.evaluation.repeats,
         seed=seed,
         search=search,

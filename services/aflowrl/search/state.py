@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from aflowrl import documents
 from aflowrl.benchmarks.base import Problem, TaskType
 from aflowrl.config import SearchSpec
-from aflowrl.config.environment import RacingSpec
+from aflowrl.config.environment import PoolName, RacingSpec
 from aflowrl.search.actions import parse_action
 from aflowrl.search.edits import apply_action
 from aflowrl.search.errors import EpisodeStateError, InvalidActionError
@@ -124,6 +124,8 @@ class EpisodeState(_Model):
     problems: str = Field(pattern=r"^[0-9a-f]{16}$")
     """Digest of the ids of the problems each workflow is scored on."""
     problem_count: int = Field(ge=1)
+    pool: PoolName = "all"
+    """The problem pool the problems were drawn from (``evaluation.pools``)."""
     repeats: int = Field(ge=1)
     seed: int = Field(ge=0)
     search: SearchSpec

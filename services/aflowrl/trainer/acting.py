@@ -46,7 +46,7 @@ from aflowrl.rl import candidates as scoring
 from aflowrl.search import encoding
 from aflowrl.seeding import derive_seed, stable_hash
 from aflowrl.trainer.clients import RolloutClient
-from aflowrl.trainer.rows import Decision
+from aflowrl.trainer.rows import Decision, Observed
 
 logger = logging.getLogger(__name__)
 
@@ -69,14 +69,6 @@ def action_log_probs(scores: rollout_pb2.CandidateScores, count: int) -> np.ndar
     return scoring.choice_log_probs(
         token_logprobs, length_normalised=encoding.ACTIONS_LENGTH_NORMALISED
     )
-
-
-@dataclass(frozen=True)
-class Observed:
-    """What an actor needs of an active episode."""
-
-    text: str
-    admissible: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -160,6 +152,7 @@ class ChoiceActor(Actor):
                     candidate_ids=ids[:count],
                     chosen=chosen,
                     logprobs=(float(log_pi[chosen]),),
+                    candidate_logprobs=tuple(float(v) for v in log_pi),
                     version=version,
                     value=value,
                     value_ids=ids[count:],

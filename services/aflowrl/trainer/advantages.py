@@ -8,7 +8,12 @@ advantage. The estimator is ``learner.algorithm``:
   returns R_t = r_t + gamma R_{t+1} per episode, the episode's total reward on each row's last
   token, the invalid-action penalty subtracted from both (``rl.gigpo.compute_gigpo_rewards``);
   then A = A_episode + w A_step with episode groups = task seeds and step groups = rows of a
-  group at the same anchor workflow (``rl.gigpo.compute_gigpo_advantages``).
+  group at the same anchor workflow (``rl.gigpo.compute_gigpo_advantages``). With
+  ``siblingStepGroups``, a row whose state had every listed action stepped
+  (``StepRow.candidate_rewards``) keeps A_episode on its sampled action, and its step term
+  becomes an advantage for every candidate, w A_step_k with A_step the candidates' one-step
+  rewards normalised within the row (``rl.gigpo.compute_sibling_step_advantages``), which the
+  learner trains in expectation under pi_old.
 - ``grpo`` (Shao et al., 2024, arXiv 2402.03300) or its leave-one-out variant RLOO (Ahmadian
   et al., 2024, arXiv 2402.14740): one score per episode, its discounted return
   G = sum_t gamma^t (r_t - penalty_t), normalised within the episode's group
@@ -53,6 +58,9 @@ class RowTargets:
     """Critic values at collection time (ppo only)."""
     value_targets: list[float] | None = None
     """Per row, the discounted return R_t (the policy's value target)."""
+    candidate_advantages: list[tuple[float, ...]] | None = None
+    """Per row, an advantage for every candidate (GiGPO's sibling step groups; empty tuples
+    for rows without siblings); None when no row has siblings."""
 
 
 def _widths(rows: Sequence[StepRow]) -> list[int]:
@@ -121,19 +129,42 @@ def _gigpo(rows: Sequence[StepRow], spec: GiGPOSpec) -> RowTargets:
         gamma=spec.gamma,
         invalid_action_penalty_coef=spec.invalid_action_penalty,
     )
-    advantages = gigpo.compute_gigpo_advantages(
-        shaped.token_level_rewards,
-        shaped.step_rewards,
-        mask,
-        [row.anchor for row in rows],
-        [row.group for row in rows],
-        traj,
-        step_advantage_w=spec.step_advantage_w,
-        mode=spec.mode,
-        enable_similarity=spec.enable_similarity,
-        similarity_thresh=spec.similarity_thresh,
+
+    def advantages(step_w: float) -> NDArray[np.floating]:
+        return np.asarray(
+            gigpo.compute_gigpo_advantages(
+                shaped.token_level_rewards,
+                shaped.step_rewards,
+                mask,
+                [row.anchor for row in rows],
+                [row.group for row in rows],
+                traj,
+                step_advantage_w=step_w,
+                mode=spec.mode,
+                enable_similarity=spec.enable_similarity,
+                similarity_thresh=spec.similarity_thresh,
+            )
+        )
+
+    full = advantages(spec.step_advantage_w)
+    siblings = [i for i, row in enumerate(rows) if _has_siblings(row)]
+    if not siblings:
+        return RowTargets(_per_row(full, widths))
+    episode_only = advantages(0.0)
+    full[siblings] = episode_only[siblings]
+    step = gigpo.compute_sibling_step_advantages(
+        [rows[i].candidate_rewards for i in siblings], mode=spec.mode
     )
-    return RowTargets(_per_row(np.asarray(advantages), widths))
+    candidate: list[tuple[float, ...]] = [() for _ in rows]
+    for i, values in zip(siblings, step, strict=True):
+        candidate[i] = tuple(float(spec.step_advantage_w * v) for v in values)
+    return RowTargets(_per_row(full, widths), candidate_advantages=candidate)
+
+
+def _has_siblings(row: StepRow) -> bool:
+    """Whether every listed action of the row's state was stepped (sibling step groups)."""
+    count = len(row.decision.candidate_ids)
+    return row.decision.is_choice and count > 1 and len(row.candidate_rewards) == count
 
 
 def _first_rows(rows: Sequence[StepRow]) -> dict[int, int]:

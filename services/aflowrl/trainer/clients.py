@@ -458,6 +458,8 @@ class Scored:
     logprobs: list[list[float]]
     values: list[list[float]] | None
     policy_version: int
+    candidates: list[list[float]] | None = None
+    """Per row, log pi of every candidate (choice rows; empty for text rows)."""
 
 
 @dataclass(frozen=True)
@@ -474,6 +476,11 @@ class TrainRow:
     """Target of the decision's value replies (the step's discounted return)."""
     target_weights: Sequence[float] = ()
     """Supervised warm start: the target distribution over a choice's candidates."""
+    candidate_old_logprobs: Sequence[float] = ()
+    """Choice rows: log pi_old of every candidate (the update's diagnostics; needed with
+    ``candidate_advantages``)."""
+    candidate_advantages: Sequence[float] = ()
+    """Choice rows, sibling step groups: an advantage for every candidate."""
 
 
 def _sequence(decision: Decision) -> learner_pb2.Sequence:
@@ -539,7 +546,11 @@ class LearnerClient:
             logprobs[i] = list(reply.logprobs[k].values)
             if out_values is not None:
                 out_values[i] = list(reply.values[k].values)
-        return Scored(logprobs, out_values, int(reply.policy_version))
+        choices = [i for i, d in enumerate(decisions) if d.is_choice]
+        candidates: list[list[float]] = [[] for _ in decisions]
+        for i, scored in zip(choices, reply.candidate_logprobs, strict=False):
+            candidates[i] = list(scored.values)
+        return Scored(logprobs, out_values, int(reply.policy_version), candidates)
 
     async def train(
         self, rows: Sequence[TrainRow], iteration: int, *, supervised: bool = False
@@ -562,6 +573,8 @@ class LearnerClient:
             if row.value_target is not None and row.decision.value_ids:
                 sample.value_target = row.value_target
             sample.target_weights.extend(row.target_weights)
+            sample.candidate_old_logprobs.extend(row.candidate_old_logprobs)
+            sample.candidate_advantages.extend(row.candidate_advantages)
         reply: learner_pb2.TrainResponse = await self._call(
             f"Train of iteration {iteration}", self.stub.Train(request)
         )

@@ -42,16 +42,26 @@ from typing import Any
 from aflowrl._proto.v1 import environment_pb2
 from aflowrl.benchmarks import get_benchmark
 from aflowrl.config import RunSpec
+from aflowrl.config.learner import GiGPOSpec
 from aflowrl.errors import FailedPreconditionError
-from aflowrl.trainer.acting import Actor, Draw, Observed
+from aflowrl.search import encoding
+from aflowrl.trainer.acting import Actor, Draw
 from aflowrl.trainer.clients import EnvironmentClient
 from aflowrl.trainer.clock import Timeline
-from aflowrl.trainer.rows import Batch, Decision, Episode, StepRow
+from aflowrl.trainer.rows import Batch, Decision, Episode, Observed, StepRow
 from aflowrl.trainer.tasks import Task, training_tasks
 from aflowrl.trainer.values import EpisodeValues, ValueTable
 from aflowrl.workflow import Graph, library
 
 logger = logging.getLogger(__name__)
+
+PROBLEM_POOLS = {
+    "all": environment_pb2.PROBLEM_POOL_UNSPECIFIED,
+    "training": environment_pb2.PROBLEM_POOL_TRAINING,
+    "tuning": environment_pb2.PROBLEM_POOL_TUNING,
+    "held_out": environment_pb2.PROBLEM_POOL_HELD_OUT,
+}
+"""A task's pool -> ResetRequest.problem_pool."""
 
 _ACTION_MODES = {
     "choice": environment_pb2.ACTION_MODE_CHOICE,
@@ -74,6 +84,7 @@ def group_episodes(tasks: Sequence[Task], group_size: int, prefix: str) -> list[
             seed=task.seed,
             episode_id=f"{prefix}-g{group}-e{member}",
             benchmark=task.benchmark,
+            pool=task.pool,
         )
         for group, task in enumerate(tasks)
         for member in range(group_size)
@@ -175,6 +186,11 @@ class Collector:
         self.seed_workflows = dict(seed_workflows)
         self._seed_json = {name: g.to_json(indent=None) for name, g in seed_workflows.items()}
         self._on_phase = on_phase or (lambda _i, _t: None)
+        algorithm = spec.learner.algorithm
+        self.siblings = isinstance(algorithm, GiGPOSpec) and algorithm.sibling_step_groups
+        """Step every other listed action of each visited state too (GiGPO's sibling step
+        groups, :meth:`_siblings`)."""
+        self._sibling_tasks: list[asyncio.Task[None]] = []
 
     def episodes(self, iteration: int) -> list[Episode]:
         """The episodes of ``iteration``: B groups of n, each group on one task."""
@@ -221,6 +237,7 @@ class Collector:
                 max_steps = self.spec.environment.search.max_steps
                 self._on_phase(iteration, f"step {step + 1}/{max_steps}")
 
+        self._sibling_tasks = []
         try:
             await gather_or_cancel(
                 self._play_episode(
@@ -233,8 +250,14 @@ class Collector:
                 )
                 for e, v in zip(episodes, values, strict=True)
             )
+            await asyncio.gather(*self._sibling_tasks)
+            self._sibling_tasks = []
         finally:
             await batcher.close()
+            for task in self._sibling_tasks:
+                task.cancel()
+            await asyncio.gather(*self._sibling_tasks, return_exceptions=True)
+            self._sibling_tasks = []
         if self.values is not None:
             rows = sorted((r for e in episodes for r in e.rows), key=lambda r: (r.step, r.traj))
             for row in rows:
@@ -262,12 +285,26 @@ class Collector:
                 )
             progress(step)
             draw = decision_draw(self.spec.trainer.seed, iteration, episode.traj, step)
-            decision = await batcher.decide(
-                Observed(episode.observation_text, episode.admissible), draw
-            )
+            decision = await batcher.decide(episode.observed(), draw)
             if values is not None:
                 values.observe(episode.anchor, decision.value)
+            state, admissible = episode.state, episode.admissible
             await self._step(episode, decision, step, timeline, values)
+            if self.siblings and decision.is_choice and len(admissible) > 1:
+                row = episode.rows[-1]
+                sent = values.proto() if values is not None else None
+                self._sibling_tasks.append(
+                    asyncio.create_task(
+                        self._siblings(
+                            row,
+                            state=state,
+                            admissible=admissible,
+                            episode_key=episode.episode_id,
+                            timeline=timeline,
+                            values=sent,
+                        )
+                    )
+                )
             step += 1
 
     async def _reset(
@@ -282,12 +319,14 @@ class Collector:
             action_mode=_ACTION_MODES[search.action_mode],
             seed_workflow_json=self._seed_json[episode.benchmark],
             values=values.proto() if values is not None else self.state_values(),
+            problem_pool=PROBLEM_POOLS[episode.pool],
         )
         seed_hash = self.seed_workflows[episode.benchmark].content_hash
         async with timeline.call():
             reply = await self.env.reset(request, key=seed_hash)
         episode.state = reply.state
         episode.seed_score = reply.seed_score
+        episode.workflows = {seed_hash: request.seed_workflow_json}
         _observe(episode, reply.observation)
 
     async def _step(
@@ -334,11 +373,71 @@ class Collector:
         )
         self.advance(episode, reply)
 
+    async def step_each(
+        self,
+        state: bytes,
+        actions: Sequence[str],
+        *,
+        episode_key: str,
+        values: environment_pb2.StateValues | None,
+        skip: int = -1,
+    ) -> list[environment_pb2.StepResponse | None]:
+        """Step every action of ``actions`` from the same ``state`` (the environment keeps no
+        state, so each answers what taking that action would have); ``skip``: an index not to
+        step (None in its place)."""
+
+        async def one(k: int) -> environment_pb2.StepResponse | None:
+            if k == skip:
+                return None
+            reply, _ = await self.env.step(
+                state, encoding.action_reply(actions[k]), episode_key=episode_key, values=values
+            )
+            return reply
+
+        return list(await asyncio.gather(*(one(k) for k in range(len(actions)))))
+
+    async def _siblings(
+        self,
+        row: StepRow,
+        *,
+        state: bytes,
+        admissible: Sequence[str],
+        episode_key: str,
+        timeline: Timeline,
+        values: environment_pb2.StateValues | None,
+    ) -> None:
+        """GiGPO's sibling step group of ``row``: the reward of every listed action from the
+        state it was taken in (the chosen one's is the row's own)."""
+        with timeline.phase("step"):
+            async with timeline.call():
+                replies = await self.step_each(
+                    state,
+                    admissible,
+                    episode_key=episode_key,
+                    values=values,
+                    skip=row.decision.chosen,
+                )
+        row.candidate_rewards = tuple(
+            row.reward if reply is None else float(reply.reward) for reply in replies
+        )
+        row.candidate_children = tuple(
+            row.child_hash if reply is None else reply.info.child_hash for reply in replies
+        )
+        row.candidate_duplicates = tuple(
+            row.duplicate if reply is None else bool(reply.info.duplicate) for reply in replies
+        )
+        row.sibling_executor_calls = sum(
+            int(reply.info.executor_calls) for reply in replies if reply is not None
+        )
+
     @staticmethod
     def advance(episode: Episode, reply: environment_pb2.StepResponse) -> None:
         """Move ``episode`` to the state a Step answered."""
         episode.state = reply.state
         episode.done = reply.done
+        info = reply.info
+        if info.valid_action and info.child_hash and info.child_workflow_json:
+            episode.workflows.setdefault(info.child_hash, info.child_workflow_json)
         if not reply.done:
             _observe(episode, reply.observation)
 
@@ -347,6 +446,26 @@ def _observe(episode: Episode, observation: environment_pb2.Observation) -> None
     episode.observation_text = observation.text
     episode.admissible = tuple(observation.admissible_actions)
     episode.anchor = observation.anchor
+    episode.in_tree = tuple(observation.admissible_in_tree)
+
+
+def workflow_evaluations(episodes: Sequence[Episode]) -> int:
+    """Distinct (task, workflow) evaluations the episodes' steps needed: every valid step into
+    a workflow its tree did not hold, and every sibling that did, counted once per task (the
+    environment caches the rest). A budget unit that does not depend on what an earlier run
+    left in the cache."""
+    seen: set[tuple[str, int, str, str]] = set()
+    for episode in episodes:
+        task = (episode.benchmark, episode.seed, episode.pool)
+        for row in episode.rows:
+            if row.valid and not row.duplicate and row.child_hash:
+                seen.add((*task, row.child_hash))
+            for child, duplicate in zip(
+                row.candidate_children, row.candidate_duplicates, strict=False
+            ):
+                if child and not duplicate:
+                    seen.add((*task, child))
+    return len(seen)
 
 
 def batch_summary(batch: Batch) -> dict[str, float]:
@@ -356,6 +475,7 @@ def batch_summary(batch: Batch) -> dict[str, float]:
     rows = batch.rows
     returns = [e.episode_return for e in batch.episodes]
     calls = sum(r.executor_calls for r in rows)
+    sibling_calls = sum(r.sibling_executor_calls for r in rows)
     hits = sum(r.cache_hits for r in rows)
     return {
         "charts/episode_return": mean(returns),
@@ -371,6 +491,8 @@ def batch_summary(batch: Batch) -> dict[str, float]:
         "rollout/version_min": float(min((r.decision.version for r in rows), default=0)),
         "rollout/version_max": float(max((r.decision.version for r in rows), default=0)),
         "env/executor_calls": float(calls),
+        "env/sibling_executor_calls": float(sibling_calls),
+        "env/workflow_evaluations": float(workflow_evaluations(batch.episodes)),
         "env/cache_hits": float(hits),
         "env/cost_usd": sum(r.cost_usd for r in rows),
         "env/cost_known": 1.0 if all(r.cost_known for r in rows) else 0.0,

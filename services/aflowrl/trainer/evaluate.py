@@ -39,7 +39,7 @@ from aflowrl.trainer.clock import Timeline
 from aflowrl.trainer.collect import Collector, group_episodes, seed_workflows
 from aflowrl.trainer.final import aligned_table
 from aflowrl.trainer.rows import Episode, mean
-from aflowrl.trainer.tasks import Task, held_out_tasks
+from aflowrl.trainer.tasks import Task, held_out_pool, held_out_tasks
 from aflowrl.trainer.values import ValueTable
 
 MAX_EPISODES = 100_000
@@ -71,6 +71,11 @@ class EpisodeResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> EpisodeResult:
+        """The inverse of :meth:`to_dict`."""
+        return EpisodeResult(**data)
 
     @staticmethod
     def of(episode: Episode) -> EpisodeResult:
@@ -171,20 +176,18 @@ async def held_out_evaluation(
     values: ValueTable | None = None,
 ) -> list[EpisodeResult]:
     """The policy on held-out tasks of every benchmark the run serves (training and held-out):
-    ``trainer.tasksPerIteration`` tasks each, ``trainer.groupSize`` episodes per task, seeded by
-    ``trainer.seed`` (what a run with held-out benchmarks ends with)."""
+    ``trainer.tasksPerIteration`` x ``trainer.groupSize`` tasks each (problems from the held-out
+    pool), one episode per task, seeded by ``trainer.seed`` (what every run ends with; one
+    episode per task keeps the episodes independent, so standard errors over them are honest)."""
     trainer = spec.trainer
     tasks = held_out_tasks(
-        spec.environment.served_benchmarks, trainer.tasks_per_iteration, seed=trainer.seed
+        spec.environment.served_benchmarks,
+        trainer.tasks_per_iteration * trainer.group_size,
+        seed=trainer.seed,
+        pool=held_out_pool(spec),
     )
     return await evaluate_policy(
-        spec,
-        env,
-        actor,
-        tasks,
-        episodes_per_task=trainer.group_size,
-        seed=trainer.seed,
-        values=values,
+        spec, env, actor, tasks, episodes_per_task=1, seed=trainer.seed, values=values
     )
 
 
@@ -292,10 +295,11 @@ async def proposer_comparison(
 
 
 def comparison_table(
-    policy: Sequence[EpisodeResult], random: Sequence[EpisodeResult], *, title: str
+    proposers: Sequence[tuple[str, Sequence[EpisodeResult]]], *, title: str
 ) -> str:
-    """The two proposers side by side (means ± standard errors over episodes), and the policy's
-    best-gain lead over random, paired by episode, in standard errors."""
+    """Proposers side by side (means ± standard errors over episodes), then the first one's
+    best-gain lead over each of the others, paired by episode (the same held-out task and
+    seed), in standard errors of the paired differences."""
     header = ("proposer", "episodes", "steps", "best gain", "return", "duplicates")
 
     def row(name: str, results: Sequence[EpisodeResult]) -> tuple[str, ...]:
@@ -306,21 +310,25 @@ def comparison_table(
         return (
             name,
             str(len(results)),
-            str(sum(r.steps for r in results)),
+            str(steps),
             f"{mean(gains):+.4f} ± {_se_text(gains)}",
             f"{mean(returns):+.4f} ± {_se_text(returns)}",
             f"{dups / steps:.0%}" if steps else "-",
         )
 
-    table = aligned_table(
-        title, header, [row("trained policy (fused)", policy), row("random (ucb)", random)]
-    )
-    if len(policy) != len(random) or not policy:
-        return table
-    leads = [a.best_gain - b.best_gain for a, b in zip(policy, random, strict=True)]
-    se = _standard_error(leads)
-    margin = "-" if math.isnan(se) or se == 0 else f"{mean(leads) / se:+.1f} SE"
-    return f"{table}\nbest-gain lead of the policy over random: {mean(leads):+.4f} ({margin})"
+    table = aligned_table(title, header, [row(name, results) for name, results in proposers])
+    (first, policy), *others = proposers
+    lines = [table]
+    for name, results in others:
+        if len(results) != len(policy) or not policy:
+            continue
+        leads = [a.best_gain - b.best_gain for a, b in zip(policy, results, strict=True)]
+        se = _standard_error(leads)
+        margin = "-" if math.isnan(se) or se == 0 else f"{mean(leads) / se:+.1f} SE"
+        lines.append(
+            f"best-gain lead of the {first} over the {name}: {mean(leads):+.4f} ({margin})"
+        )
+    return "\n".join(lines)
 
 
 def _se_text(values: Sequence[float]) -> str:

@@ -8,8 +8,8 @@ Per iteration (``trainer.iterations`` of them)::
                 until done, decisions batched from whatever is waiting          (collect.py)
     advantage   gigpo (default), grpo/rloo or ppo-with-critic targets         (advantages.py)
     logprob     ComputeLogProbs: critic values (ppo), old log-probs of rows from an older
-                policy version (and of every row when rollout and learner numerics differ),
-                reference log-probs when learner.loss.klCoef > 0
+                policy version (and of every row when rollout and learner numerics differ);
+                the learner scores the reference itself when learner.loss.klCoef > 0
     train       one Train call with every row                                 (learner_client.py)
     weight_sync push the new version to every rollout replica                 (weight_sync.py)
     record      metrics.jsonl, curves.png, best workflows, progress, status   (records.py)
@@ -38,10 +38,12 @@ per-benchmark scalars, and the final comparison is one table per training benchm
 benchmark and plays the final policy on held-out tasks of every served benchmark
 (:mod:`aflowrl.trainer.evaluate`; ``held_out.json``).
 
-**Every run ends** with the trained policy against the random proposer on held-out tasks of
-every served benchmark (task seeds training never drew): the policy searching with its own
-values (``fused``), random with UCB alone, the same tasks, episodes and evaluation budget
-(:func:`aflowrl.trainer.evaluate.proposer_comparison`); the table closes ``final.md``.
+**Every run ends** with the trained policy against the random proposer and against the policy
+RL started from (played on the same tasks right after the warm start) on held-out tasks of
+every served benchmark (task seeds training never drew, problems from the held-out pool): the
+policies searching with their own values (``fused``), random with UCB alone, the same tasks,
+episodes and evaluation budget (:func:`aflowrl.trainer.evaluate.proposer_comparison`); the
+table closes ``final.md``.
 
 Runs are reproducible on a CPU with overlap off (every random choice derives from
 ``trainer.seed``, the iteration, and for a decision its episode and step, so neither an
@@ -73,6 +75,7 @@ from aflowrl.trainer.errors import LearnerDivergedError, NoReplicaError
 from aflowrl.trainer.evaluate import (
     EpisodeResult,
     comparison_table,
+    held_out_evaluation,
     policy_actor,
     policy_table,
     proposer_comparison,
@@ -133,6 +136,8 @@ class RunResult:
     """The trained policy's episodes on held-out tasks (the final comparison)."""
     random_held_out: list[EpisodeResult] = field(default_factory=list)
     """The random proposer's episodes on the same tasks."""
+    start_held_out: list[EpisodeResult] = field(default_factory=list)
+    """The episodes of the policy RL started from (after the warm start) on the same tasks."""
 
 
 def recompute_all_old_logprobs(spec: RunSpec) -> bool:
@@ -185,6 +190,8 @@ class Trainer:
         self._elapsed_before = 0.0
         self._pictures: asyncio.Task[None] | None = None
         """The pictures of the last iteration, drawn on a thread (:meth:`_publish`)."""
+        self.start_held_out: list[EpisodeResult] = []
+        """The starting policy's held-out episodes (:meth:`_starting_point`)."""
 
     # ---- start ----------------------------------------------------------------------------------
 
@@ -303,6 +310,7 @@ class Trainer:
         """Check the services, resume or start, train every iteration left, then evaluate."""
         await self.check_services()
         await self.start()
+        await self._starting_point()
         if self.progress is not None:
             self.progress.start_at(self.state.iteration)
         total = self.spec.trainer.iterations
@@ -333,6 +341,23 @@ class Trainer:
         if self.reporter is not None:
             await self.reporter.areport(completion_time=utc_now())
         return result
+
+    async def _starting_point(self) -> None:
+        """Play the policy RL starts from (after the warm start) on the held-out tasks the run
+        ends with, once per run (``start_held_out.json``; a resumed run reads it back), so the
+        final table shows what RL added to it."""
+        if not (self.train_policy and self.spec.trainer.final_test_eval):
+            return
+        stored = self.run_dir.read_start_held_out()
+        if stored is not None:
+            self.start_held_out = [EpisodeResult.from_dict(e) for e in stored]
+            return
+        if self.state.iteration > 0:
+            return  # resumed from a run that did not keep its starting point
+        if self.progress is not None:
+            self.progress.write("playing the policy RL starts from on held-out tasks")
+        self.start_held_out = await held_out_evaluation(self.spec, self.services.env, self.actor)
+        self.run_dir.write_start_held_out([e.to_dict() for e in self.start_held_out])
 
     async def _iteration(self, batch: Batch, timeline: Timeline) -> Timeline:
         """Learn from ``batch``, record it; returns the clock of the next iteration, started
@@ -449,50 +474,60 @@ class Trainer:
         recompute_all = recompute_all_old_logprobs(spec)
         redo = [i for i in fresh if recompute_all or rows[i].decision.version != version]
         old: dict[int, list[float]] = {}
-        reference: dict[int, list[float]] = {}
+        old_candidates: dict[int, list[float]] = {}
         with timeline.phase("logprob"):
             if redo:
                 async with timeline.call():
                     scored = await learner.compute_logprobs([rows[i].decision for i in redo])
                 old = dict(zip(redo, scored.logprobs, strict=True))
-            if spec.learner.loss.kl_coef > 0:
-                async with timeline.call():
-                    scored = await learner.compute_logprobs(
-                        [rows[i].decision for i in fresh], reference=True
-                    )
-                reference = dict(zip(fresh, scored.logprobs, strict=True))
+                old_candidates = dict(zip(redo, scored.candidates or [], strict=False))
         cap = spec.trainer.off_policy.importance_weight_cap
         weights: list[float] = []
         out = []
+        candidate_flat: list[float] = []
         for i in fresh:
             decision = rows[i].decision
             advantages = np.array(targets.advantages[i], dtype=np.float64)
             old_logprobs = np.array(decision.logprobs, dtype=np.float64)
+            candidates = decision.candidate_logprobs
             if i in old:
-                # Decoupled PPO: w_t = min(pi_old / pi_behaviour, C) corrects the sampling.
+                # Decoupled PPO: w_t = min(pi_old / pi_behaviour, C) corrects the sampling. The
+                # all-action term is an expectation under the proximal policy: no weight.
                 proximal = np.array(old[i], dtype=np.float64)
                 weight = np.minimum(np.exp(proximal - old_logprobs), cap)
                 advantages = advantages * weight
                 old_logprobs = proximal
                 weights.extend(weight.tolist())
+                candidates = tuple(old_candidates.get(i) or candidates)
+            candidate_advantages = (
+                targets.candidate_advantages[i] if targets.candidate_advantages else ()
+            )
+            candidate_flat.extend(candidate_advantages)
             out.append(
                 TrainRow(
                     decision,
                     old_logprobs.tolist(),
                     advantages.tolist(),
-                    ref_logprobs=reference.get(i, ()),
                     returns=targets.returns[i] if targets.returns else (),
                     old_values=targets.old_values[i] if targets.old_values else (),
                     value_target=targets.value_targets[i] if targets.value_targets else None,
+                    candidate_old_logprobs=candidates,
+                    candidate_advantages=candidate_advantages,
                 )
             )
         flat = np.concatenate([np.asarray(r.advantages) for r in out])
         extra = {
             "charts/advantage_mean": float(flat.mean()),
             "charts/advantage_std": float(flat.std()),
+            "charts/advantage_abs_mean": float(np.abs(flat).mean()),
             "charts/is_weight_mean": mean(weights),
             "charts/rows_recomputed": float(len(redo)),
         }
+        if candidate_flat:
+            sibling = np.asarray(candidate_flat)
+            extra["charts/candidate_advantage_std"] = float(sibling.std())
+            extra["charts/candidate_advantage_abs_mean"] = float(np.abs(sibling).mean())
+            extra["charts/sibling_rows"] = float(sum(1 for r in out if r.candidate_advantages))
         return out, extra
 
     async def _push(self, timeline: Timeline) -> Any:
@@ -593,6 +628,11 @@ class Trainer:
         m.valid_action_ratio.set(_finite(record["charts/valid_action_ratio"]))
         m.policy_version.set(self.state.policy_version)
         m.episodes.inc(record["charts/episodes"])
+        m.sibling_executor_calls.inc(record.get("env/sibling_executor_calls", 0.0))
+        if "charts/advantage_std" in record:
+            m.advantage_std.set(_finite(record["charts/advantage_std"]))
+        if "charts/candidate_advantage_std" in record:
+            m.candidate_advantage_std.set(_finite(record["charts/candidate_advantage_std"]))
         for name, seconds in timeline.phases.items():
             m.phase_duration.labels(name).observe(seconds)
         m.iteration_duration.observe(timeline.total_s)
@@ -667,12 +707,17 @@ class Trainer:
             self.spec, self.services.env, self.actor
         )
         result.random_held_out = random
+        result.start_held_out = self.start_held_out
+        proposers = [("trained policy (fused)", result.held_out)]
+        if self.start_held_out:
+            proposers.append(("policy it started from (fused)", self.start_held_out))
+        proposers.append(("random proposer (ucb)", random))
         tables.append(
             comparison_table(
-                result.held_out,
-                random,
-                title="The trained policy against the random proposer on held-out tasks "
-                "(same tasks, episodes and evaluation budget)",
+                proposers,
+                title="The trained policy against the policy RL started from and the random "
+                "proposer, on held-out tasks (problems no training task had; the same tasks, "
+                "one episode each, and the same evaluation budget)",
             )
         )
         if held_out:

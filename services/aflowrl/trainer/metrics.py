@@ -54,4 +54,18 @@ class TrainerMetrics(ComponentMetrics):
             "overhead_ratio", "Share of the last iteration spent outside service calls."
         )
         self.policy_version = self.gauge("policy_version", "Policy version the rollout serves.")
+        self.advantage_std = self.gauge(
+            "sampled_std_advantage",
+            "Standard deviation of the last iteration's advantages on the sampled actions (the "
+            "scale an update works with).",
+        )
+        self.candidate_advantage_std = self.gauge(
+            "candidate_std_advantage",
+            "Standard deviation of the last iteration's per-candidate advantages (GiGPO's "
+            "sibling step groups).",
+        )
+        self.sibling_executor_calls = self.counter(
+            "sibling_executor_calls_total",
+            "Executor calls made by the Steps of sibling actions (GiGPO's sibling step groups).",
+        )
         self.episodes = self.counter("episodes_total", "Episodes finished.")

@@ -217,6 +217,20 @@ class RunDirectory:
         _atomic_write(self.path / "final.json", json.dumps(list(rows), indent=2) + "\n")
         _atomic_write(self.path / "final.md", table + "\n")
 
+    def write_start_held_out(self, episodes: Sequence[Mapping[str, Any]]) -> None:
+        """``start_held_out.json``: the episodes of the policy RL started from on the held-out
+        tasks the run ends with."""
+        doc = [{k: _json_value(v) for k, v in e.items()} for e in episodes]
+        _atomic_write(self.path / "start_held_out.json", json.dumps(doc, indent=2) + "\n")
+
+    def read_start_held_out(self) -> list[dict[str, Any]] | None:
+        """What :meth:`write_start_held_out` wrote, or None."""
+        path = self.path / "start_held_out.json"
+        if not path.is_file():
+            return None
+        loaded: list[dict[str, Any]] = json.loads(path.read_text())
+        return loaded
+
     def write_held_out(
         self, episodes: Sequence[Mapping[str, Any]], summaries: Sequence[Mapping[str, Any]]
     ) -> None:

@@ -16,6 +16,30 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class Observed:
+    """What an actor needs of an active episode: the observation's text and listed actions (all
+    a policy reads), and where the episode stands (for actors that look the state up: the
+    references of ``bench/learning.py``)."""
+
+    text: str
+    admissible: tuple[str, ...]
+    benchmark: str = ""
+    anchor: str = ""
+    """Hash of the workflow the step modifies."""
+    workflow_json: str = ""
+    """That workflow (aflowrl.workflow JSON); empty when unknown."""
+    in_tree: tuple[int, ...] = ()
+    """Per listed action, the tree node it leads to when the tree holds it (a duplicate), or
+    -1."""
+    state: bytes = b""
+    """The episode's state blob (what a Step from here takes)."""
+    seed: int = 0
+    """The task seed."""
+    pool: str = "all"
+    """The task's problem pool."""
+
+
+@dataclass(frozen=True)
 class Decision:
     """The policy's output for one observation."""
 
@@ -31,6 +55,8 @@ class Decision:
     """Choice mode: index of the sampled candidate."""
     logprobs: tuple[float, ...] = ()
     """Behaviour log-probabilities: one per response token, or one (log pi(chosen))."""
+    candidate_logprobs: tuple[float, ...] = ()
+    """Choice mode: the behaviour log pi of every candidate, in listed order."""
     version: int = 0
     """Policy version that produced the decision."""
     value: float | None = None
@@ -86,6 +112,15 @@ class StepRow:
     cost_known: bool = True
     replica: str = ""
     """The environment replica that served the Step."""
+    candidate_rewards: tuple[float, ...] = ()
+    """GiGPO's sibling step groups: the reward of every listed action from this step's state
+    (the chosen one's is ``reward``); empty when siblings are off."""
+    candidate_children: tuple[str, ...] = ()
+    """The workflow hash each listed action leads to (with ``candidate_rewards``)."""
+    candidate_duplicates: tuple[bool, ...] = ()
+    """Whether each listed action leads to a workflow the tree already held."""
+    sibling_executor_calls: int = 0
+    """Executor calls the siblings' Steps made (evaluations no episode had made)."""
 
 
 @dataclass
@@ -98,10 +133,16 @@ class Episode:
     episode_id: str
     benchmark: str = ""
     """The task's benchmark (the Reset's ``task``)."""
+    pool: str = "all"
+    """The task's problem pool (``environment.evaluation.pools``)."""
     state: bytes = b""
     observation_text: str = ""
     admissible: tuple[str, ...] = ()
     anchor: str = ""
+    in_tree: tuple[int, ...] = ()
+    """Per listed action, the tree node it leads to when the tree holds it, else -1."""
+    workflows: dict[str, str] = field(default_factory=dict)
+    """Hash -> JSON of every workflow in the episode's tree (the seed's and each new child's)."""
     seed_score: float = 0.0
     done: bool = False
     rows: list[StepRow] = field(default_factory=list)
@@ -125,6 +166,20 @@ class Episode:
     def best_score(self) -> float:
         """Best validation score in the episode's tree (the seed's when nothing was added)."""
         return max([self.seed_score, *(r.best_score for r in self.rows)])
+
+    def observed(self) -> Observed:
+        """What an actor sees of the episode now."""
+        return Observed(
+            self.observation_text,
+            self.admissible,
+            benchmark=self.benchmark,
+            anchor=self.anchor,
+            workflow_json=self.workflows.get(self.anchor, ""),
+            in_tree=self.in_tree,
+            state=self.state,
+            seed=self.seed,
+            pool=self.pool,
+        )
 
 
 @dataclass

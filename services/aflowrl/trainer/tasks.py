@@ -19,6 +19,10 @@ which lies in [0, 2^31 - 1). Held-out task seeds (:func:`held_out_seed`) start a
 :data:`HELD_OUT_SEED_BASE` = 2^31, so training never draws them: evaluation on held-out tasks
 (:mod:`aflowrl.trainer.evaluate`) plays problem subsets chosen by seeds no training group had.
 
+**Problem pools** (``environment.evaluation.pools``): training tasks draw their problems from
+the training pool, held-out tasks from the held-out pool (:func:`held_out_pool`: every problem
+when that pool's share is 0), so a held-out task shares no problem with any training task.
+
 Everything is a function of (spec, iteration), so a resumed run draws what an uninterrupted
 one would. Used by :mod:`aflowrl.trainer.collect` and :mod:`aflowrl.trainer.evaluate`.
 """
@@ -33,6 +37,7 @@ from typing import Final
 import numpy as np
 
 from aflowrl.config import RunSpec
+from aflowrl.config.environment import PoolName
 from aflowrl.errors import InvalidInputError
 from aflowrl.seeding import SEED_MODULUS, derive_seed
 
@@ -44,10 +49,28 @@ MAX_HELD_OUT_INDEX: Final = 2**31
 
 @dataclass(frozen=True)
 class Task:
-    """A benchmark and a task seed (the seed chooses the episode's validation problems)."""
+    """A benchmark and a task seed (the seed chooses the episode's validation problems from the
+    task's problem pool)."""
 
     benchmark: str
     seed: int
+    pool: PoolName = "all"
+    """The problem pool the seed chooses from (``environment.evaluation.pools``)."""
+
+
+def held_out_pool(spec: RunSpec) -> PoolName:
+    """The pool of held-out tasks: "held_out", or "all" when the spec keeps no held-out pool."""
+    return "held_out" if spec.environment.evaluation.pools.held_out > 0 else "all"
+
+
+def tuning_pool(spec: RunSpec) -> PoolName:
+    """The pool of tuning tasks: "tuning"; a spec without one cannot tune apart."""
+    if spec.environment.evaluation.pools.tuning <= 0:
+        raise InvalidInputError(
+            "environment.evaluation.pools.tuning is 0: there is no tuning pool",
+            field="environment.evaluation.pools.tuning",
+        )
+    return "tuning"
 
 
 def systematic_sample(weights: Sequence[float], count: int, u: float) -> list[int]:
@@ -87,7 +110,7 @@ def training_tasks(spec: RunSpec, iteration: int) -> list[Task]:
         iteration=iteration,
     )
     return [
-        Task(name, derive_seed(trainer.seed, "task", iteration, group))
+        Task(name, derive_seed(trainer.seed, "task", iteration, group), "training")
         for group, name in enumerate(names)
     ]
 
@@ -104,13 +127,34 @@ def is_held_out_seed(seed: int) -> bool:
     return seed >= HELD_OUT_SEED_BASE
 
 
-def held_out_tasks(benchmarks: Sequence[str], count: int, *, seed: int) -> list[Task]:
-    """``count`` held-out tasks per benchmark, their indices derived from ``seed`` (the same
-    ``seed`` gives the same tasks, whatever policy plays them: a paired comparison)."""
+def held_out_tasks(
+    benchmarks: Sequence[str], count: int, *, seed: int, pool: PoolName = "held_out"
+) -> list[Task]:
+    """``count`` held-out tasks per benchmark in problem pool ``pool``, their indices derived
+    from ``seed`` (the same ``seed`` gives the same tasks, whatever policy plays them: a paired
+    comparison)."""
     return [
-        Task(name, held_out_seed(derive_seed(seed, "held-out", name, k)))
+        Task(name, held_out_seed(derive_seed(seed, "held-out", name, k)), pool)
         for name in benchmarks
         for k in range(count)
+    ]
+
+
+def validation_tasks(spec: RunSpec, count: int) -> list[Task]:
+    """The warm start's ``count`` validation episodes' tasks: benchmarks drawn by weight, task
+    seeds from a namespace of their own in the held-out range, problems from the held-out
+    pool (:func:`held_out_pool`)."""
+    trainer, env = spec.trainer, spec.environment
+    names = draw_benchmarks(
+        env.training_benchmarks, env.task_weights, count, seed=trainer.seed, iteration=-2
+    )
+    return [
+        Task(
+            name,
+            held_out_seed(derive_seed(trainer.seed, "warm-validation", k)),
+            held_out_pool(spec),
+        )
+        for k, name in enumerate(names)
     ]
 
 
@@ -121,4 +165,7 @@ def warm_start_tasks(spec: RunSpec, count: int) -> list[Task]:
     names = draw_benchmarks(
         env.training_benchmarks, env.task_weights, count, seed=trainer.seed, iteration=-1
     )
-    return [Task(name, derive_seed(trainer.seed, "warm-start", k)) for k, name in enumerate(names)]
+    return [
+        Task(name, derive_seed(trainer.seed, "warm-start", k), "training")
+        for k, name in enumerate(names)
+    ]

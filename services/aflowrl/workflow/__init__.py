@@ -26,6 +26,7 @@ from aflowrl.workflow.evaluator import (
     Evaluator,
     ProblemResult,
     SampleResult,
+    pool_problems,
     select_problems,
     subset,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "describe_operators",
     "export_aflow",
     "library",
+    "pool_problems",
     "render_svg",
     "render_text",
     "save_png",

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aflowrl.benchmarks.base import Benchmark, Problem, Score
 from aflowrl.errors import InvalidInputError, NotFoundError
 from aflowrl.executor.base import Executor
-from aflowrl.seeding import derive_seed
+from aflowrl.seeding import derive_seed, stable_hash
 from aflowrl.workflow import racing
 from aflowrl.workflow.cache import CacheKey, DrawKey, EvaluationCache, ScoredRun, StoredDraw
 from aflowrl.workflow.graph import Graph
@@ -316,6 +316,51 @@ def subset(problems: Sequence[Problem], size: int | None, seed: int) -> list[Pro
         return list(problems)
     chosen = set(random.Random(derive_seed("subset", seed)).sample(range(len(problems)), size))
     return [p for i, p in enumerate(problems) if i in chosen]
+
+
+POOLS = ("all", "training", "tuning", "held_out")
+"""Problem pools (``environment.evaluation.pools``); "all" is the whole split."""
+
+
+def pool_size(share: float, total: int) -> int:
+    """round(share x total), at least 1 when the share is above 0."""
+    return max(1, round(share * total)) if share > 0 else 0
+
+
+def pool_problems(
+    problems: Sequence[Problem], pool: str, *, benchmark: str, held_out: float, tuning: float
+) -> list[Problem]:
+    """The problems of ``pool``, in split order (``environment.evaluation.pools``).
+
+    Problems are ranked by a stable hash of (benchmark, problem id); the first
+    :func:`pool_size` (held_out) are the held-out pool, the next (tuning) the tuning pool, the
+    rest the training pool. So every replica and run agree, and the pools are disjoint.
+    """
+    if pool not in POOLS:
+        raise InvalidInputError(f"{pool!r} is not one of {list(POOLS)}", field="problem_pool")
+    if pool == "all":
+        return list(problems)
+    ranked = sorted(problems, key=lambda p: stable_hash("pool", benchmark, p.problem_id))
+    held, tune = pool_size(held_out, len(ranked)), pool_size(tuning, len(ranked))
+    if held + tune >= len(ranked):
+        raise InvalidInputError(
+            f"the held-out ({held}) and tuning ({tune}) pools leave none of {benchmark}'s "
+            f"{len(ranked)} problems for training",
+            field="evaluation.pools",
+        )
+    members = {
+        "held_out": ranked[:held],
+        "tuning": ranked[held : held + tune],
+        "training": ranked[held + tune :],
+    }[pool]
+    if not members:
+        share = "heldOut" if pool == "held_out" else "tuning"
+        raise InvalidInputError(
+            f"there is no {pool.replace('_', '-')} pool: environment.evaluation.pools.{share} is 0",
+            field="problem_pool",
+        )
+    ids = {p.problem_id for p in members}
+    return [p for p in problems if p.problem_id in ids]
 
 
 class Evaluator:

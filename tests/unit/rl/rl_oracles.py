@@ -381,3 +381,51 @@ def entropy(logits: list[float]) -> float:
     weights = [math.exp(z - top) for z in logits]
     total = sum(weights)
     return -sum(w / total * math.log(w / total) for w in weights if w > 0)
+
+
+def candidate_policy_loss(
+    old: np.ndarray,
+    new: np.ndarray,
+    adv: np.ndarray,
+    mask: np.ndarray,
+    *,
+    low: float,
+    high: float,
+    c: float,
+) -> tuple[list[float], float, list[float]]:
+    """Per row sum_k pi_old(k) L_k, the pi_old-weighted clip share, and KL(pi_old || pi)."""
+    losses, clipped, kls = [], [], []
+    for i in range(old.shape[0]):
+        row_loss = row_clip = row_kl = 0.0
+        for k in range(old.shape[1]):
+            if not mask[i, k]:
+                continue
+            weight = math.exp(float(old[i, k]))
+            a = float(adv[i, k])
+            logr = min(max(float(new[i, k] - old[i, k]), -20.0), 20.0)
+            r = math.exp(logr)
+            unclipped_term = -a * r
+            clipped_term = -a * min(max(r, 1 - low), 1 + high)
+            value = max(unclipped_term, clipped_term)
+            if a < 0:
+                value = min(value, -a * c)
+            row_loss += weight * value
+            row_clip += weight * float(clipped_term > unclipped_term)
+            row_kl += weight * float(old[i, k] - new[i, k])
+        losses.append(row_loss)
+        clipped.append(row_clip)
+        kls.append(row_kl)
+    return losses, sum(clipped) / len(clipped), kls
+
+
+def sibling_step_advantages(rewards: list[list[float]], *, by_std: bool) -> list[list[float]]:
+    """Each row's candidates normalised within the row (a one-candidate row gets 0)."""
+    out = []
+    for row in rewards:
+        if len(row) == 1:
+            out.append([0.0])
+            continue
+        mean = sum(row) / len(row)
+        std = math.sqrt(sum((v - mean) ** 2 for v in row) / (len(row) - 1))
+        out.append([(v - mean) / (std + 1e-6) if by_std else v - mean for v in row])
+    return out

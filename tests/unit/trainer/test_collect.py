@@ -254,3 +254,67 @@ async def test_text_mode_seeds_each_prompt_with_its_own_decisions_seed():
     alone = await actor.act([second], draws=draws[1:])
     assert [d.action for d in together] == [f"seed {draws[0].seed}", f"seed {draws[1].seed}"]
     assert alone[0].action == together[1].action and draws[0].seed != draws[1].seed
+
+
+class ChoosingActor(SeededActor):
+    """:class:`SeededActor` whose decisions are choices among the listed actions."""
+
+    async def act(self, observed: Sequence[Observed], *, draws: Sequence[Draw]) -> list[Decision]:
+        decisions = await super().act(observed, draws=draws)
+        out = []
+        for o, d in zip(observed, decisions, strict=True):
+            chosen = [encoding.action_reply(a) for a in o.admissible].index(d.action)
+            count = len(o.admissible)
+            out.append(
+                Decision(
+                    action=d.action,
+                    candidate_ids=tuple((k + 1,) for k in range(count)),
+                    chosen=chosen,
+                    logprobs=(-1.0986,),
+                    candidate_logprobs=(-1.0986,) * count,
+                    value=d.value,
+                )
+            )
+        return out
+
+
+async def _collect_choices(*, siblings: bool, order_seed: int):
+    doc = SPEC.to_document()
+    doc["learner"]["algorithm"] = {"type": "gigpo", "siblingStepGroups": siblings}
+    spec = RunSpec.from_document(doc)
+    env = OrderedEnv(spec.trainer.tasks_per_iteration * spec.trainer.group_size, order_seed)
+    stepped: list[tuple[str, str]] = []
+    step = env.step
+
+    async def recording_step(state_blob, action, **kwargs):
+        stepped.append((json.loads(state_blob)["anchor"], action))
+        return await step(state_blob, action, **kwargs)
+
+    env.step = recording_step  # type: ignore[method-assign]
+    collector = Collector(
+        spec,
+        env,  # type: ignore[arg-type]
+        ChoosingActor(),
+        seed_workflows(spec.environment.training_benchmarks),
+        values=ValueTable("policy"),
+    )
+    batch = await collector.collect(3, Timeline())
+    return batch, stepped
+
+
+async def test_sibling_step_groups_step_every_listed_action_without_moving_the_episodes():
+    plain, plain_steps = await _collect_choices(siblings=False, order_seed=1)
+    with_siblings, sibling_steps = await _collect_choices(siblings=True, order_seed=2)
+    # The episodes are the same: siblings answer "what if", they take no step.
+    assert [(r.traj, r.step, r.anchor, r.decision.action, r.reward) for r in plain.rows] == [
+        (r.traj, r.step, r.anchor, r.decision.action, r.reward) for r in with_siblings.rows
+    ]
+    assert all(not r.candidate_rewards for r in plain.rows)
+    assert len(sibling_steps) == len(plain_steps) * len(ACTIONS)
+    for row in with_siblings.rows:
+        replies = [encoding.action_reply(a) for a in ACTIONS]
+        # One reward per listed action, what the environment answers for it from that state.
+        expected = [int(_digest(row.anchor, a)[:4], 16) / 0xFFFF - 0.5 for a in replies]
+        assert row.candidate_rewards == pytest.approx(expected)
+        assert row.candidate_rewards[row.decision.chosen] == row.reward
+        assert row.candidate_children == tuple(_digest(row.anchor, a) for a in replies)

@@ -129,8 +129,23 @@ def test_a_single_benchmark_run_draws_what_it_always_drew():
     spec = RunSpec.from_document({"trainer": {"tasksPerIteration": 2, "seed": 3}})
     for iteration in range(5):
         assert tasks.training_tasks(spec, iteration) == [
-            tasks.Task("humaneval", derive_seed(3, "task", iteration, g)) for g in range(2)
+            tasks.Task("humaneval", derive_seed(3, "task", iteration, g), "training")
+            for g in range(2)
         ]
+
+
+def test_training_and_held_out_tasks_draw_from_their_own_problem_pools():
+    spec = RunSpec.from_document({"trainer": {"tasksPerIteration": 2, "seed": 3}})
+    assert {t.pool for i in range(5) for t in tasks.training_tasks(spec, i)} == {"training"}
+    assert {t.pool for t in tasks.warm_start_tasks(spec, 6)} == {"training"}
+    assert tasks.held_out_pool(spec) == "held_out"
+    validation = tasks.validation_tasks(spec, 4)
+    assert {t.pool for t in validation} == {"held_out"}
+    assert all(tasks.is_held_out_seed(t.seed) for t in validation)
+    no_pool = RunSpec.from_document({"environment": {"evaluation": {"pools": {"heldOut": 0}}}})
+    assert tasks.held_out_pool(no_pool) == "all"
+    with pytest.raises(InvalidInputError, match="tuning"):
+        tasks.tuning_pool(spec)
 
 
 def test_groups_start_from_the_seed_workflow_of_their_task_type():

@@ -59,6 +59,32 @@ ACTION_MODE_FREEFORM: ActionMode.ValueType  # 3
 """The policy writes a whole workflow graph in JSON, validated before it runs."""
 Global___ActionMode: _TypeAlias = ActionMode  # noqa: Y015
 
+class _ProblemPool:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ProblemPoolEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ProblemPool.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PROBLEM_POOL_UNSPECIFIED: _ProblemPool.ValueType  # 0
+    """Every problem of the split (no pools)."""
+    PROBLEM_POOL_TRAINING: _ProblemPool.ValueType  # 1
+    PROBLEM_POOL_TUNING: _ProblemPool.ValueType  # 2
+    PROBLEM_POOL_HELD_OUT: _ProblemPool.ValueType  # 3
+
+class ProblemPool(_ProblemPool, metaclass=_ProblemPoolEnumTypeWrapper):
+    """Disjoint pools of a benchmark's problems (environment.evaluation.pools): training tasks draw
+    from TRAINING, settings are chosen on TUNING and policies are judged on HELD_OUT, so no
+    problem a policy was trained or tuned on is used to judge it. A pool whose share is 0 does
+    not exist (INVALID_ARGUMENT); TRAINING is what the other two leave.
+    """
+
+PROBLEM_POOL_UNSPECIFIED: ProblemPool.ValueType  # 0
+"""Every problem of the split (no pools)."""
+PROBLEM_POOL_TRAINING: ProblemPool.ValueType  # 1
+PROBLEM_POOL_TUNING: ProblemPool.ValueType  # 2
+PROBLEM_POOL_HELD_OUT: ProblemPool.ValueType  # 3
+Global___ProblemPool: _TypeAlias = ProblemPool  # noqa: Y015
+
 @_typing.final
 class ResetRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -70,6 +96,7 @@ class ResetRequest(_message.Message):
     ACTION_MODE_FIELD_NUMBER: _builtins.int
     SEED_WORKFLOW_JSON_FIELD_NUMBER: _builtins.int
     VALUES_FIELD_NUMBER: _builtins.int
+    PROBLEM_POOL_FIELD_NUMBER: _builtins.int
     task: _builtins.str
     """Benchmark name: "gsm8k", "math", "humaneval", "mbpp", "hotpotqa" or "drop"."""
     seed: _builtins.int
@@ -82,6 +109,10 @@ class ResetRequest(_message.Message):
     """How actions are given in this episode; UNSPECIFIED = the server's default."""
     seed_workflow_json: _builtins.str
     """Optional seed workflow as JSON; empty = the benchmark's AFlow seed workflow."""
+    problem_pool: Global___ProblemPool.ValueType
+    """Which of the benchmark's problems the episode's subset is drawn from
+    (environment.evaluation.pools); UNSPECIFIED = all of the split.
+    """
     @_builtins.property
     def values(self) -> Global___StateValues:
         """V(s) for `fused` selection (required then; ignored by the other selection rules): the
@@ -98,10 +129,11 @@ class ResetRequest(_message.Message):
         action_mode: Global___ActionMode.ValueType = ...,
         seed_workflow_json: _builtins.str = ...,
         values: Global___StateValues | None = ...,
+        problem_pool: Global___ProblemPool.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["values", b"values"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_mode", b"action_mode", "episode_id", b"episode_id", "max_steps", b"max_steps", "seed", b"seed", "seed_workflow_json", b"seed_workflow_json", "task", b"task", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_mode", b"action_mode", "episode_id", b"episode_id", "max_steps", b"max_steps", "problem_pool", b"problem_pool", "seed", b"seed", "seed_workflow_json", b"seed_workflow_json", "task", b"task", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -182,6 +182,7 @@ class ComputeLogProbsResponse(_message.Message):
     ENTROPIES_FIELD_NUMBER: _builtins.int
     VALUES_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    CANDIDATE_LOGPROBS_FIELD_NUMBER: _builtins.int
     policy_version: _builtins.int
     """Policy version used (reference: 0)."""
     @_builtins.property
@@ -194,6 +195,10 @@ class ComputeLogProbsResponse(_message.Message):
     def entropies(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenFloats]: ...
     @_builtins.property
     def values(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenFloats]: ...
+    @_builtins.property
+    def candidate_logprobs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenFloats]:
+        """One entry per choice decision, in the order of `choices`: log pi of every candidate."""
+
     def __init__(
         self,
         *,
@@ -201,10 +206,11 @@ class ComputeLogProbsResponse(_message.Message):
         entropies: _abc.Iterable[_common_pb2.TokenFloats] | None = ...,
         values: _abc.Iterable[_common_pb2.TokenFloats] | None = ...,
         policy_version: _builtins.int = ...,
+        candidate_logprobs: _abc.Iterable[_common_pb2.TokenFloats] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entropies", b"entropies", "logprobs", b"logprobs", "policy_version", b"policy_version", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_logprobs", b"candidate_logprobs", "entropies", b"entropies", "logprobs", b"logprobs", "policy_version", b"policy_version", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -225,6 +231,8 @@ class TrainSample(_message.Message):
     OLD_VALUES_FIELD_NUMBER: _builtins.int
     VALUE_TARGET_FIELD_NUMBER: _builtins.int
     TARGET_WEIGHTS_FIELD_NUMBER: _builtins.int
+    CANDIDATE_OLD_LOGPROBS_FIELD_NUMBER: _builtins.int
+    CANDIDATE_ADVANTAGES_FIELD_NUMBER: _builtins.int
     value_target: _builtins.float
     """The step's discounted return, the target of the policy's value replies (when the
     decision has value_token_ids; two-hot over policy.value's bins).
@@ -257,6 +265,20 @@ class TrainSample(_message.Message):
         per candidate, non-negative, summing to 1).
         """
 
+    @_builtins.property
+    def candidate_old_logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Choice samples: log pi_old of every candidate under the behaviour policy (empty: only the
+        chosen one's is known, in old_logprobs). Needed with candidate_advantages, and for the
+        exact update diagnostics (policy/update_kl).
+        """
+
+    @_builtins.property
+    def candidate_advantages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Choice samples, GiGPO's sibling step groups: an advantage for every candidate, each
+        trained in expectation under pi_old (the loss adds sum_k pi_old(k) * clipped surrogate of
+        candidate k); the sampled action's own advantage stays in `advantages`. Empty: none.
+        """
+
     def __init__(
         self,
         *,
@@ -269,10 +291,12 @@ class TrainSample(_message.Message):
         old_values: _abc.Iterable[_builtins.float] | None = ...,
         value_target: _builtins.float | None = ...,
         target_weights: _abc.Iterable[_builtins.float] | None = ...,
+        candidate_old_logprobs: _abc.Iterable[_builtins.float] | None = ...,
+        candidate_advantages: _abc.Iterable[_builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_value_target", b"_value_target", "choice", b"choice", "kind", b"kind", "sequence", b"sequence", "value_target", b"value_target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_value_target", b"_value_target", "advantages", b"advantages", "choice", b"choice", "kind", b"kind", "old_logprobs", b"old_logprobs", "old_values", b"old_values", "ref_logprobs", b"ref_logprobs", "returns", b"returns", "sequence", b"sequence", "target_weights", b"target_weights", "value_target", b"value_target"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_value_target", b"_value_target", "advantages", b"advantages", "candidate_advantages", b"candidate_advantages", "candidate_old_logprobs", b"candidate_old_logprobs", "choice", b"choice", "kind", b"kind", "old_logprobs", b"old_logprobs", "old_values", b"old_values", "ref_logprobs", b"ref_logprobs", "returns", b"returns", "sequence", b"sequence", "target_weights", b"target_weights", "value_target", b"value_target"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__value_target: _TypeAlias = _typing.Literal["value_target"]  # noqa: Y015
     _WhichOneofArgType__value_target: _TypeAlias = _typing.Literal["_value_target", b"_value_target"]  # noqa: Y015

@@ -1,0 +1,55 @@
+"""Problem pools: disjoint, stable, sized by their shares, in split order."""
+
+from __future__ import annotations
+
+import pytest
+
+from aflowrl.benchmarks.base import Problem
+from aflowrl.errors import InvalidInputError
+from aflowrl.workflow import pool_problems
+from aflowrl.workflow.evaluator import pool_size
+
+
+def _problems(count: int) -> list[Problem]:
+    return [Problem("gsm8k", f"p{i}", f"q{i}", str(i)) for i in range(count)]
+
+
+def _pools(problems, held_out=0.3, tuning=0.2, benchmark="gsm8k"):
+    return {
+        pool: pool_problems(problems, pool, benchmark=benchmark, held_out=held_out, tuning=tuning)
+        for pool in ("training", "tuning", "held_out")
+    }
+
+
+def test_pools_are_disjoint_cover_the_split_and_keep_its_order():
+    problems = _problems(119)
+    pools = _pools(problems)
+    ids = {name: [p.problem_id for p in members] for name, members in pools.items()}
+    assert [len(v) for v in ids.values()] == [119 - 36 - 24, 24, 36]
+    assert sorted(sum(ids.values(), [])) == sorted(p.problem_id for p in problems)
+    order = {p.problem_id: i for i, p in enumerate(problems)}
+    for members in ids.values():
+        assert [order[i] for i in members] == sorted(order[i] for i in members)
+    assert pool_problems(problems, "all", benchmark="gsm8k", held_out=0.3, tuning=0.2) == problems
+
+
+def test_a_problem_keeps_its_pool_whatever_else_is_loaded():
+    """Pools follow each problem's (benchmark, id), so a replica with more problems (or the
+    same ones in another order) agrees on every problem both have."""
+    problems = _problems(60)
+    pools = _pools(problems)
+    shuffled = _pools(list(reversed(problems)))
+    for name in pools:
+        assert {p.problem_id for p in pools[name]} == {p.problem_id for p in shuffled[name]}
+    other = _pools(problems, benchmark="math")
+    assert {p.problem_id for p in other["held_out"]} != {p.problem_id for p in pools["held_out"]}
+
+
+def test_sizes_round_and_a_pool_asked_for_is_never_empty():
+    assert pool_size(0.2, 33) == 7 and pool_size(0.01, 33) == 1 and pool_size(0.0, 33) == 0
+    with pytest.raises(InvalidInputError, match="no tuning pool"):
+        pool_problems(_problems(33), "tuning", benchmark="x", held_out=0.2, tuning=0.0)
+    with pytest.raises(InvalidInputError, match="none of"):
+        pool_problems(_problems(2), "training", benchmark="x", held_out=0.5, tuning=0.4)
+    with pytest.raises(InvalidInputError, match="is not one of"):
+        pool_problems(_problems(4), "test", benchmark="x", held_out=0.2, tuning=0.0)
