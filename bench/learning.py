@@ -24,7 +24,8 @@ warm start's traces, training tasks and all sampling):
 - ``warm start (equal budget)``: the warm start alone with as many more labelled episodes as
   make its workflow evaluations match warm start + GiGPO's (budget: distinct (task, workflow)
   evaluations, siblings included; the executor calls measured are printed too, but depend on
-  what the shared cache already held).
+  what the shared cache already held), trained for as many optimiser steps as the warm start
+  (fewer epochs over more states).
 
 **Reference rows** (no training): ``random`` (uniform over the listed actions); ``uniform
 new`` (uniform over the listed actions that do not lead to a workflow the tree holds);
@@ -38,11 +39,12 @@ references with UCB alone (same c).
 
 **Metrics.** *best-gain*: the best score among the workflows an episode added minus the seed
 workflow's. *one-step*: the exact expected one-step reward E_{a~pi} r(s, a) on held-out states
-(the seed, CoT-SC, MedPrompt and Self-Refine workflows of every evaluation task; every listed
-child evaluated once and cached): a low-variance view of the same policies. *duplicates*:
-steps into a workflow the tree held. *moved*: mean total variation on those states between a
-trained policy and the one it started from, and, per GiGPO iteration, the range of approx_kl,
-the clip fraction and the exact KL of the update (``policy/update_kl``).
+(every state of one uniform-random episode per evaluation task: the seed workflow, then the
+workflows random edits lead to; every listed child evaluated once and cached): a low-variance
+view of the same policies. *duplicates*: steps into a workflow the tree held. *moved*: mean
+total variation on those states between a trained policy and the one it started from, and, per
+GiGPO iteration, the range of approx_kl, the clip fraction and the exact KL of the update
+(``policy/update_kl``).
 
 **Standard errors.** Every figure is a mean over (task, seed) cells; every difference is paired
 by (task, seed). Its standard error is a two-way cluster bootstrap (Davison & Hinkley's
@@ -90,7 +92,6 @@ from typing import Any
 import numpy as np
 
 from aflowrl._proto.v1 import environment_pb2, rollout_pb2
-from aflowrl.benchmarks import get_benchmark
 from aflowrl.config import RunSpec
 from aflowrl.local.launcher import local_services, local_spec
 from aflowrl.search import encoding
@@ -110,11 +111,11 @@ from aflowrl.trainer.rows import Decision, Observed
 from aflowrl.trainer.tasks import Task, held_out_tasks
 from aflowrl.trainer.values import ValueTable
 from aflowrl.trainer.weight_sync import make_weight_sync
-from aflowrl.workflow import library
 
 TRAIN = ("gsm8k", "math", "hotpotqa", "drop")
 HELD_OUT = ("mbpp",)
-STATE_WORKFLOWS = ("seed", "cot_sc", "medprompt", "self_refine")
+STATES_SEED = 77
+"""Seed of the uniform-random episodes whose states are the held-out states."""
 LISTED = 9
 """Admissible actions listed per observation."""
 POOLS = {"heldOut": 0.3, "tuning": 0.2}
@@ -258,6 +259,17 @@ class UniformNewActor(Actor):
         return out
 
 
+class RecordingActor(UniformActor):
+    """Uniform over the listed actions; keeps every observation it decided on."""
+
+    def __init__(self) -> None:
+        self.seen: list[Observed] = []
+
+    async def act(self, observed: Sequence[Observed], *, draws: Sequence[Draw]) -> list[Decision]:
+        self.seen.extend(observed)
+        return await super().act(observed, draws=draws)
+
+
 class OracleActor(Actor):
     """Evaluates every listed action on the task itself and takes the best (ties: first)."""
 
@@ -372,7 +384,6 @@ class State:
     """A held-out state with the reward of every listed action."""
 
     task: Task
-    workflow: str
     text: str
     actions: tuple[str, ...]
     rewards: tuple[float, ...]
@@ -444,7 +455,10 @@ class Bench:
     # ---- services ----
 
     async def run(self) -> None:
-        async with local_services(self.base, self.root) as (targets, _group):
+        async with local_services(self.base, self.root, threads_per_service=self.args.threads) as (
+            targets,
+            _group,
+        ):
             self.targets = targets
             self.learner = LearnerClient(targets.learner)
             self.rollout = RolloutClient(targets.rollout)
@@ -454,7 +468,8 @@ class Bench:
             await self.learner.save(str(initial), b"")
             try:
                 await self._states()
-                await self._references()
+                if self.args.references:
+                    await self._references()
                 for seed in self.args.seeds:
                     await self._seed(seed, initial)
             finally:
@@ -484,33 +499,22 @@ class Bench:
     # ---- held-out states and the references ----
 
     async def _states(self) -> None:
-        """Every evaluation task started from each of :data:`STATE_WORKFLOWS`, with the reward
-        of every listed action."""
+        """The held-out states: every state one uniform-random episode visits on each
+        evaluation task (the seed workflow first, then what random edits lead to: the states a
+        search meets), with the reward of every listed action from each."""
         started = time.perf_counter()
+        recorder = RecordingActor()
+        tasks = [*self.tasks, *self.transfer]
+        await evaluate_policy(
+            self.base, self.env, recorder, tasks, seed=STATES_SEED, values=ValueTable.empty()
+        )
 
-        async def one(task: Task, name: str) -> State:
-            graph = library.load(name, get_benchmark(task.benchmark).task_type)
-            reply = await reset(
-                self.env, self.base, task, graph.to_json(indent=None), key=graph.content_hash
-            )
-            obs = reply.observation
-            actions = tuple(obs.admissible_actions)
-            rewards = await step_rewards(self.env, reply.state, actions, key=task.benchmark)
-            observed = Observed(
-                obs.text,
-                actions,
-                benchmark=task.benchmark,
-                anchor=obs.anchor,
-                workflow_json=graph.to_json(indent=None),
-                in_tree=tuple(obs.admissible_in_tree),
-                state=reply.state,
-                seed=task.seed,
-                pool=task.pool,
-            )
-            return State(task, name, obs.text, actions, tuple(rewards), observed)
+        async def one(o: Observed) -> State:
+            rewards = await step_rewards(self.env, o.state, o.admissible, key=o.anchor)
+            task = Task(o.benchmark, o.seed, o.pool)
+            return State(task, o.text, o.admissible, tuple(rewards), o)
 
-        pairs = [(t, w) for t in [*self.tasks, *self.transfer] for w in STATE_WORKFLOWS]
-        self.states = list(await asyncio.gather(*(one(t, w) for t, w in pairs)))
+        self.states = list(await asyncio.gather(*(one(o) for o in recorder.seen)))
         print(
             f"held-out states: {len(self.states)} ({time.perf_counter() - started:.0f} s)",
             flush=True,
@@ -710,6 +714,9 @@ class Bench:
             spec = make_spec(args, seed=seed, iterations=0, checkpointDir=str(run_dir))
             doc = spec.to_document()
             doc["trainer"]["warmStart"]["episodes"] = episodes
+            doc["trainer"]["warmStart"]["epochs"] = max(
+                1, round(args.warm_epochs * args.warm_episodes / episodes)
+            )
             spec = RunSpec.from_document(doc)
             await self._train(spec, run_dir)
             summary = json.loads((run_dir / "warmstart" / "summary.json").read_text())
@@ -768,7 +775,7 @@ def print_tables(bench: Bench) -> None:
     order = [
         "random",
         "uniform new",
-        bench.constant,
+        getattr(bench, "constant", ""),
         "expected-greedy",
         "oracle",
         "warm start",
@@ -903,6 +910,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--greedy-tasks", type=int, default=6, help="per benchmark")
     p.add_argument("--selection-tasks", type=int, default=3, help="per training benchmark")
     p.add_argument("--bootstrap", type=int, default=2000)
+    p.add_argument(
+        "--references",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="play the reference rows (--no-references: the trained methods alone, for tuning)",
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch threads per service")
     p.add_argument("--data-dir", default=os.environ.get("AFLOWRL_DATA_DIR"))
     p.add_argument("--keep", metavar="DIR", help="keep every run's directory under DIR")
     return p
@@ -922,7 +936,7 @@ def main() -> None:
             asyncio.run(bench.run())
     print_tables(bench)
     print(f"({time.perf_counter() - started:.0f} s in all)")
-    if "gigpo" in bench.methods and bench.shuffle:
+    if "gigpo" in bench.methods and bench.shuffle and args.references:
         print(final_line(bench))
 
 

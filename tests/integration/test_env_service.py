@@ -356,6 +356,12 @@ async def test_bad_requests_name_the_field(replicas):
             (pb.ResetRequest(task="gsm8k", max_steps=-2), "reset.max_steps"),
             (pb.ResetRequest(task="gsm8k", max_steps=5000), "reset.max_steps"),
             (pb.ResetRequest(task="gsm8k", episode_id="x" * 300), "reset.episode_id"),
+            (
+                pb.ResetRequest(task="gsm8k", problem_pool=pb.PROBLEM_POOL_TUNING),
+                "reset.problem_pool: this environment has no tuning problem pool "
+                "(environment.evaluation.pools.tuning is 0)",
+            ),
+            (pb.ResetRequest(task="gsm8k", problem_pool=9), "reset.problem_pool"),
         ]
         for request, message in resets:
             assert message in await _refused(stub.Reset(request))
@@ -386,6 +392,18 @@ async def test_bad_requests_name_the_field(replicas):
         ]
         for request, message in evaluates:
             assert message in await _refused(stub.Evaluate(request))
+
+
+async def test_held_out_episodes_score_on_the_held_out_pool_and_keep_it(replicas):
+    """heldOut 0.2 of 12 problems: held-out episodes score on those 2, training episodes on a
+    subset of the other 10, and every step of an episode stays on its pool."""
+    async with _stubs(replicas[0].target, replicas[1].target) as (first, second):
+        for pool, count in ((pb.PROBLEM_POOL_HELD_OUT, 2), (pb.PROBLEM_POOL_TRAINING, PROBLEMS)):
+            reply = await first.Reset(pb.ResetRequest(task="gsm8k", seed=3, problem_pool=pool))
+            assert reply.seed_eval.num_problems == count
+            assert f"{count} problems x 1" in reply.observation.text
+            step = await second.Step(pb.StepRequest(state=reply.state, action=_action(1)))
+            assert step.info.valid_action and f"{count} problems" in step.observation.text
 
 
 # ------------------------------------------------------------------------------ evaluate

@@ -116,3 +116,27 @@ def test_rows_with_nothing_to_train_still_count_in_their_episode():
     targets = compute_advantages(rows, GiGPOSpec(gamma=0.5, invalid_action_penalty=0.1))
     assert targets.advantages[1] == ()
     assert targets.advantages[0][0] == pytest.approx(0.075)
+
+
+def test_sibling_rows_keep_the_episode_term_and_train_every_candidate_on_its_own_reward():
+    rows = _rows()
+    # Row 3 (traj 1, step 1, a choice of 2) had both listed actions stepped: rewards 0.3 (its
+    # own, chosen 0) and -0.1.
+    rows[3].candidate_rewards = (0.3, -0.1)
+    rows[4].candidate_rewards = (0.4,)  # not every candidate: not a sibling group
+    spec = GiGPOSpec(gamma=0.5, invalid_action_penalty=0.1, step_advantage_w=2.0)
+    targets = compute_advantages(rows, spec)
+    plain = compute_advantages(_rows(), spec)
+    episode_only = compute_advantages(_rows(), spec.model_copy(update={"step_advantage_w": 0.0}))
+    assert targets.advantages[3] == pytest.approx(episode_only.advantages[3])
+    for i in (0, 1, 2, 4):
+        assert targets.advantages[i] == pytest.approx(plain.advantages[i])
+    assert targets.candidate_advantages is not None
+    assert targets.candidate_advantages[3] == pytest.approx((2.0 * 0.2, 2.0 * -0.2))
+    assert [targets.candidate_advantages[i] for i in (0, 1, 2, 4)] == [(), (), (), ()]
+    std = GiGPOSpec(gamma=0.5, step_advantage_w=1.0, mode="mean_std_norm")
+    normalised = compute_advantages(rows, std).candidate_advantages
+    assert normalised is not None
+    spread = math.sqrt(2 * 0.2**2)
+    assert normalised[3] == pytest.approx((0.2 / (spread + 1e-6), -0.2 / (spread + 1e-6)))
+    assert compute_advantages(_rows(), spec).candidate_advantages is None
