@@ -52,7 +52,7 @@ def _in_fresh_process(case: Callable[..., dict[str, Any]], **kwargs: Any) -> dic
 def _run(queue: Any, case: Callable[..., dict[str, Any]], kwargs: dict[str, Any]) -> None:
     try:
         queue.put((True, case(**kwargs)))
-    except BaseException:  # noqa: BLE001  # the parent reports it
+    except BaseException:  # the parent reports it
         queue.put((False, traceback.format_exc()))
 
 

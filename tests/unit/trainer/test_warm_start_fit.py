@@ -62,7 +62,7 @@ def test_fit_measures_cross_entropy_top1_and_expected_reward():
     fit = fit_of(states, sharp, 0.05)
     assert fit["top1"] == 1.0
     assert fit["expected_reward"] == pytest.approx((0.98 * 0.2 + (0.01 + 0.98) * 0.1) / 2)
-    wrong = [np.log([0.01, 0.98, 0.01]).tolist()] + [sharp[1]]
+    wrong = [np.log([0.01, 0.98, 0.01]).tolist(), sharp[1]]
     assert fit_of(states, wrong, 0.05)["top1"] == 0.5
     with pytest.raises(ValueError):
         fit_of(states, uniform[:1], 0.05)

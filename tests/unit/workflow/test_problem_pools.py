@@ -26,7 +26,7 @@ def test_pools_are_disjoint_cover_the_split_and_keep_its_order():
     pools = _pools(problems)
     ids = {name: [p.problem_id for p in members] for name, members in pools.items()}
     assert [len(v) for v in ids.values()] == [119 - 36 - 24, 24, 36]
-    assert sorted(sum(ids.values(), [])) == sorted(p.problem_id for p in problems)
+    assert sorted(i for v in ids.values() for i in v) == sorted(p.problem_id for p in problems)
     order = {p.problem_id: i for i, p in enumerate(problems)}
     for members in ids.values():
         assert [order[i] for i in members] == sorted(order[i] for i in members)
