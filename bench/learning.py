@@ -143,6 +143,7 @@ environment:
     maxAdmissibleActions: {listed}
     maxObservationChars: {obs_chars}
     failedExamples: {failed}
+    listDuplicates: {list_duplicates}
     describeOperators: false
     selection: fused
     valueSource: policy
@@ -181,6 +182,7 @@ def make_spec(args: argparse.Namespace, **trainer: Any) -> RunSpec:
         listed=LISTED,
         obs_chars=args.observation_chars,
         failed=args.failed_examples,
+        list_duplicates="true" if args.list_duplicates else "false",
         ucb_c=args.ucb_c,
         iterations=args.iterations,
         tasks_per_iteration=args.tasks_per_iteration,
@@ -899,6 +901,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=4, help="edits per episode")
     p.add_argument("--ucb-c", type=float, default=0.1)
     p.add_argument("--observation-chars", type=int, default=2000)
+    p.add_argument(
+        "--list-duplicates",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="search.listDuplicates (off: every listed action makes a new workflow)",
+    )
     p.add_argument(
         "--failed-examples",
         type=int,

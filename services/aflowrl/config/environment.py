@@ -273,6 +273,12 @@ class SearchSpec(SpecModel):
     trained policy learns the operators from experience and reads a shorter prompt)."""
     max_admissible_actions: int = Field(default=24, ge=2, le=512)
     """Most admissible actions listed per observation (choice mode)."""
+    list_duplicates: bool = True
+    """List the actions that lead to a workflow the tree already holds (marked so: taking one
+    gains nothing and costs the duplicate penalty). False: leave them out while any other is
+    admissible (action masking), so every listed action makes a new workflow and the
+    ``maxAdmissibleActions`` slots go to new ones; a small policy that cannot read the marks
+    then cannot waste steps on them."""
     max_observation_chars: int = Field(default=6000, ge=500, le=1_000_000)
     """Longest observation text; longer parts are cut and the cut is stated."""
 

@@ -448,7 +448,7 @@ def _bounded(candidates: list[Candidate], limit: int, graph: Graph) -> list[Cand
 
 
 @lru_cache(maxsize=512)
-def _admissible(graph: Graph, limit: int) -> tuple[Candidate, ...]:
+def _every_admissible(graph: Graph) -> tuple[Candidate, ...]:
     seen = {graph.content_hash}
     found: list[Candidate] = []
     for action in _proposals(graph):
@@ -460,11 +460,21 @@ def _admissible(graph: Graph, limit: int) -> tuple[Candidate, ...]:
             continue
         seen.add(child.content_hash)
         found.append(Candidate(action, action.text(), child))
-    return tuple(_bounded(found, limit, graph))
+    return tuple(found)
 
 
-def admissible_actions(graph: Graph, limit: int = 24) -> Sequence[Candidate]:
-    """The admissible actions of ``graph`` (at most ``limit``; see the module docstring)."""
+def admissible_actions(
+    graph: Graph, limit: int = 24, *, exclude: frozenset[str] = frozenset()
+) -> Sequence[Candidate]:
+    """The admissible actions of ``graph`` (at most ``limit``; see the module docstring).
+
+    ``exclude``: hashes of children to leave out (the workflows a search already holds), unless
+    that would leave none; the ``limit`` is then drawn from the others.
+    """
     if limit < 1:
         raise InvalidActionError(f"limit {limit} is not positive")
-    return _admissible(graph, limit)
+    found = list(_every_admissible(graph))
+    if exclude:
+        kept = [c for c in found if c.child.content_hash not in exclude]
+        found = kept or found
+    return tuple(_bounded(found, limit, graph))

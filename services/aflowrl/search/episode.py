@@ -376,7 +376,14 @@ async def _select(ctx: SearchContext, state: EpisodeState, step: int) -> int:
 
 
 def _listed(state: EpisodeState, graph: Graph) -> Sequence[Candidate]:
-    return admissible_actions(graph, state.search.max_admissible_actions)
+    """The actions listed at ``graph``: without those leading to a workflow the tree holds when
+    ``search.listDuplicates`` is off (unless every one does)."""
+    exclude = (
+        frozenset()
+        if state.search.list_duplicates
+        else frozenset(node.hash for node in state.nodes)
+    )
+    return admissible_actions(graph, state.search.max_admissible_actions, exclude=exclude)
 
 
 def observe(ctx: SearchContext, state: EpisodeState) -> Observation:

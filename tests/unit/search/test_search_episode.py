@@ -108,6 +108,30 @@ async def test_an_existing_workflow_is_reported_not_re_evaluated(make_context, e
     assert "- remove ensemble   [already in the tree as workflow #0" in shown.text
 
 
+async def test_with_list_duplicates_off_every_listed_action_makes_a_new_workflow(
+    make_context, executor
+):
+    ctx = make_context(max_steps=4, selection="ucb", ucb_c=1.0, list_duplicates=False)
+    start = await reset(ctx, seed=1)
+    first = await step(ctx, start.state, "<action>1</action>")  # + ScEnsemble, fan-out 5
+    listed = first.observation.admissible_actions
+    assert "remove ensemble" not in listed  # it leads back to the seed, which the tree holds
+    assert first.observation.in_tree == (None,) * len(listed)
+    assert "already in the tree" not in first.observation.text
+    # The slots go to new workflows: a bounded list is as long as with duplicates shown.
+    bounded = make_context(
+        max_steps=4, selection="ucb", ucb_c=1.0, list_duplicates=False, max_admissible_actions=6
+    )
+    few = await step(bounded, (await reset(bounded, seed=1)).state, "<action>1</action>")
+    assert len(few.observation.admissible_actions) == 6
+    for k in range(1, 7):
+        assert not (await step(bounded, few.state, f"<action>{k}</action>")).info.duplicate
+    # A number refers to this list: every choice is a new child.
+    for k in range(1, len(listed) + 1):
+        outcome = await step(ctx, first.state, f"<action>{k}</action>")
+        assert outcome.info.valid_action and not outcome.info.duplicate
+
+
 async def _observe_node(ctx, state, index):
     from aflowrl.search import observe
 
