@@ -892,7 +892,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--step-w", type=float, default=1.0, help="GiGPO's stepAdvantageW")
     # The warm start
     p.add_argument("--warm-episodes", type=int, default=40)
-    p.add_argument("--warm-epochs", type=int, default=3)
+    p.add_argument("--warm-epochs", type=int, default=20)
     p.add_argument("--warm-lr", type=float, default=3e-3)
     p.add_argument("--tau", type=float, default=0.05)
     p.add_argument("--warm-value-coef", type=float, default=0.5)
@@ -924,7 +924,7 @@ def parser() -> argparse.ArgumentParser:
         default=True,
         help="play the reference rows (--no-references: the trained methods alone, for tuning)",
     )
-    p.add_argument("--threads", type=int, default=1, help="torch threads per service")
+    p.add_argument("--threads", type=int, default=2, help="torch threads per service")
     p.add_argument("--data-dir", default=os.environ.get("AFLOWRL_DATA_DIR"))
     p.add_argument("--keep", metavar="DIR", help="keep every run's directory under DIR")
     return p

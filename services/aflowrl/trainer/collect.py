@@ -190,7 +190,6 @@ class Collector:
         self.siblings = isinstance(algorithm, GiGPOSpec) and algorithm.sibling_step_groups
         """Step every other listed action of each visited state too (GiGPO's sibling step
         groups, :meth:`_siblings`)."""
-        self._sibling_tasks: list[asyncio.Task[None]] = []
 
     def episodes(self, iteration: int) -> list[Episode]:
         """The episodes of ``iteration``: B groups of n, each group on one task."""
@@ -237,7 +236,9 @@ class Collector:
                 max_steps = self.spec.environment.search.max_steps
                 self._on_phase(iteration, f"step {step + 1}/{max_steps}")
 
-        self._sibling_tasks = []
+        # The siblings' Steps run beside the episodes (they move no episode) and are awaited
+        # before the batch is returned.
+        siblings: list[asyncio.Task[None]] = []
         try:
             await gather_or_cancel(
                 self._play_episode(
@@ -247,17 +248,16 @@ class Collector:
                     batcher=batcher,
                     timeline=timeline,
                     progress=progress,
+                    siblings=siblings,
                 )
                 for e, v in zip(episodes, values, strict=True)
             )
-            await asyncio.gather(*self._sibling_tasks)
-            self._sibling_tasks = []
+            await asyncio.gather(*siblings)
         finally:
             await batcher.close()
-            for task in self._sibling_tasks:
+            for task in siblings:
                 task.cancel()
-            await asyncio.gather(*self._sibling_tasks, return_exceptions=True)
-            self._sibling_tasks = []
+            await asyncio.gather(*siblings, return_exceptions=True)
         if self.values is not None:
             rows = sorted((r for e in episodes for r in e.rows), key=lambda r: (r.step, r.traj))
             for row in rows:
@@ -273,8 +273,10 @@ class Collector:
         batcher: DecisionBatcher,
         timeline: Timeline,
         progress: Callable[[int], None],
+        siblings: list[asyncio.Task[None]],
     ) -> None:
-        """Act and step ``episode`` until it is done."""
+        """Act and step ``episode`` until it is done (with sibling step groups, each step's
+        siblings are started as tasks added to ``siblings``)."""
         max_steps = self.spec.environment.search.max_steps
         step = 0
         while not episode.done:
@@ -293,7 +295,7 @@ class Collector:
             if self.siblings and decision.is_choice and len(admissible) > 1:
                 row = episode.rows[-1]
                 sent = values.proto() if values is not None else None
-                self._sibling_tasks.append(
+                siblings.append(
                     asyncio.create_task(
                         self._siblings(
                             row,
