@@ -144,6 +144,7 @@ environment:
     maxObservationChars: {obs_chars}
     failedExamples: {failed}
     listDuplicates: {list_duplicates}
+    reward: {reward}
     describeOperators: false
     selection: fused
     valueSource: policy
@@ -183,6 +184,7 @@ def make_spec(args: argparse.Namespace, **trainer: Any) -> RunSpec:
         obs_chars=args.observation_chars,
         failed=args.failed_examples,
         list_duplicates="true" if args.list_duplicates else "false",
+        reward=args.reward,
         ucb_c=args.ucb_c,
         iterations=args.iterations,
         tasks_per_iteration=args.tasks_per_iteration,
@@ -900,6 +902,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--problems", type=int, default=20, help="validation problems per task")
     p.add_argument("--steps", type=int, default=4, help="edits per episode")
     p.add_argument("--ucb-c", type=float, default=0.1)
+    p.add_argument(
+        "--reward",
+        default="delta-parent",
+        choices=["delta-parent", "delta-best", "improvement"],
+        help="search.reward",
+    )
     p.add_argument("--observation-chars", type=int, default=2000)
     p.add_argument(
         "--list-duplicates",

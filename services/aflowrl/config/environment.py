@@ -260,8 +260,11 @@ class SearchSpec(SpecModel):
     duplicate_penalty: float = Field(default=0.05, ge=0.0, le=100.0)
     """Reward of a step into a workflow the tree already holds is minus this (no improvement is
     paid for a workflow the search has; AFlow refuses repeated modifications)."""
-    reward: Literal["delta-parent", "delta-best"] = "delta-parent"
-    """Step reward: child score minus the parent's, or minus the best score so far."""
+    reward: Literal["delta-parent", "delta-best", "improvement"] = "delta-parent"
+    """Step reward of a new workflow: its score minus the parent's (``delta-parent``), minus the
+    best score so far (``delta-best``), or how much it raises the best score so far, max(0,
+    child - best) (``improvement``: an episode's return is then its best-gain, the search's own
+    aim, so a policy is paid for edits that can beat the best, not for harmless ones)."""
     convergence_rounds: int = Field(default=0, ge=0, le=1000)
     """End the episode when the top-k mean is unchanged this many rounds (0: never)."""
     convergence_top_k: int = Field(default=3, ge=1, le=100)

@@ -14,8 +14,10 @@ the observation. :func:`step` projects the action text onto an admissible action
 action makes the child. The reward, exactly:
 
 * a new workflow: it is evaluated on the episode's problems, added under its parent, and the
-  reward is its validation score minus the parent's (``search.reward = delta-parent``) or minus
-  the best score before the step (``delta-best``);
+  reward is its validation score minus the parent's (``search.reward = delta-parent``), minus
+  the best score before the step (``delta-best``), or what it adds to that best score,
+  max(0, child - best) (``improvement``: the episode's return is then its best-gain, when
+  positive);
 * a workflow the tree already holds (same canonical hash: a *duplicate*): nothing is evaluated,
   no improvement is paid, and the reward is ``-search.duplicatePenalty``;
 * an invalid action: 0 here, ``-invalidActionPenalty`` applied by the trainer.
@@ -30,7 +32,8 @@ observation rendered; its anchor is the canonical hash of that parent.
 
 Racing (``evaluation.racing``, off by default and refused with ``aflow`` selection): a new
 child is scored in a random order of the problems, a batch at a time, and stopped once its full
-score is below the reward's base (the parent's score, or the best score for ``delta-best``) with
+score is below the reward's base (the parent's score, or the best score for ``delta-best`` and
+``improvement``) with
 probability at least 1 - delta (:mod:`aflowrl.workflow.racing`). The child enters the tree
 marked ``raced_after`` with its partial mean, which is below the base by construction, so its
 reward is negative: a raced-out edit never earns an improvement, and the partial mean (taken
@@ -553,7 +556,12 @@ async def step(ctx: SearchContext, state: EpisodeState, action: str) -> StepOutc
             child_index = len(nodes) - 1
         # A workflow the tree already holds earns no improvement, and the wasted step costs
         # search.duplicatePenalty (AFlow refuses repeated modifications).
-        reward = -spec.duplicate_penalty if duplicate else nodes[child_index].score - base
+        if duplicate:
+            reward = -spec.duplicate_penalty
+        elif spec.reward == "improvement":
+            reward = max(0.0, nodes[child_index].score - base)
+        else:
+            reward = nodes[child_index].score - base
         attempt = Attempt(
             step=state.step,
             parent=state.parent,

@@ -322,3 +322,19 @@ def admissible_text(ctx, state, k: int) -> str:
     from aflowrl.search import observe
 
     return f"<action>{observe(ctx, state).admissible_actions[k]}</action>"
+
+
+async def test_improvement_rewards_add_up_to_the_episodes_best_gain(make_context, executor):
+    ctx = make_context(max_steps=4, selection="ucb", ucb_c=1.0, reward="improvement")
+    start = await reset(ctx, seed=1)
+    state, total, worse = start.state, 0.0, 0
+    for choice in (1, 2, 3, 4):
+        outcome = await step(ctx, state, f"<action>{choice}</action>")
+        best_before = max(n.score for n in state.nodes)
+        child = outcome.state.nodes[outcome.info.child_index]
+        if not outcome.info.duplicate:
+            assert outcome.reward == pytest.approx(max(0.0, child.score - best_before))
+            worse += child.score < state.nodes[state.parent].score  # delta-parent: negative
+        total += outcome.reward
+        state = outcome.state
+    assert worse and total == pytest.approx(max(0.0, state.best_gain))
