@@ -389,7 +389,9 @@ def free_names(test: str, bound: set[str]) -> list[str]:
     return sorted(
         name
         for name in loaded - stored - bound - set(dir(builtins))
-        if not (name.startswith("__") and name.endswith("__"))  # the interpreter's, never the answer's
+        if not (
+            name.startswith("__") and name.endswith("__")
+        )  # the interpreter's, never the answer's
     )
 
 
