@@ -17,7 +17,7 @@ decoding. The error mapping is the only place that turns exceptions into gRPC st
 | DeadlineExceededError | DEADLINE_EXCEEDED |
 | PermanentError (other) | FAILED_PRECONDITION |
 | a field breaking a rule of :mod:`.validation` | INVALID_ARGUMENT, naming the field |
-| anything else (a bug), BaseException subclasses of libraries included | INTERNAL, logged with its traceback and the request id |
+| anything else (a bug; a library's BaseException too) | INTERNAL, logged with the request id |
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
-from grpc import aio
-
 from google.protobuf.message import Message
+from grpc import aio
 
 from aflowrl import errors
 from aflowrl.common import validation
@@ -305,7 +304,7 @@ class ErrorMappingInterceptor(AroundInterceptor):
             await context.abort(code, str(exc))
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit):
             raise
-        except BaseException:  # noqa: BLE001 - libraries raise BaseException subclasses too
+        except BaseException:  # libraries raise BaseException subclasses too
             # (torch.distributed.checkpoint's CheckpointException): let none escape the handler,
             # where gRPC would drop the call and leave the client waiting for its deadline.
             if context.cancelled():

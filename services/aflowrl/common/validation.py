@@ -199,6 +199,7 @@ def _field_step(field: FieldDescriptor) -> Checker | None:
     limit = MAX_ITEMS.get(field.full_name)
     if field.type == FieldDescriptor.TYPE_MESSAGE:
         entry = field.message_type
+        assert entry is not None  # a message field has its type
         if entry.GetOptions().map_entry:
             value_field = entry.fields_by_name["value"]
             return _map_step(name, value_field)
@@ -244,6 +245,7 @@ def _scalar_check(field: FieldDescriptor) -> Callable[[Any], str | None] | None:
         return finite
     if field.type == FieldDescriptor.TYPE_ENUM:
         enum = field.enum_type
+        assert enum is not None  # an enum field has its type
         known = frozenset(v.number for v in enum.values)
         names = ", ".join(v.name for v in enum.values)
 
@@ -279,7 +281,7 @@ def _message_step(field: FieldDescriptor, inner: Checker, limit: int | None) -> 
 
 
 def _map_step(name: str, value_field: FieldDescriptor) -> Checker | None:
-    if value_field.type == FieldDescriptor.TYPE_MESSAGE:
+    if value_field.type == FieldDescriptor.TYPE_MESSAGE and value_field.message_type is not None:
         inner = _plan(value_field.message_type)
         if getattr(inner, "empty", False):
             return None
@@ -333,6 +335,6 @@ def request_fields(messages: Iterable[Descriptor]) -> list[FieldDescriptor]:
         seen.add(descriptor.full_name)
         for field in descriptor.fields:
             fields.append(field)
-            if field.type == FieldDescriptor.TYPE_MESSAGE:
+            if field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type is not None:
                 stack.append(field.message_type)
     return fields

@@ -43,8 +43,8 @@ from aflowrl import documents
 from aflowrl.config.policy import LoraSpec
 from aflowrl.models.errors import (
     CorruptWeightsError,
-    NonFiniteWeightsError,
     ModelNotFoundError,
+    NonFiniteWeightsError,
     PartialWeightsError,
     StaleWeightsError,
     WeightMismatchError,
