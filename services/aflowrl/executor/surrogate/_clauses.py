@@ -17,7 +17,6 @@ Used only by :mod:`.directives`.
 from __future__ import annotations
 
 import dataclasses
-
 import functools
 import re
 from dataclasses import dataclass, field
@@ -189,10 +188,12 @@ def cut_clauses(text: str, scope: str) -> list[Clause]:
         if not found and sentence.strip(" \t,;:.!?").lower() == "instead":
             carried = True
             continue
-        for clause in found:
+        for cached in found:
             if carried:  # a copy: the cached clauses are read only
-                clause, carried = dataclasses.replace(clause, instead=True), False
-            clauses.append(clause)
+                clauses.append(dataclasses.replace(cached, instead=True))
+                carried = False
+            else:
+                clauses.append(cached)
     return clauses
 
 

@@ -514,21 +514,26 @@ def _read_replacement(clause: Clause, following: Clause | None, found: _Findings
         if not (word.verb or imperative) or word.negated:
             continue
         is_problem, is_other = _problem_object(phrase)
-        if word.lemma in _REPLACE_VERBS and is_problem:
-            found.other = found.other_instead = True
-        elif word.lemma in _PICK_VERBS and is_other:
-            found.other = found.other_instead = True
-        elif word.lemma in lex.ENGAGE_VERBS | _PICK_VERBS:
+        replaced = (word.lemma in _REPLACE_VERBS and is_problem) or (
+            word.lemma in _PICK_VERBS and is_other
+        )
+        if not replaced and word.lemma in lex.ENGAGE_VERBS | _PICK_VERBS:
             head, _ = phrase_head(phrase)
             rest = words[position + 1 + len(phrase) : position + 6 + len(phrase)]
-            if head is not None and head.lemma in lex.PROBLEM_NOUNS:
-                if {w.text for w in rest} & _SELF_CHOSEN:
-                    found.other = found.other_instead = True
-            tail = [w.text for w in [*phrase, *rest]]
-            for at, item in enumerate([*phrase, *rest][:-2]):
-                if item.lemma in lex.PROBLEM_NOUNS and tail[at + 1] == "you":
-                    if tail[at + 2] in _WANTING:  # "any question you like"
-                        found.other = found.other_instead = True
+            own = head is not None and head.lemma in lex.PROBLEM_NOUNS
+            replaced = own and bool({w.text for w in rest} & _SELF_CHOSEN)
+            tail = [*phrase, *rest]
+            replaced = (
+                replaced
+                or any(  # "any question you like"
+                    item.lemma in lex.PROBLEM_NOUNS
+                    and tail[at + 1].text == "you"
+                    and tail[at + 2].text in _WANTING
+                    for at, item in enumerate(tail[:-2])
+                )
+            )
+        if replaced:
+            found.other = found.other_instead = True
     asked = _interrogative(clause) or asked_next
     if clause.instead and asked:
         found.other = found.other_instead = True
