@@ -122,6 +122,16 @@ def _program(rule: str) -> Any:
     return cel.compile(rule)
 
 
+def _context(variables: dict[str, Json]) -> Any:
+    """The rule's variables, and the Kubernetes CEL library functions the API server has and
+    this CEL library lacks (the list library's ``sum``)."""
+    context = cel.Context()
+    for name, value in variables.items():
+        context.add_variable(name, value)
+    context.add_function("sum", sum)
+    return context
+
+
 def _cel_errors(obj: Json, old: Json, schema: dict, path: str) -> set[str]:
     found = set()
     for rule in schema.get("x-kubernetes-validations", []):
@@ -132,7 +142,7 @@ def _cel_errors(obj: Json, old: Json, schema: dict, path: str) -> set[str]:
         if transition:
             context["oldSelf"] = _typed(old, schema)
         try:
-            ok = _program(rule["rule"]).execute(context)
+            ok = _program(rule["rule"]).execute(_context(context))
         except Exception as exc:  # an evaluation error refuses the object, as on the server
             ok = f"error: {exc}"
         if ok is not True:

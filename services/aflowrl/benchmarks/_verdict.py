@@ -7,10 +7,13 @@ library.
   with ``private_main``). It reads the whole payload (answer, hidden tests, nonce) from stdin,
   points its stdout at /dev/null after keeping a private copy of it for the verdict, imports
   everything it will need, sends this program to the answer process and sanitises the answer.
-  It runs the dataset's test code itself, with AFlow's helpers
+  It runs the dataset's test code itself, with the driver's builtins, AFlow's helpers
   (``encode_cyclic``, ``poly``...) of its own, and with the entry point (and any other name the
   tests take from the answer) bound to a proxy: each call sends its arguments to the answer
-  process and waits for a result. It prints one JSON line, ``{"nonce", "passed", "reason"}``, and
+  process and waits for a result. The names bound from the answer are exactly those the driver
+  asked for (the test's free names that are no builtin, helper or dunder name); an answer
+  process that offers any other name (so that the tests would call its ``abs`` or ``set``) ends
+  the run as a failure. It prints one JSON line, ``{"nonce", "passed", "reason"}``, and
   exits 0; anything else (killed, late, more output) is no verdict, i.e. a failure.
 - The **answer process** is the run's *companion* (``aflowrl.sandbox._zygote``): a second process
   of the run, with the same limits, forked from a template that has never held any run's data
@@ -366,8 +369,9 @@ def aflow_namespace() -> dict[str, Any]:
 
 
 def free_names(test: str, bound: set[str]) -> list[str]:
-    """Names the test code reads but binds nowhere (nor ``bound`` nor builtins): the ones it
-    takes from the answer's namespace in AFlow."""
+    """Names the test code reads but binds nowhere (nor ``bound`` nor builtins nor dunder
+    names): the ones it takes from the answer's namespace in AFlow, and the only ones the driver
+    binds from the answer (so the tests' builtins stay the driver's)."""
     tree = ast.parse(test)
     stored: set[str] = set()
     loaded: set[str] = set()
@@ -382,7 +386,13 @@ def free_names(test: str, bound: set[str]) -> list[str]:
             stored.add(node.arg)
         elif isinstance(node, ast.ExceptHandler) and node.name:
             stored.add(node.name)
-    return sorted(loaded - stored - bound - set(dir(builtins)))
+    return sorted(
+        name
+        for name in loaded - stored - bound - set(dir(builtins))
+        if not (
+            name.startswith("__") and name.endswith("__")
+        )  # the interpreter's, never the answer's
+    )
 
 
 def imported_modules(test: str) -> list[str]:
@@ -488,15 +498,26 @@ class _Driver:
         exc.aflowrl_where = where  # type: ignore[attr-defined]
         return exc
 
-    def bind_answer_names(self, namespace: dict[str, Any], names: Any) -> None:
+    def bind_answer_names(self, namespace: dict[str, Any], names: Any, wanted: list[str]) -> None:
         """Bind what the tests take from the answer: modules (the driver imports standard ones
-        itself), callables (proxies) and plain values."""
+        itself), callables (proxies) and plain values; only names in ``wanted``, the driver's
+        own list. The answer process cannot widen it: an entry naming anything else (a builtin
+        the tests call, ``__builtins__``, a helper), however it came to be sent (a frame of the
+        answer process edited, the ``ready`` message written by the answer itself), ends the
+        run as a failure."""
         if not isinstance(names, list):
             self.finish(False, "The answer broke the protocol (names).")
+        asked = set(wanted)
         for entry in names:
             if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)):
-                continue
+                self.finish(False, "The answer broke the protocol (names).")
             name, kind, data = entry
+            if name not in asked:
+                self.finish(
+                    False,
+                    f"The answer broke the protocol: it offered {name[:60]!r}, which the tests "
+                    "did not ask for.",
+                )
             if kind == "callable":
                 namespace[name] = self.proxy(name)
             elif kind == "module" and isinstance(data, str):
@@ -549,7 +570,8 @@ class _Driver:
         if ready[0] != "ready" or len(ready) != 2:
             self.finish(False, "The answer broke the protocol (ready).")
         namespace = aflow_namespace()
-        self.bind_answer_names(namespace, ready[1])
+        namespace["__builtins__"] = builtins  # the driver's, whatever the answer offers
+        self.bind_answer_names(namespace, ready[1], wanted)
         namespace.update(own)  # the tests' helpers are the driver's, whatever the answer defines
         namespace[entry_point] = self.proxy(entry_point)
         try:

@@ -16,7 +16,8 @@ decoding. The error mapping is the only place that turns exceptions into gRPC st
 | UnavailableError | UNAVAILABLE |
 | DeadlineExceededError | DEADLINE_EXCEEDED |
 | PermanentError (other) | FAILED_PRECONDITION |
-| anything else (a bug) | INTERNAL, logged with its traceback and the request id |
+| a field breaking a rule of :mod:`.validation` | INVALID_ARGUMENT, naming the field |
+| anything else (a bug; a library's BaseException too) | INTERNAL, logged with the request id |
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
+from google.protobuf.message import Message
 from grpc import aio
 
 from aflowrl import errors
+from aflowrl.common import validation
 from aflowrl.common.logging import request_id_var
 from aflowrl.common.metrics import GRPC_TYPES, GrpcServerMetrics
 
@@ -299,7 +302,11 @@ class ErrorMappingInterceptor(AroundInterceptor):
             code = status_for(exc)
             logger.info("%s failed with %s: %s", method, code.name, exc)
             await context.abort(code, str(exc))
-        except Exception:
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise
+        except BaseException:  # libraries raise BaseException subclasses too
+            # (torch.distributed.checkpoint's CheckpointException): let none escape the handler,
+            # where gRPC would drop the call and leave the client waiting for its deadline.
             if context.cancelled():
                 raise
             logger.exception("%s failed with an unexpected error", method)
@@ -328,15 +335,24 @@ def _decode_error(method: str, request: _Undecodable) -> errors.InvalidInputErro
     )
 
 
+def _valid(request: Any, method: str) -> Any:
+    """A decoded request, checked by the one validation layer (:mod:`.validation`)."""
+    if isinstance(request, _Undecodable):
+        raise _decode_error(method, request)
+    if isinstance(request, Message):
+        validation.check(request, prefix=validation.prefix_for(method))
+    return request
+
+
 async def _decoded_stream(requests: AsyncIterator[Any], method: str) -> AsyncIterator[Any]:
     async for request in requests:
-        if isinstance(request, _Undecodable):
-            raise _decode_error(method, request)
-        yield request
+        yield _valid(request, method)
 
 
 class RequestDecodingInterceptor(aio.ServerInterceptor):
-    """Bytes that are not the method's request message become INVALID_ARGUMENT naming it.
+    """Bytes that are not the method's request message become INVALID_ARGUMENT naming it, and
+    so does a decoded message a field of which breaks :mod:`aflowrl.common.validation`'s rules
+    (naming the field).
 
     gRPC's own handling is UNKNOWN with a traceback in the log. The deserializer is wrapped to
     return a marker instead of raising; the behaviour (inside the error mapping) turns the marker
@@ -384,9 +400,7 @@ def _checked(
     def decoded(request: Any) -> Any:
         if streaming_request:
             return _decoded_stream(request, method)
-        if isinstance(request, _Undecodable):
-            raise _decode_error(method, request)
-        return request
+        return _valid(request, method)
 
     if inspect.isasyncgenfunction(behavior):
 

@@ -251,10 +251,17 @@ def metrics_handler(registry: CollectorRegistry) -> Handler:
 
 
 async def start_http(
-    app: web.Application, host: str, port: int, *, backlog: int = 128
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    backlog: int = 128,
+    auto_decompress: bool = True,
 ) -> tuple[web.AppRunner, int]:
-    """Serve ``app`` on ``host:port`` (0: an ephemeral port); returns the runner and the port."""
-    runner = web.AppRunner(app, access_log=None)
+    """Serve ``app`` on ``host:port`` (0: an ephemeral port); returns the runner and the port.
+    ``auto_decompress=False``: request bodies reach the handlers as sent (``Content-Encoding``
+    not undone), for a server that decodes them within its own bounds."""
+    runner = web.AppRunner(app, access_log=None, auto_decompress=auto_decompress)
     await runner.setup()
     await web.TCPSite(runner, host, port, backlog=backlog).start()
     return runner, int(runner.addresses[0][1]) if port == 0 else port

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 
@@ -122,8 +122,55 @@ QUALIFIED_NAME_PATTERN = (
 )
 """A label or annotation key: an optional DNS-subdomain prefix and ``/``, then a name."""
 
-LabelKey = Annotated[str, Field(pattern=QUALIFIED_NAME_PATTERN, min_length=1, max_length=317)]
-"""A label, annotation or node-label key (``[prefix/]name``)."""
+MAX_KEY_PREFIX = 253
+"""Longest prefix of a qualified name (a DNS subdomain), as the API server allows."""
+KEY_PREFIX_CEL = f"!self.contains('/') || self.matches('^[^/]{{1,{MAX_KEY_PREFIX}}}/')"
+"""The CEL twin of :func:`_key_prefix` (the CRD adds it to every qualified-name string and map
+key: a JSON-Schema pattern cannot bound the prefix's length and keep its structure)."""
+
+
+def _key_prefix(key: str) -> str:
+    prefix, slash, _ = key.partition("/")
+    if slash and len(prefix) > MAX_KEY_PREFIX:
+        raise ValueError(
+            f"the prefix of {key[:40]!r}... has {len(prefix)} characters; the API server allows "
+            f"{MAX_KEY_PREFIX}"
+        )
+    return key
+
+
+LabelKey = Annotated[
+    str,
+    Field(pattern=QUALIFIED_NAME_PATTERN, min_length=1, max_length=317),
+    AfterValidator(_key_prefix),
+]
+"""A label, annotation or node-label key (``[prefix/]name``, the prefix at most 253
+characters)."""
+
+MAX_PATH_BYTES = 4096 - 256
+"""Longest file-system path a spec may name (bytes): PATH_MAX less room for the files a run
+writes beneath it (checkpoint shards, weight versions)."""
+FS_PATH_PATTERN = r"^(/+|/*[^/\x00]{1,255}(/+[^/\x00]{1,255})*/*)$"
+"""A path every Linux file system accepts: no NUL, every component at most 255 characters
+(NAME_MAX; the total in bytes is bounded by :data:`MAX_PATH_BYTES`)."""
+FS_PATH_CEL = f"size(bytes(self)) <= {MAX_PATH_BYTES}"
+"""The CEL twin of :func:`_path_bytes` (the CRD adds it to every path)."""
+
+
+def _path_bytes(path: str) -> str:
+    size = len(path.encode("utf-8", "surrogatepass"))
+    if size > MAX_PATH_BYTES:
+        raise ValueError(f"the path has {size} bytes; at most {MAX_PATH_BYTES}")
+    return path
+
+
+FsPath = Annotated[
+    str,
+    Field(pattern=FS_PATH_PATTERN, min_length=1, max_length=MAX_PATH_BYTES),
+    AfterValidator(_path_bytes),
+]
+"""A file-system path in a spec, checked when the spec is applied rather than at the first
+checkpoint: no NUL, components of at most 255 characters, at most :data:`MAX_PATH_BYTES`."""
 
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 

@@ -12,6 +12,9 @@ requires:
   with CEL rules that allow a variant's own fields only with its ``type``
   (``{type: grpc, keepVersions: 3}`` is refused) and its rules only under its ``type``;
 - a map's key pattern (``propertyNames``, not allowed in structural schemas) becomes a CEL rule;
+- what a pattern cannot state about a string type becomes a CEL rule on every string of it (a
+  qualified name's prefix at most 253 characters, a path's size in bytes), the twin of the
+  type's Python validator;
 - each model's ``cel_rules`` (twins of its Python cross-field checks) become
   ``x-kubernetes-validations``; the spec also gets the cluster-only rules and one transition
   rule per immutable field (:data:`aflowrl.config.run.IMMUTABLE_FIELDS`), which compare each
@@ -28,7 +31,16 @@ from typing import Any
 from pydantic import BaseModel
 
 from aflowrl.config import _cel
-from aflowrl.config._base import CelRule, SpecModel
+from aflowrl.config._base import (
+    FS_PATH_CEL,
+    FS_PATH_PATTERN,
+    KEY_PREFIX_CEL,
+    MAX_KEY_PREFIX,
+    MAX_PATH_BYTES,
+    QUALIFIED_NAME_PATTERN,
+    CelRule,
+    SpecModel,
+)
 from aflowrl.config.run import (
     API_GROUP,
     API_VERSION,
@@ -46,6 +58,10 @@ JsonDict = dict[str, Any]
 
 _DROP_KEYS = {"title", "default", "discriminator", "$defs"}
 _VALIDATIONS = "x-kubernetes-validations"
+_STRING_RULE_MESSAGES = {
+    KEY_PREFIX_CEL: f"a key's prefix (before '/') has at most {MAX_KEY_PREFIX} characters",
+    FS_PATH_CEL: f"a path has at most {MAX_PATH_BYTES} bytes",
+}
 
 
 def _model_index(model: type[BaseModel], found: dict[str, type[BaseModel]]) -> None:
@@ -233,6 +249,8 @@ def _structural(node: JsonDict, *, nullable: bool) -> JsonDict:
                 checks.append(f"size(k) <= {names['maxLength']}")
             if "minLength" in names:
                 checks.append(f"size(k) >= {names['minLength']}")
+            if names.get("pattern") == QUALIFIED_NAME_PATTERN:
+                checks.append("(" + KEY_PREFIX_CEL.replace("self", "k") + ")")
             out.setdefault(_VALIDATIONS, []).append(
                 {
                     "rule": "self.all(k, " + " && ".join(checks) + ")",
@@ -248,6 +266,16 @@ def _structural(node: JsonDict, *, nullable: bool) -> JsonDict:
             out["items"] = items[0]
         elif "items" in out:
             out["items"] = _structural(out["items"], nullable=nullable)
+    elif kind == "string":
+        # Rules a pattern cannot state, on every string of these types (the CEL twins of the
+        # types' Python validators): a qualified name's prefix length, a path's bytes.
+        twin = {QUALIFIED_NAME_PATTERN: KEY_PREFIX_CEL, FS_PATH_PATTERN: FS_PATH_CEL}.get(
+            out.get("pattern", "")
+        )
+        if twin is not None:
+            out.setdefault(_VALIDATIONS, []).append(
+                {"rule": twin, "message": _STRING_RULE_MESSAGES[twin]}
+            )
     if "enum" in out and "type" not in out:
         out["type"] = "string"
     _describe_default(out, default)

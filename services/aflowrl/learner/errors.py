@@ -17,6 +17,15 @@ class CheckpointNotFoundError(NotFoundError):
     """No complete checkpoint at the given path."""
 
 
+class CorruptCheckpointError(FailedPreconditionError):
+    """A checkpoint directory that is complete but cannot be loaded (a truncated shard, missing
+    or unreadable metadata): loading it can never succeed. ``field`` names the request field."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}" if field else message)
+
+
 class LearnerBrokenError(FailedPreconditionError):
     """A collective step failed on some rank; the ranks may disagree, so the learner stops."""
 

@@ -20,12 +20,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 from aflowrl import __version__, documents, envs
 from aflowrl._proto.v1 import common_pb2, learner_pb2, learner_pb2_grpc
 from aflowrl.common.client import ChannelOptions
 from aflowrl.errors import AflowRLError
+from aflowrl.learner import checkpoint
 from aflowrl.learner.batching import ChoiceItem, Item, SequenceItem, TrainRow
 from aflowrl.learner.errors import (
     BadBatchError,
@@ -401,6 +403,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         self, request: learner_pb2.LoadCheckpointRequest, context: Any
     ) -> learner_pb2.CheckpointResponse:
         path = str(documents.request_path(request.path, source="path"))
+        # Refused here, before the ranks start a load that cannot succeed.
+        await asyncio.to_thread(checkpoint.verify, Path(path))
         client_state, seconds = await self._run(LoadCommand(path, int(request.min_policy_version)))
         self.metrics.checkpoint_duration.labels("load").observe(seconds)
         state = self.learner.state

@@ -45,12 +45,12 @@ from aflowrl.learner.batching import (
     rank_share,
 )
 from aflowrl.learner.distributed import DistContext, all_reduce_sum, broadcast_object
-from aflowrl.learner.errors import NoReferenceError
+from aflowrl.learner.errors import NoReferenceError, WeightGroupError
 from aflowrl.learner.objective import STAT_NAMES, micro_loss, sft_micro_loss, unit_weight
 from aflowrl.learner.optim import learning_rate, make_optimizer
 from aflowrl.learner.policy import PolicyModule, build_policy
 from aflowrl.models import broadcast, loading, weights
-from aflowrl.models.errors import BroadcastBrokenError
+from aflowrl.models.errors import BroadcastBrokenError, TransportUnavailableError
 from aflowrl.rl import choice, kl
 
 logger = logging.getLogger(__name__)
@@ -529,7 +529,7 @@ class Learner:
         """Rank 0: form weight group ``name`` with ``world_size - 1`` rollout workers."""
         transport = self.spec.weight_transport
         if transport.type != "nccl":
-            raise BroadcastBrokenError("weightTransport.type is not 'nccl'")
+            raise TransportUnavailableError("weightTransport.type is not 'nccl'")
         self.close_weight_group(None)
         if self.group_store is None:
             self.group_store = broadcast.GroupStore(transport.port, timeout_s)
@@ -567,7 +567,7 @@ class Learner:
                 return broadcast.BroadcastResult(weights.Manifest.of(version, []), 0, 0)
             group = self.weight_group
             if group is None:
-                raise BroadcastBrokenError("no weight group is open")
+                raise WeightGroupError("no weight group is open")
             try:
                 return broadcast.send_weights(
                     group, version, stream, self.weight_specs(dtype), bucket_bytes

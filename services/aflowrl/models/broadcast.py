@@ -39,9 +39,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from aflowrl.models.errors import BroadcastBrokenError, WeightMismatchError
+from aflowrl.models.errors import (
+    BroadcastBrokenError,
+    NonFiniteWeightsError,
+    WeightMismatchError,
+)
 from aflowrl.models.weights import (
     Manifest,
+    check_finite,
     check_manifest,
     plan_buckets,
     spec_of,
@@ -286,6 +291,7 @@ def receive_weights(
     except Exception as exc:  # noqa: BLE001 - raised after the broadcast, which must go on
         refusal = exc
     started = False
+    loaded = 0
     load_error: Exception | None = None
     try:
         if refusal is None:
@@ -297,9 +303,19 @@ def receive_weights(
             group.broadcast(packed)
             if on_bucket is not None:
                 on_bucket(packed.numel())
-            if started and load_error is None:
+            if started and load_error is None and refusal is None:
+                named = unpack_bucket(specs, packed)
                 try:
-                    load(unpack_bucket(specs, packed))
+                    check_finite(named)
+                    load(named)
+                    loaded += 1
+                except NonFiniteWeightsError as exc:
+                    # Refused like a bad manifest while nothing is loaded (the old weights
+                    # serve on); after a loaded bucket the replica holds a mix: broken.
+                    if loaded:
+                        load_error = exc
+                    else:
+                        refusal = exc
                 except Exception as exc:  # noqa: BLE001 - the others still need this member
                     load_error = exc
         trailer = _words(device=device)

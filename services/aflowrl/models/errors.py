@@ -30,6 +30,11 @@ class CorruptWeightsError(WeightMismatchError):
     """An update whose bytes do not match its checksum."""
 
 
+class NonFiniteWeightsError(WeightMismatchError):
+    """An update holding NaN or infinite values (whatever its checksum): refused before it
+    serves, since every request it served would fail."""
+
+
 class TransportUnavailableError(FailedPreconditionError):
     """A weight transport this machine cannot run (e.g. nccl without CUDA GPUs)."""
 

@@ -44,6 +44,7 @@ from aflowrl.config.policy import LoraSpec
 from aflowrl.models.errors import (
     CorruptWeightsError,
     ModelNotFoundError,
+    NonFiniteWeightsError,
     PartialWeightsError,
     StaleWeightsError,
     WeightMismatchError,
@@ -290,6 +291,17 @@ def unpack_bucket(
 # ---- verification -----------------------------------------------------------------------------
 
 
+def check_finite(tensors: Iterable[tuple[str, torch.Tensor]], *, field: str = "weights") -> None:
+    """Raise :class:`NonFiniteWeightsError` naming the first floating tensor holding a NaN or
+    an infinity (a checksum proves the bytes arrived, not that they are weights)."""
+    for name, tensor in tensors:
+        if tensor.is_floating_point() and tensor.numel() and not bool(torch.isfinite(tensor).all()):
+            raise NonFiniteWeightsError(
+                f"{name} holds non-finite values (NaN or infinity); the update is refused",
+                field=field,
+            )
+
+
 def check_manifest(
     manifest: Manifest,
     expected: Mapping[str, tuple[int, ...]],
@@ -524,7 +536,9 @@ class PayloadAssembler:
                 f"{commit_crc32:08x}",
                 field="commit.crc32",
             )
-        return tensors_from_payload(manifest.tensors, self._array)
+        tensors = tensors_from_payload(manifest.tensors, self._array)
+        check_finite(tensors.items(), field="data")
+        return tensors
 
 
 def tensors_from_payload(
@@ -715,6 +729,8 @@ def verify_weights_dir(
         with safe_open(str(Path(path) / file), framework="pt") as handle:
             for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
                 located[name] = file
+                # One tensor at a time, before the first reaches the engine.
+                check_finite([(name, handle.get_tensor(name))], field="path")
     for spec in specs:
         if spec.name not in located:
             raise WeightMismatchError(f"{spec.name}: in the marker, in no file", field="path")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aflowrl.errors import InvalidInputError, UnavailableError
+from aflowrl.errors import FailedPreconditionError, InvalidInputError, UnavailableError
 
 
 class BadSamplingRequestError(InvalidInputError):
@@ -11,3 +11,12 @@ class BadSamplingRequestError(InvalidInputError):
 
 class EngineUnavailableError(UnavailableError):
     """The engine is not started, or is shutting down."""
+
+
+class WeightGroupStateError(FailedPreconditionError):
+    """A weight call for a group this replica has not joined (nccl transport): nothing is
+    touched, the replica keeps serving. ``field`` names the request field."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}" if field else message)

@@ -47,12 +47,13 @@ from aflowrl.models.errors import (
     BroadcastBrokenError,
     CorruptWeightsError,
     IncompleteWeightsError,
+    NonFiniteWeightsError,
     PartialWeightsError,
     StaleWeightsError,
     WeightMismatchError,
 )
 from aflowrl.rollout.engine import PromptResult, RolloutEngine, SamplingOptions
-from aflowrl.rollout.errors import BadSamplingRequestError
+from aflowrl.rollout.errors import BadSamplingRequestError, WeightGroupStateError
 from aflowrl.rollout.gate import VersionGate
 from aflowrl.rollout.metrics import RolloutMetrics
 
@@ -139,6 +140,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         """True after a broadcast broke off midway (module docstring)."""
         self.on_health = on_health
         """Turns the replica's health SERVING (True) or NOT_SERVING (False)."""
+        self._joined: str | None = None
+        """The weight group this replica's engine joined (nccl transport), None before."""
+        self._landed = 0
+        """Buckets of the current broadcast that reached the engine."""
         self._staging = weights.StagingBuffer()
         self._preparing: asyncio.Future[None] | None = None
         self._update_lock = asyncio.Lock()
@@ -332,6 +337,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             (StaleWeightsError, "stale"),
             (PartialWeightsError, "partial"),
             (CorruptWeightsError, "corrupt"),
+            (NonFiniteWeightsError, "non_finite"),
             (BroadcastBrokenError, "broken"),
         ):
             if isinstance(exc, kind):
@@ -531,6 +537,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             request.timeout_s or 600.0,
         )
         async with self._update_lock:
+            self._joined = None  # joining leaves the previous group first
             try:
                 await self.engine.join_weight_group(rendezvous)
             except RuntimeError as exc:
@@ -538,6 +545,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                     f"could not join weight group {request.group} at "
                     f"{request.master_address}:{request.port}: {exc}"
                 ) from exc
+            self._joined = request.group
         logger.info(
             "joined weight group %s as ranks %d..%d of %d",
             request.group,
@@ -551,7 +559,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self, request: rollout_pb2.ReceiveWeightsRequest, context: Any
     ) -> rollout_pb2.UpdateWeightsResponse:
         async with self._update_lock:
+            if self._joined is None or request.group != self._joined:
+                # Premature or misdirected: refused before the engine or the weights are touched.
+                raise WeightGroupStateError(
+                    f"this replica is in weight group {self._joined!r}, not {request.group!r}: "
+                    "JoinWeightGroup first",
+                    field="group",
+                )
             started = time.perf_counter()
+            self._landed = 0
             try:
                 async with self.gate.swapping():
                     expectation = Expectation(
@@ -563,7 +579,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                             expectation, on_bucket=self._bucket_landed
                         )
                     except BroadcastBrokenError:
-                        await self._set_complete(False)
+                        self._joined = None  # the engine left the broken group
+                        if self._landed:  # some weights may be new: serve none until reloaded
+                            await self._set_complete(False)
                         raise
                     finally:
                         self.metrics.weight_updates_running.dec()
@@ -589,13 +607,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     def _bucket_landed(self, nbytes: int) -> None:
         """Called on the engine's thread as each bucket arrives (prometheus is thread-safe)."""
+        self._landed += 1
         self.metrics.weight_update_buckets.labels("nccl").inc()
 
     async def LeaveWeightGroup(
         self, request: rollout_pb2.LeaveWeightGroupRequest, context: Any
     ) -> rollout_pb2.LeaveWeightGroupResponse:
         async with self._update_lock:
+            if request.group and request.group != self._joined:
+                return rollout_pb2.LeaveWeightGroupResponse()  # not the joined one: nothing
             await self.engine.leave_weight_group()
+            self._joined = None
         return rollout_pb2.LeaveWeightGroupResponse()
 
     async def Status(

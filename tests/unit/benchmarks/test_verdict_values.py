@@ -267,3 +267,12 @@ def test_free_names_are_what_the_tests_take_from_the_answer():
     )
     assert _verdict.free_names(own, set()) == []
     assert _verdict.imported_modules(own) == ["random", "math"]
+
+
+def test_builtins_and_dunder_names_are_never_taken_from_the_answer():
+    calls_builtins = (
+        "def check():\n"
+        "    assert set(similar((1, 2), (2, 3))) == set((2,))\n"
+        "    assert abs(len(__builtins__) - __custom__) >= 0 and __name__\n"
+    )
+    assert _verdict.free_names(calls_builtins, set()) == ["similar"]

@@ -16,6 +16,7 @@ Used only by :mod:`.directives`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass, field
@@ -180,11 +181,20 @@ def _is_verb_form(word: str) -> bool:
 
 
 def cut_clauses(text: str, scope: str) -> list[Clause]:
-    return [
-        clause
-        for sentence in _SENTENCE.split(text)
-        for clause in _sentence_clauses(" ".join(sentence.split()), scope)
-    ]
+    clauses: list[Clause] = []
+    carried = False  # "Instead: what is ...?": a lone "instead" applies to what follows it
+    for sentence in _SENTENCE.split(text):
+        found = _sentence_clauses(" ".join(sentence.split()), scope)
+        if not found and sentence.strip(" \t,;:.!?").lower() == "instead":
+            carried = True
+            continue
+        for cached in found:
+            if carried:  # a copy: the cached clauses are read only
+                clauses.append(dataclasses.replace(cached, instead=True))
+                carried = False
+            else:
+                clauses.append(cached)
+    return clauses
 
 
 @functools.lru_cache(maxsize=16_384)

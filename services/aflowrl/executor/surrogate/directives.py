@@ -155,6 +155,8 @@ class _Findings:
     other: bool = False
     other_instead: bool = False
     literal: str | None = None
+    constancy: bool = False
+    """A clause so far said "always", "every time"... (a constant named later is the reply)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -254,7 +256,11 @@ def _read_clause(clause: Clause, following: Clause | None, found: _Findings) -> 
     _read_brevity(clause, answer_scoped, has_answer_noun, reasoning_here, found)
     _read_restriction(clause, answer_scoped, found)
     _read_engagement(clause, following, found)
+    _read_replacement(clause, following, found)
     _read_literals(clause, found)
+    _read_literal_after(clause, following, found)
+    if not clause.conditional and any(w.text in _CONSTANCY and not w.negated for w in words):
+        found.constancy = True
 
 
 def _reasoning_concept(words: list[Word], position: int) -> bool:
@@ -467,6 +473,165 @@ def _read_engagement(clause: Clause, following: Clause | None, found: _Findings)
                 found.random = True
         if word.text in lex.RANDOM and not clause.conditional and _random_answer(words, position):
             found.random = True
+
+
+_REPLACE_VERBS: Final = lex.words("replace swap substitute exchange switch trade")
+"""Verbs that put something in the problem's place when the problem is their object."""
+_PICK_VERBS: Final = lex.words(
+    "pick choose select invent make create pose take find devise write set come"
+)
+"""Verbs that bring in another problem when their object is one ("pick another task")."""
+_SELF_CHOSEN: Final = lex.words("own choosing choice liking preference")
+"""Words that make a problem the replier's own ("a question of your own choosing")."""
+_QUESTION_WORDS: Final = lex.words("what who whom whose which where when why how")
+_TASK_NOUNS: Final = lex.words("question task job problem query assignment goal mission")
+_WANTING: Final = lex.words("like want wish prefer choose pick fancy")
+"""After "you": a problem the replier picks ("any question you like")."""
+_AUXILIARIES: Final = lex.words("be do have can could will would should shall may might must")
+_CONSTANCY: Final = lex.words(
+    "always constant constantly every each whatever whichever regardless irrespective same "
+    "identical"
+)
+"""Words that make a named value the reply whatever the problem ("always", "every time")."""
+
+
+def _read_replacement(clause: Clause, following: Clause | None, found: _Findings) -> None:
+    """Another question answered in the problem's place: the problem replaced ("rather than
+    this problem, ...", "replace the question with ..."), another problem brought in ("pick
+    some other problem", "a question of your own choosing"), or a question of the
+    instruction's own asked instead ("instead: what year did ...?")."""
+    asked_next = following is not None and _interrogative(following)
+    if clause.conditional and not (asked_next and following is not None and following.sub):
+        return  # (a question's own "when"/"where" marks its sentence conditional)
+    words = clause.words
+    for position, word in enumerate(words):
+        phrase = object_phrase(words, position)
+        if word.text == "instead_of":
+            if _the_problem(phrase):
+                found.other = found.other_instead = True
+            continue
+        imperative = position == 0 and word.lemma in _REPLACE_VERBS  # "swap the problem..."
+        if not (word.verb or imperative) or word.negated:
+            continue
+        is_problem, is_other = _problem_object(phrase)
+        replaced = (word.lemma in _REPLACE_VERBS and is_problem) or (
+            word.lemma in _PICK_VERBS and is_other
+        )
+        if not replaced and word.lemma in lex.ENGAGE_VERBS | _PICK_VERBS:
+            head, _ = phrase_head(phrase)
+            rest = words[position + 1 + len(phrase) : position + 6 + len(phrase)]
+            own = head is not None and head.lemma in lex.PROBLEM_NOUNS
+            replaced = own and bool({w.text for w in rest} & _SELF_CHOSEN)
+            tail = [*phrase, *rest]
+            replaced = (
+                replaced
+                or any(  # "any question you like"
+                    item.lemma in lex.PROBLEM_NOUNS
+                    and tail[at + 1].text == "you"
+                    and tail[at + 2].text in _WANTING
+                    for at, item in enumerate(tail[:-2])
+                )
+            )
+        if replaced:
+            found.other = found.other_instead = True
+    asked = _interrogative(clause) or asked_next
+    if clause.instead and asked:
+        found.other = found.other_instead = True
+    # "Your task is to answer: who wrote Hamlet?", "the real question is: what is 1 + 1?": a
+    # workflow's prompt serves every problem, so a question of its own that is not about the
+    # problem or its answer is some other question.
+    if following is not None and _interrogative(following) and _specific(following):
+        # The task said to be that question ("your task is to answer:", "the real question
+        # is:"); a guiding question ("consider: which operation is needed?") or a few-shot
+        # example's "Question:" label says no such thing.
+        texts = {w.text for w in words}
+        introduces = bool(texts & lex.COPULAS) and any(
+            not w.negated and w.lemma in _TASK_NOUNS for w in words
+        )
+        if introduces:
+            found.other = found.other_instead = True
+
+
+def _the_problem(phrase: list[Word]) -> bool:
+    """Whether a phrase names this problem itself ("this problem", "the task above"), not a
+    piece of text ("a paragraph") or another problem."""
+    head, modifiers = phrase_head(phrase)
+    texts = {w.text for w in modifiers}
+    return (
+        head is not None
+        and head.lemma in _TASK_NOUNS | lex.words("exercise puzzle prompt input")
+        and not texts & lex.words("a an any some")
+        and _problem_object(phrase)[0]
+    )
+
+
+def _interrogative(clause: Clause) -> bool:
+    """A question of the clause's own ("what is the largest planet", "when did ... fall")."""
+    content = [w for w in clause.words if w.text not in (",", ":") and w.text not in lex.FILLERS]
+    if clause.sub in ("when", "where") and content and content[0].lemma in _AUXILIARIES:
+        return len(content) >= 2  # the subordinator is the question word: "when did it fall"
+    return len(content) >= 3 and content[0].text in _QUESTION_WORDS and not clause.conditional
+
+
+_GENERIC: Final = (
+    lex.ANSWER_NOUNS
+    | lex.PROBLEM_NOUNS
+    | lex.REASON_NOUNS
+    | lex.PROBLEM_PRONOUNS
+    | lex.DETERMINERS
+    | lex.FILLERS
+    | lex.COPULAS
+    | _QUESTION_WORDS
+    | lex.words(
+        """
+        it you your we us i me do does did can could should would will must may might to of in
+        on for with from by about be has have had many much way correct right best exactly
+        asked ask asks being given mean means need needs the a an
+        """
+    )
+)
+"""Words of a question about the problem or its answer ("what is the answer", "what does the
+question ask"), which any problem's prompt may ask."""
+
+
+def _specific(clause: Clause) -> bool:
+    """A question with content of its own (a planet, a play, a sum), not about the problem."""
+    return any(
+        w.text not in _GENERIC
+        and w.lemma not in _GENERIC
+        and w.text.rstrip("s") not in _GENERIC
+        and w.text not in (",", ":")
+        for w in clause.words[1:]
+    )
+
+
+def _read_literal_after(clause: Clause, following: Clause | None, found: _Findings) -> None:
+    """A constant named after a colon: "always reply: 8", "your answer, every time: 'yes'"."""
+    if following is None or clause.conditional or following.conditional:
+        return
+    words = clause.words
+    if {w.text for w in words} & lex.FORMAT_WORDS:
+        return
+    replying = any(
+        not w.negated and ((w.verb and w.lemma in lex.REPLY_VERBS) or w.text in _OUTPUT_FORMS)
+        for w in words
+    ) or any(w.lemma in lex.ANSWER_NOUNS and not w.negated for w in words)
+    constant = found.constancy or any(
+        w.text in _CONSTANCY and not w.negated for w in words + following.words
+    )
+    if not (replying and constant):
+        return
+    content = [
+        w
+        for w in following.words
+        if w.text not in (",", ":", ".")
+        and w.text not in lex.FILLERS
+        and w.text not in _CONSTANCY
+        and w.text not in lex.DETERMINERS
+        and w.text not in ("time", "times", "case", "cases")
+    ]
+    if len(content) == 1 and not content[0].negated and _literal_like(content[0]):
+        found.literal = found.literal or content[0].text
 
 
 _ORDINALS: Final = lex.words("first last second third final opening closing")

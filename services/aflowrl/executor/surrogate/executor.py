@@ -43,6 +43,7 @@ from aflowrl.executor.surrogate.calibration import Calibration, load_calibration
 from aflowrl.executor.surrogate.codelab import CodeLab, CodeRunner
 from aflowrl.executor.surrogate.index import ProblemIndex
 from aflowrl.executor.surrogate.model import MODEL_VERSION, SurrogateModel
+from aflowrl.executor.surrogate.protocol import MAX_CHOICES
 from aflowrl.seeding import derive_seed
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,6 @@ MODEL_NAME = "surrogate"
 SURROGATE_PRICE = Price(input_per_mtok=0.0, output_per_mtok=0.0)
 """What the surrogate's tokens cost: nothing."""
 DEFAULT_TEMPERATURE = 1.0
-MAX_CHOICES = 128
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,13 @@ Endpoints:
 - ``GET /health``; ``GET /metrics`` (Prometheus: requests, latency, tokens).
 
 Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for bad or
-unsupported requests (naming the parameter), 404 ``model_not_found`` for a model it does not
-serve, 404 "Invalid URL (METHOD /path)" for an unknown route and 405 for a known route with the
-wrong method, 503 when the sandbox cannot run code. ``latency_ms`` delays every completion
+unsupported requests (naming the parameter as the client sent it), 404 ``model_not_found`` for a
+model it does not serve, 404 "Invalid URL (METHOD /path)" for an unknown route and 405 for a
+known route with the wrong method, 413 for a body over 64 MiB (decompressed), 503 when the
+sandbox cannot run code. The body is read by :func:`.protocol.read_body` (content encodings
+undone here, within the size bound, not by aiohttp; nesting and numbers bounded), so no request
+body reaches an unbounded parser; an unexpected exception is still answered in OpenAI's shape
+(500 ``server_error``), never as aiohttp's plain-text page. ``latency_ms`` delays every completion
 (simulated model latency).
 
 :class:`SurrogateServer` is an async context manager (port 0 picks a free port); ``aflowrl
@@ -34,7 +38,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CollectorRegistry
 
 from aflowrl.common.metrics import ComponentMetrics, metrics_handler, new_registry, start_http
@@ -46,12 +52,15 @@ from aflowrl.executor.surrogate.protocol import (
     error_body,
     model_not_found,
     parse_chat_request,
+    read_body,
 )
 from aflowrl.sandbox import SandboxUnavailableError
 
 logger = logging.getLogger(__name__)
 
 _STREAM_PIECE_CHARS = 96
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""The largest request body, as sent and decompressed."""
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -77,9 +86,15 @@ def _error(error: ApiError) -> web.Response:
 
 @web.middleware
 async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """aiohttp's own errors (no route, wrong method, body too large) in OpenAI's shape."""
+    """aiohttp's own errors (no route, wrong method, body too large) in OpenAI's shape, and
+    anything unexpected as a 500 in the same shape (logged once, as the bug it is)."""
     try:
         return await handler(request)
+    except ApiError as exc:
+        return _error(exc)
+    except (RequestPayloadError, HttpProcessingError) as exc:  # a body that broke off
+        message = f"The request body could not be read ({type(exc).__name__})."
+        return web.json_response(error_body(message, kind="invalid_request_error"), status=400)
     except web.HTTPException as exc:
         if exc.status == 404:
             message = f"Invalid URL ({request.method} {request.path})"
@@ -90,6 +105,14 @@ async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamRe
         kind = "invalid_request_error" if exc.status < 500 else "server_error"
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return web.json_response(error_body(message, kind=kind), status=exc.status, headers=headers)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        logger.exception(
+            "surrogate server: unexpected error on %s %s", request.method, request.path
+        )
+        message = "The server had an error while processing your request."
+        return web.json_response(error_body(message, kind="server_error"), status=500)
 
 
 def _apply_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
@@ -130,7 +153,7 @@ class SurrogateServer:
         return f"http://{self.host}:{self.port}/v1"
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_openai_errors])
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_openai_errors])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model}", self._model)
@@ -139,7 +162,9 @@ class SurrogateServer:
         return app
 
     async def __aenter__(self) -> SurrogateServer:
-        self._runner, self.port = await start_http(self.app(), self.host, self.port, backlog=1024)
+        self._runner, self.port = await start_http(
+            self.app(), self.host, self.port, backlog=1024, auto_decompress=False
+        )
         logger.info("surrogate executor serving on %s (models %s)", self.base_url, self.models)
         return self
 
@@ -181,10 +206,12 @@ class SurrogateServer:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         try:
-            try:
-                body = await request.json()
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise ApiError(400, "The request body is not valid JSON.") from None
+            body = read_body(
+                await request.read(),
+                content_encoding=request.headers.get(hdrs.CONTENT_ENCODING),
+                charset=request.charset,
+                max_bytes=MAX_BODY_BYTES,
+            )
             chat = parse_chat_request(body, self.models)
             completion = await self.executor.complete(
                 chat.contents,
@@ -194,7 +221,8 @@ class SurrogateServer:
                 seed=chat.seed,
             )
         except ApiError as exc:
-            self.metrics.requests.labels("bad_request" if exc.status == 400 else "not_found").inc()
+            outcome = {400: "bad_request", 404: "not_found", 413: "too_large"}.get(exc.status)
+            self.metrics.requests.labels(outcome or "bad_request").inc()
             return _error(exc)
         except InvalidInputError as exc:
             self.metrics.requests.labels("bad_request").inc()
