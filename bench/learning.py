@@ -12,7 +12,14 @@ of the problem id). Training tasks, the warm start's episodes and the expected-g
 the training pool; settings (the defaults below, ``--split tuning``) were chosen on tuning-pool
 tasks; every figure of the evaluation (``--split eval``, the default) comes from held-out-pool
 tasks: ``--eval-tasks`` (12) per training benchmark (48 tasks) and as many of mbpp, each
-``--problems`` (20) problems, one episode per task and seed.
+``--problems`` (20) problems, ``--eval-episodes`` (2) episodes per task and seed (a (task, seed)
+cell's figure is their mean).
+
+**The search and its reward**: 4 edits per episode from AFlow's seed workflow, 9 actions
+listed, none leading to a workflow the tree holds (``search.listDuplicates: false``), and the
+``improvement`` reward, max(0, child - best so far), so that an episode's return is its
+best-gain, the figure this bench judges (``--reward``; the defaults below were chosen on tuning
+tasks, README "How the settings were chosen").
 
 **Methods**, each trained and evaluated once per seed (``--seeds``, 5; a seed fixes the
 warm start's traces, training tasks and all sampling):
@@ -28,7 +35,8 @@ warm start's traces, training tasks and all sampling):
   (fewer epochs over more states).
 
 **Reference rows** (no training): ``random`` (uniform over the listed actions); ``uniform
-new`` (uniform over the listed actions that do not lead to a workflow the tree holds);
+new`` (uniform over the listed actions that do not lead to a workflow the tree holds: the same
+as random while the listing leaves those out, printed for runs with ``--list-duplicates``);
 ``constant`` (always the k-th listed action, k chosen on tuning tasks); ``expected-greedy``
 (at each state, the listed action with the highest mean one-step reward over ``--greedy-tasks``
 training-pool tasks of the benchmark started from the same workflow: the best a policy that
@@ -538,15 +546,18 @@ class Bench:
         self, method: Method, actor: Actor, seed: int, *, spec: RunSpec | None = None, ucb: bool
     ) -> None:
         spec = spec or self.base
+        tasks = [*self.tasks, *self.transfer]
         played: list[EpisodeResult] = await evaluate_policy(
             spec,
             self.env,
             actor,
-            [*self.tasks, *self.transfer],
+            tasks,
+            episodes_per_task=self.args.eval_episodes,
             seed=seed,
             values=ValueTable.empty() if ucb else None,
         )
-        for task, episode in zip([*self.tasks, *self.transfer], played, strict=True):
+        repeated = [t for t in tasks for _ in range(self.args.eval_episodes)]
+        for task, episode in zip(repeated, played, strict=True):
             method.gain.add(task, seed, episode.best_gain)
         steps = sum(e.steps for e in played)
         method.duplicates.append(sum(e.duplicates for e in played) / max(1, steps))
@@ -904,7 +915,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ucb-c", type=float, default=0.1)
     p.add_argument(
         "--reward",
-        default="delta-parent",
+        default="improvement",
         choices=["delta-parent", "delta-best", "improvement"],
         help="search.reward",
     )
@@ -923,6 +934,12 @@ def parser() -> argparse.ArgumentParser:
         "prompt and the learner's attention cost)",
     )
     p.add_argument("--eval-tasks", type=int, default=12, help="per benchmark")
+    p.add_argument(
+        "--eval-episodes",
+        type=int,
+        default=2,
+        help="per task and seed (a cell's figure is their mean; the cell stays the unit)",
+    )
     p.add_argument("--greedy-tasks", type=int, default=6, help="per benchmark")
     p.add_argument("--selection-tasks", type=int, default=3, help="per training benchmark")
     p.add_argument("--bootstrap", type=int, default=2000)
