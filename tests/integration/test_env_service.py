@@ -36,6 +36,7 @@ from aflowrl.config import RunSpec
 from aflowrl.envsvc import executors
 from aflowrl.envsvc.blob import StateCodec
 from aflowrl.envsvc.server import running_server
+from aflowrl.trainer.clients import EnvironmentClient
 from aflowrl.workflow import Graph, library
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -714,3 +715,38 @@ def test_a_sandbox_that_cannot_start_stops_the_replica_with_one_line(oracle, dat
         "aflowrl serve env: error: the code sandbox cannot start: AFLOWRL_SANDBOX=bwrap but no "
         "bwrap on PATH (Debian package: bubblewrap)"
     ], done.stderr
+
+
+async def test_a_burst_beyond_the_replicas_call_limit_waits_in_the_client(oracle, data_dir):
+    """A burst of steps larger than the replica's ``grpc.maxConcurrentRpcs`` (sibling steps of
+    many states at once): gRPC's server would refuse the excess (RESOURCE_EXHAUSTED, or CANCELLED
+    in a burst, which reads as a replica going away); the client keeps at most ``max_in_flight``
+    calls in flight to a replica, so every call is served by it, none fails over."""
+    doc = _spec_doc(oracle, data_dir)
+    doc["grpc"]["maxConcurrentRpcs"] = 4
+    spec = RunSpec.model_validate(doc)
+    oracle.delay_s = 0.02  # each new workflow's evaluation holds its Step in flight
+    try:
+        async with running_server(spec, host="127.0.0.1", port=0, metrics_port=None) as server:
+            env = EnvironmentClient(
+                [f"127.0.0.1:{server.port}"],
+                options=ChannelOptions(max_attempts=1, timeout_s=60),  # no retry hides a refusal
+                max_in_flight=4,
+            )
+            reply = await env.reset(pb.ResetRequest(task="gsm8k", seed=5), key="burst")
+            env.take_stats()
+            actions = [_action(k % 6 + 1) for k in range(60)]
+            outcomes = await asyncio.gather(
+                *(env.step(reply.state, a, episode_key="burst") for a in actions)
+            )
+            stats = env.take_stats()
+            await env.close()
+    finally:
+        oracle.delay_s = 0.0
+    assert stats.failovers == []
+    rewards: dict[str, set[float]] = {}
+    for action, (outcome, address) in zip(actions, outcomes, strict=True):
+        assert address == f"127.0.0.1:{server.port}"
+        rewards.setdefault(action, set()).add(outcome.reward)
+    assert all(len(r) == 1 for r in rewards.values())  # the same action, the same reward
+    assert sum(stats.calls.values()) >= len(actions)

@@ -65,4 +65,6 @@ class GrpcSpec(SpecModel):
     auth_token_secret: SecretKeyRef | None = None
     """Secret with a shared bearer token every call must carry; empty: no token."""
     max_concurrent_rpcs: int = Field(default=1024, ge=1, le=100000)
-    """Calls a server handles at once; more are refused with RESOURCE_EXHAUSTED."""
+    """Calls a server handles at once; more are refused with RESOURCE_EXHAUSTED (or, in a
+    burst, CANCELLED). The trainer keeps at most half of it in flight to each environment
+    replica."""

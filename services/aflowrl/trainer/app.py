@@ -63,6 +63,9 @@ def connect(
             # Step, Evaluate: trainer.stepTimeoutS) run; the short calls set their own.
             options=channel_options(spec, spec.trainer.step_timeout_s),
             step_timeout_s=spec.trainer.step_timeout_s,
+            # Half a replica's call limit: the rest is left to its other clients (health checks,
+            # an `aflowrl optimize` beside the run).
+            max_in_flight=max(1, spec.grpc.max_concurrent_rpcs // 2),
         ),
         rollout=RolloutClient(_target(rollout), options=channel_options(spec, 1800.0)),
         learner=LearnerClient(learner, options=channel_options(spec, 3600.0)),

@@ -96,8 +96,16 @@ class RolloutClient:
         options: ChannelOptions | None = None,
         resolve: Callable[[str], list[str]] = replica_targets,
         server_name: str | None = None,
+        max_in_flight: int = 512,
     ) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight: {max_in_flight} is below 1")
         self.target = target
+        self.max_in_flight = max_in_flight
+        """Calls this client keeps in flight to one replica; more wait here. A replica refuses
+        calls beyond its ``grpc.maxConcurrentRpcs`` (a burst of sibling steps can be thousands), so
+        the trainer sets this below it."""
+
         self.options = options or ChannelOptions(timeout_s=600.0)
         self.server_name = _server_name(target, server_name)
         """Name verified on the replicas' certificates; default: the host of ``target``."""
@@ -237,6 +245,8 @@ class _Replica:
     channel: aio.Channel
     stub: Any
     """EnvironmentServiceStub (typed for the sync API; this is an asyncio channel)."""
+    slots: asyncio.Semaphore
+    """Bounds this client's calls in flight to the replica (``EnvironmentClient.max_in_flight``)."""
     down_until: float = 0.0
     calls: int = 0
 
@@ -264,8 +274,11 @@ _REPLICA_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 """Codes on which an environment call moves to the next replica. UNAVAILABLE: the replica is
 down or draining. CANCELLED reaches this client only from the server's side (a cancellation of
 ours raises ``asyncio.CancelledError`` instead): a replica stopping cancels its in-flight calls
-when its grace period ends. Every environment call may be repeated (a retried Step returns the
-same state and reward), so both move on."""
+when its grace period ends, and gRPC's server refuses some calls beyond its
+``maximum_concurrent_rpcs`` with CANCELLED rather than RESOURCE_EXHAUSTED when they arrive in a
+burst, which ``EnvironmentClient.max_in_flight`` keeps this client from causing. Every
+environment call may be repeated (a retried Step returns the same state and reward), so both
+move on."""
 
 
 class EnvironmentClient:
@@ -280,8 +293,16 @@ class EnvironmentClient:
         cooldown_s: float = 10.0,
         resolve: Callable[[str], list[str]] = replica_targets,
         server_name: str | None = None,
+        max_in_flight: int = 512,
     ) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight: {max_in_flight} is below 1")
         self.target = target
+        self.max_in_flight = max_in_flight
+        """Calls this client keeps in flight to one replica; more wait here. A replica refuses
+        calls beyond its ``grpc.maxConcurrentRpcs`` (a burst of sibling steps can be thousands), so
+        the trainer sets this below it."""
+
         # The channel's deadline caps every call's own (gRPC takes the smaller): by default it
         # lets the longest calls (Reset, Step, Evaluate) run for step_timeout_s.
         self.options = options or ChannelOptions(timeout_s=step_timeout_s)
@@ -308,7 +329,8 @@ class EnvironmentClient:
             if address not in self._replicas:
                 channel = make_channel(address, self.options, server_name=self.server_name)
                 stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
-                self._replicas[address] = _Replica(address, channel, stub)
+                slots = asyncio.Semaphore(self.max_in_flight)
+                self._replicas[address] = _Replica(address, channel, stub, slots)
         for address in [a for a in self._replicas if a not in addresses]:
             await self._replicas.pop(address).channel.close()
         self._ring = HashRing(addresses)
@@ -358,7 +380,8 @@ class EnvironmentClient:
         for address in self.route(key):
             replica = self._replicas[address]
             try:
-                response = await invoke(replica.stub)
+                async with replica.slots:
+                    response = await invoke(replica.stub)
             except aio.AioRpcError as exc:
                 if exc.code() not in _REPLICA_GONE:
                     raise error_from_rpc(exc, f"environment {method} on {address}") from exc
