@@ -16,6 +16,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,3 +161,23 @@ def build_model(out: Path, hidden: int, layers: int) -> int:
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(out)
     return sum(p.numel() * 4 for p in model.parameters())
+
+
+@contextmanager
+def learner_and_rollout(spec_file: Path, log_dir: Path) -> Iterator[tuple[Service, Service]]:
+    """A learner and a rollout process on ``spec_file``; on the way out both are stopped, and
+    each must exit 0 (unless the block raised)."""
+    learner = start_service("learner", spec_file, log_dir)
+    try:
+        rollout = start_service("rollout", spec_file, log_dir)
+    except BaseException:
+        learner.stop()
+        raise
+    try:
+        yield learner, rollout
+    except BaseException:
+        rollout.stop()
+        learner.stop()
+        raise
+    for service in (rollout, learner):
+        assert service.stop() == 0, service.log.read_text()[-3000:]

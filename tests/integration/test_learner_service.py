@@ -28,7 +28,7 @@ from aflowrl.common.client import ChannelOptions, make_channel
 from aflowrl.trainer import weight_sync
 
 sys.path.insert(0, str(Path(__file__).parent))
-from policy_services import SPEC, Service, metrics_text, start_service
+from policy_services import SPEC, Service, learner_and_rollout, metrics_text, start_service
 
 TOL = 1e-4
 
@@ -38,15 +38,8 @@ def services(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("services")
     spec = tmp / "spec.yaml"
     spec.write_text(SPEC + f"trainer: {{checkpointDir: {tmp / 'checkpoints'}}}\n")
-    learner = start_service("learner", spec, tmp)
-    try:
-        rollout = start_service("rollout", spec, tmp)
-    except BaseException:
-        learner.stop()
-        raise
-    yield learner, rollout
-    assert rollout.stop() == 0, rollout.log.read_text()
-    assert learner.stop() == 0, learner.log.read_text()
+    with learner_and_rollout(spec, tmp) as pair:
+        yield pair
 
 
 def _stubs(learner: Service, rollout: Service):

@@ -30,7 +30,7 @@ from aflowrl.trainer.clients import LearnerClient, RolloutClient, TrainRow
 from aflowrl.trainer.rows import Decision
 
 sys.path.insert(0, str(Path(__file__).parent))
-from policy_services import SPEC, start_service
+from policy_services import SPEC, learner_and_rollout
 
 OBSERVATION = (
     "# Optimising an agentic workflow for humaneval (code tasks)\n"
@@ -54,15 +54,8 @@ def services(tmp_path_factory: pytest.TempPathFactory):
     spec = tmp / "spec.yaml"
     # The warm start's own learning rate (trainer.warmStart.lr) beside the RL one.
     spec.write_text(SPEC.replace("lr: 0.001", "lr: 0.01") + "trainer: {warmStart: {lr: 0.015}}\n")
-    learner = start_service("learner", spec, tmp)
-    try:
-        rollout = start_service("rollout", spec, tmp)
-    except BaseException:
-        learner.stop()
-        raise
-    yield RunSpec.from_yaml(spec.read_text()), learner, rollout, tmp
-    assert rollout.stop() == 0, rollout.log.read_text()
-    assert learner.stop() == 0, learner.log.read_text()
+    with learner_and_rollout(spec, tmp) as (learner, rollout):
+        yield RunSpec.from_yaml(spec.read_text()), learner, rollout, tmp
 
 
 async def _read(client: RolloutClient, reader: ValueReader, actions: tuple[str, ...]):

@@ -32,7 +32,7 @@ from aflowrl.common.client import ChannelOptions, make_channel
 from aflowrl.models import builtin, weights, wire
 
 sys.path.insert(0, str(Path(__file__).parent))
-from policy_services import SPEC, Service, start_service
+from policy_services import SPEC, Service, learner_and_rollout
 
 DEADLINE_S = 60.0
 
@@ -42,15 +42,9 @@ def services(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("doors")
     spec = tmp / "spec.yaml"
     spec.write_text(SPEC + f"trainer: {{checkpointDir: {tmp / 'checkpoints'}}}\n")
-    learner = start_service("learner", spec, tmp)
-    try:
-        rollout = start_service("rollout", spec, tmp)
-    except BaseException:
-        learner.stop()
-        raise
-    yield learner, rollout
-    for service in (rollout, learner):
-        assert service.stop() == 0, service.log.read_text()[-3000:]
+    with learner_and_rollout(spec, tmp) as pair:
+        yield pair
+    for service in pair:
         log = service.log.read_text()
         assert "Traceback" not in log, log[log.index("Traceback") - 300 :][:4000]
 

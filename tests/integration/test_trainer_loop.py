@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from policy_services import start_service
+from policy_services import learner_and_rollout, start_service
 from toy_env import ACTIONS, ToyEnv, serve_toy
 
 from aflowrl._proto.v1 import rollout_pb2
@@ -44,15 +44,8 @@ def policy(tmp_path_factory):
     root = tmp_path_factory.mktemp("policy")
     spec_file = root / "spec.yaml"
     spec_file.write_text(SERVICES_SPEC)
-    learner = start_service("learner", spec_file, root)
-    try:
-        rollout = start_service("rollout", spec_file, root)
-    except BaseException:
-        learner.stop()
-        raise
-    yield rollout, learner
-    assert rollout.stop() == 0
-    assert learner.stop() == 0
+    with learner_and_rollout(spec_file, root) as (learner, rollout):
+        yield rollout, learner
 
 
 def _spec(tmp_path, **trainer) -> RunSpec:

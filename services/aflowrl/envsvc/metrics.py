@@ -10,6 +10,8 @@ is the replica's whatever number of evaluators share them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import CollectorRegistry, Counter
 
 from aflowrl.common.metrics import ComponentMetrics
@@ -18,7 +20,10 @@ from aflowrl.common.metrics import ComponentMetrics
 class EnvironmentMetrics(ComponentMetrics):
     """Metrics of one environment replica."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, benchmarks: Sequence[str] = ()
+    ) -> None:
+        """``benchmarks``: the benchmarks whose series exist from the start (those served)."""
         super().__init__("environment", registry)
         self.evaluations = self.counter(
             "evaluations_total", "Workflow evaluations finished.", ["benchmark"]
@@ -29,6 +34,10 @@ class EnvironmentMetrics(ComponentMetrics):
         self.problem_runs = self.counter(
             "problem_runs_total", "Workflow runs on one problem (cached or not).", ["benchmark"]
         )
+        for benchmark in benchmarks:  # zero series from the start: the first evaluation is a rate
+            self.evaluations.labels(benchmark)
+            self.evaluation_duration.labels(benchmark)
+            self.problem_runs.labels(benchmark)
         self.cache_hits = self.counter("cache_hits_total", "Problem runs answered by the cache.")
         self.cache_misses = self.counter("cache_misses_total", "Problem runs computed.")
         self.cache_hit_ratio = self.gauge(

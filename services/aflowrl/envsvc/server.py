@@ -189,7 +189,7 @@ async def running_server(
     ``handle_signals``: SIGTERM and SIGINT stop it gracefully from before it serves (what
     ``aflowrl serve env`` wants; not a server embedded in another program)."""
     check_spec(spec)
-    metrics = EnvironmentMetrics()
+    metrics = EnvironmentMetrics(benchmarks=spec.environment.served_benchmarks)
     servicer = EnvironmentServicer()
     async with contextlib.AsyncExitStack() as stack:
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import CollectorRegistry
 
 from aflowrl.common.metrics import ComponentMetrics
@@ -10,7 +12,10 @@ from aflowrl.common.metrics import ComponentMetrics
 class LearnerMetrics(ComponentMetrics):
     """Metrics of the learner (rank 0)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, transports: Sequence[str] = ()
+    ) -> None:
+        """``transports``: the weight transports whose series exist from the start (the run's)."""
         super().__init__("learner", registry)
         self.policy_loss = self.gauge("policy_loss", "Policy-gradient loss of the last Train.")
         self.value_loss = self.gauge("value_loss", "Critic loss of the last Train (PPO).")
@@ -56,6 +61,8 @@ class LearnerMetrics(ComponentMetrics):
             "Wall time of streaming or exporting weights.",
             ["transport"],
         )
+        for transport in transports:  # zero series from the start: the first push is a rate
+            self.weight_push_duration.labels(transport)
         self.checkpoint_duration = self.histogram(
             "checkpoint_duration_seconds", "Wall time of saving or loading a checkpoint.", ["op"]
         )

@@ -70,7 +70,7 @@ async def serve(
         return
     if spec.weight_transport.type == "grpc":
         wire.keep_message_memory()  # rank 0 pushes the weights
-    metrics = LearnerMetrics()
+    metrics = LearnerMetrics(transports=[spec.weight_transport.type])
     servicer = LearnerServicer(
         learner,
         metrics,

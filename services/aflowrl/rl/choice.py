@@ -205,6 +205,21 @@ def bin_cross_entropy(bin_log_probs: torch.Tensor, target_weights: torch.Tensor)
     return -(target_weights.to(bin_log_probs.dtype) * bin_log_probs).sum(dim=-1)
 
 
+def _masked(
+    log_p: torch.Tensor, log_q: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(keep, log_p, log_q) with the padded entries of both set to 0 (finite), shapes checked."""
+    if log_p.shape != log_q.shape:
+        raise RLInputError(
+            f"expected log_p and log_q of one shape, got {list(log_p.shape)} and "
+            f"{list(log_q.shape)}",
+            field="log_q",
+        )
+    keep = torch.ones_like(log_p, dtype=torch.bool) if mask is None else mask.bool()
+    zero = torch.zeros_like(log_p)
+    return keep, torch.where(keep, log_p, zero), torch.where(keep, log_q, zero)
+
+
 def categorical_kl(
     log_p: torch.Tensor, log_q: torch.Tensor, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -213,32 +228,13 @@ def categorical_kl(
     ``mask`` marks the candidates that exist (default: all); padded entries may hold anything
     (-inf included). Differentiable in both arguments.
     """
-    if log_p.shape != log_q.shape:
-        raise RLInputError(
-            f"expected log_p and log_q of one shape, got {list(log_p.shape)} and "
-            f"{list(log_q.shape)}",
-            field="log_q",
-        )
-    keep = torch.ones_like(log_p, dtype=torch.bool) if mask is None else mask.bool()
-    zero = torch.zeros_like(log_p)
-    lp = torch.where(keep, log_p, zero)
-    lq = torch.where(keep, log_q, zero)
-    return torch.where(keep, lp.exp() * (lp - lq), zero).sum(dim=-1)
+    keep, lp, lq = _masked(log_p, log_q, mask)
+    return torch.where(keep, lp.exp() * (lp - lq), torch.zeros_like(lp)).sum(dim=-1)
 
 
 def total_variation(
     log_p: torch.Tensor, log_q: torch.Tensor, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
     """TV(p, q) = 1/2 sum_k |p_k - q_k| over the last axis, [...] (``mask`` as above)."""
-    if log_p.shape != log_q.shape:
-        raise RLInputError(
-            f"expected log_p and log_q of one shape, got {list(log_p.shape)} and "
-            f"{list(log_q.shape)}",
-            field="log_q",
-        )
-    keep = torch.ones_like(log_p, dtype=torch.bool) if mask is None else mask.bool()
-    zero = torch.zeros_like(log_p)
-    diff = torch.where(keep, torch.where(keep, log_p, zero).exp(), zero) - torch.where(
-        keep, torch.where(keep, log_q, zero).exp(), zero
-    )
-    return 0.5 * diff.abs().sum(dim=-1)
+    keep, lp, lq = _masked(log_p, log_q, mask)
+    return 0.5 * torch.where(keep, lp.exp() - lq.exp(), torch.zeros_like(lp)).abs().sum(dim=-1)

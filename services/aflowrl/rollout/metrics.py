@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import CollectorRegistry
 
 from aflowrl.common.metrics import ComponentMetrics
@@ -13,7 +15,10 @@ REFUSAL_REASONS = ("stale", "partial", "corrupt", "mismatch", "broken", "interru
 class RolloutMetrics(ComponentMetrics):
     """Metrics of one rollout replica."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, transports: Sequence[str] = ()
+    ) -> None:
+        """``transports``: the weight transports whose series exist from the start (the run's)."""
         super().__init__("rollout", registry)
         self.generated_tokens = self.counter("generated_tokens_total", "Tokens generated.")
         self.prompt_tokens = self.counter("prompt_tokens_total", "Prompt tokens processed.")
@@ -42,6 +47,8 @@ class RolloutMetrics(ComponentMetrics):
         )
         for reason in REFUSAL_REASONS:  # zero series from the start: a refusal rate exists
             self.weight_updates_refused.labels(reason)
+        for transport in transports:  # zero series from the start: the first update is a rate
+            self.weight_update_duration.labels(transport)
         self.weight_update_buckets = self.counter(
             "weight_update_buckets_total",
             "Pieces weights reached the engine in (broadcast buckets, reload calls).",

@@ -137,7 +137,7 @@ async def serve(
     if spec.weight_transport.type == "grpc":
         wire.keep_message_memory()  # before the engine allocates anything
     engine = build_engine(spec)
-    metrics = RolloutMetrics()
+    metrics = RolloutMetrics(transports=[spec.weight_transport.type])
     server: GrpcServer | None = None
 
     async def on_health(serving: bool) -> None:
