@@ -8,8 +8,9 @@ One call of :func:`build` gives every child of a run, in the order they are appl
 - ``<run>-executor`` Deployment + Service when the spec asks to serve the executor with vLLM;
 - ``<run>-rollout`` Deployment + headless Service (GPU resources, gRPC health probes);
 - ``<run>-learner`` StatefulSet + headless Service (torchrun ranks, c10d rendezvous on pod 0);
-- ``<run>-env`` Deployment + headless Service + HorizontalPodAutoscaler, and the
-  ``<run>-env-egress`` NetworkPolicy (DNS and the executor only);
+- ``<run>-env`` Deployment + headless Service + HorizontalPodAutoscaler, the
+  ``<run>-env-egress`` NetworkPolicy (DNS and the executor only), and a PodDisruptionBudget
+  when ``environment.podDisruptionBudget`` is set;
 - ``<run>-trainer`` Job (``aflowrl train``; a failed pod is kept for ``kubectl logs`` and a new
   one resumes from the checkpoint directory);
 - ``<run>`` PodMonitor when ``monitoring.serviceMonitor.enabled`` and the API exists;
@@ -39,7 +40,14 @@ import yaml
 
 from aflowrl.config import API_GROUP, PLURAL, OpenAIExecutorSpec, RunSpec
 from aflowrl_operator.names import COMPONENT_LABEL, PODSETS_HASH, RUN_LABEL, RunRef, digest
-from aflowrl_operator.workloads import environment, executor, learner, rollout, trainer
+from aflowrl_operator.workloads import (
+    environment,
+    environment_disruption_budget,
+    executor,
+    learner,
+    rollout,
+    trainer,
+)
 
 JsonDict = dict[str, Any]
 
@@ -53,6 +61,7 @@ _SCALING_FIELDS: tuple[tuple[str, ...], ...] = (
     ("trainer", "activeDeadlineSeconds"),
     ("trainer", "keepPodsAfterEnd"),
     ("trainer", "ttlSecondsAfterFinished"),
+    ("environment", "podDisruptionBudget"),
 )
 
 
@@ -304,6 +313,10 @@ def build(run: RunRef, spec: RunSpec, scale: Scale, *, monitoring_api: bool) -> 
     )
     children += [Child(deployment, scale.environment_replicas if services else 0)]
     children += [Child(obj) for obj in others]
+    if spec.environment.pod_disruption_budget is not None:
+        children.append(Child(environment_disruption_budget(run, spec)))
+    else:
+        absent.append(("PodDisruptionBudget", run.environment))
     if spec.monitoring.service_monitor.enabled and monitoring_api:
         children.append(Child(pod_monitor(run, spec)))
     elif monitoring_api:

@@ -78,6 +78,7 @@ KINDS: dict[str, Kind] = {
         Kind("batch/v1", "Job", "jobs"),
         Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
         Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+        Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
         Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
         Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
         Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),

@@ -367,6 +367,23 @@ def environment(
     return [deployment, service, hpa, environment_egress(run, spec)]
 
 
+def environment_disruption_budget(run: RunRef, spec: RunSpec) -> JsonDict:
+    """The environment's PodDisruptionBudget (``environment.podDisruptionBudget``): drains evict
+    at most ``maxUnavailable`` ready pods at once; unready pods may always go."""
+    budget = spec.environment.pod_disruption_budget
+    assert budget is not None
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": run.metadata(run.environment, "environment"),
+        "spec": {
+            "maxUnavailable": budget.max_unavailable,
+            "selector": {"matchLabels": run.selector("environment")},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
 def environment_egress(run: RunRef, spec: RunSpec) -> JsonDict:
     """Environment pods may reach DNS and the executor, nothing else.
 

@@ -64,6 +64,7 @@ FULL: dict = {
             },
         },
         "replicas": {"min": 2, "max": 6},
+        "podDisruptionBudget": {"maxUnavailable": 1},
     },
     "weightTransport": {"type": "filesystem"},
     "storage": {"size": "100Gi", "accessMode": "ReadWriteMany"},
@@ -93,6 +94,7 @@ CHILDREN = [
     (SERVICES, "demo-env"),
     (HPAS, "demo-env"),
     ("networking.k8s.io/v1/networkpolicies", "demo-env-egress"),
+    ("policy/v1/poddisruptionbudgets", "demo-env"),
     (JOBS, "demo-trainer"),
     ("monitoring.coreos.com/v1/podmonitors", "demo"),
 ]
@@ -573,12 +575,19 @@ async def test_the_chart_grants_every_request_the_operator_makes(cluster: Cluste
         "demo",
         {
             "suspend": False,
-            "environment": {"executor": {"serve": None, "baseUrl": "https://llm.example/v1"}},
+            "environment": {
+                "executor": {"serve": None, "baseUrl": "https://llm.example/v1"},
+                "podDisruptionBudget": None,
+            },
             "monitoring": {"serviceMonitor": {"enabled": False}},
         },
     )
     await cluster.eventually(
         lambda: cluster.child(DEPLOYMENTS, "demo-executor") is None, what="executor removal"
+    )
+    await cluster.eventually(
+        lambda: cluster.child("policy/v1/poddisruptionbudgets", "demo-env") is None,
+        what="the disruption budget's removal",
     )
     await cluster.eventually(
         lambda: cluster.child("monitoring.coreos.com/v1/podmonitors", "demo") is None
@@ -605,6 +614,8 @@ async def test_the_chart_grants_every_request_the_operator_makes(cluster: Cluste
         ("create", "", "events"),
         ("list", "", "nodes"),
         ("delete", "apps", "deployments"),
+        ("patch", "policy", "poddisruptionbudgets"),
+        ("delete", "policy", "poddisruptionbudgets"),
     } <= made
     assert {
         ("watch", "aflowrl.io", "trainingruns"),

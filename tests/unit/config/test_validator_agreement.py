@@ -189,6 +189,8 @@ INVALID: list[tuple[dict, str | set[str]]] = [
     (run({"trainer": {"keepPodsAfterEnd": True, "ttlSecondsAfterFinished": 10**8}}), "spec.trainer.ttlSecondsAfterFinished"),
     (run({"trainer": {"ttlSecondsAfterFinished": 600}}), "spec.trainer.ttlSecondsAfterFinished"),
     (run({"trainer": {"keepPodsAfterEnd": "yes"}}), "spec.trainer.keepPodsAfterEnd"),
+    (run({"environment": {"podDisruptionBudget": {"maxUnavailable": -1}}}), "spec.environment.podDisruptionBudget.maxUnavailable"),
+    (run({"environment": {"podDisruptionBudget": {"minAvailable": 1}}}), "spec.environment.podDisruptionBudget.minAvailable"),
 ]  # fmt: skip
 
 VALID: list[dict] = [
@@ -234,6 +236,7 @@ VALID: list[dict] = [
     run({"grpc": {"tlsSecret": "tls", "mtls": True, "healthPort": 50060}, "weightTransport": {"type": "nccl"}, "trainer": {"checkpointDir": "/checkpoints/" + "r" * 255}}),
     run({"trainer": {"activeDeadlineSeconds": 86400, "keepPodsAfterEnd": True, "ttlSecondsAfterFinished": 3600}}),
     run({"trainer": {"keepPodsAfterEnd": True}}),
+    run({"environment": {"podDisruptionBudget": {}}}),
     *(yaml.safe_load(p.read_text()) for p in sorted((ROOT / "manifests" / "examples").glob("*.yaml"))),
 ]  # fmt: skip
 

@@ -308,6 +308,7 @@ def test_optional_children_appear_and_disappear_with_the_spec():
         ("Service", "demo-executor"),
         ("PodMonitor", "demo"),
         ("PodGroup", "demo-gpu"),  # no gang scheduling: a PodGroup left from before goes
+        ("PodDisruptionBudget", "demo-env"),
     }
     full = children.build(
         RUN, RunSpec.from_document(SPECS["multi-node"]), RUNNING, monitoring_api=True
@@ -524,3 +525,20 @@ def test_pods_are_kept_after_the_end_until_the_ttl(trainer, seconds_after_end, k
     ended = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
     at = ended + datetime.timedelta(seconds=seconds_after_end)
     assert children.kept_after_end(spec, "2026-01-01T00:00:00Z", at) is kept
+
+
+def test_the_environment_gets_a_disruption_budget_only_when_asked():
+    assert not any(m["kind"] == "PodDisruptionBudget" for m in _manifests(RunSpec()))
+    desired = children.build(RUN, RunSpec(), RUNNING, monitoring_api=False)
+    assert ("PodDisruptionBudget", "demo-env") in desired.absent  # removed when dropped
+    spec = RunSpec.from_document({"environment": {"podDisruptionBudget": {"maxUnavailable": 2}}})
+    manifests = _manifests(spec)
+    budget = _by(manifests, "PodDisruptionBudget", "demo-env")
+    kubernetes_validate.validate(budget, K8S_VERSION, strict=True)
+    assert budget["spec"]["maxUnavailable"] == 2
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    pods = _by(manifests, "Deployment", "demo-env")["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pods.items()
+    other = _by(manifests, "Deployment", "demo-rollout")["spec"]["template"]["metadata"]["labels"]
+    assert not budget["spec"]["selector"]["matchLabels"].items() <= other.items()
+    assert children.spec_hash(spec) == children.spec_hash(RunSpec())  # no pod restarts
