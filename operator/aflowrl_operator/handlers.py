@@ -33,6 +33,7 @@ import copy
 import dataclasses
 import logging
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -46,7 +47,7 @@ from aflowrl_operator.errors import ApiUnavailableError
 from aflowrl_operator.kube import KubeApi, load_configuration
 from aflowrl_operator.metrics import OperatorMetrics
 from aflowrl_operator.names import RUN_LABEL
-from aflowrl_operator.reconcile import Reconciler
+from aflowrl_operator.reconcile import Outcome, Reconciler
 
 logger = logging.getLogger(__name__)
 
@@ -124,24 +125,49 @@ class _RunLoop:
 
 
 async def _reconcile(
-    body: Any, memo: kopf.Memo, *, strict: bool, delay: float, coalesce: bool = False
+    body: Any,
+    memo: kopf.Memo,
+    *,
+    handler: str,
+    strict: bool,
+    delay: float,
+    coalesce: bool = False,
 ) -> None:
+    """One pass of the run ``body`` names, for ``handler`` (a :data:`metrics.HANDLERS` value,
+    which the handler metrics count and time)."""
     reconciler: Reconciler = memo["reconciler"]
+    started = time.monotonic()
+    result = "error"
+    try:
+        outcome = await _serialised_pass(body, memo, reconciler, delay=delay, coalesce=coalesce)
+        result = "coalesced" if outcome is None else "rejected" if outcome.rejection else "ok"
+    except kopf.TemporaryError:
+        result = "retry"
+        raise
+    finally:
+        reconciler.metrics.handler_calls.labels(handler, result).inc()
+        reconciler.metrics.handler_duration.labels(handler).observe(time.monotonic() - started)
+    if strict and outcome is not None and outcome.rejection is not None:
+        rejection = outcome.rejection
+        kopf.warn(body, reason=rejection.reason, message=rejection.message[:1000])
+        raise kopf.PermanentError(f"{rejection.reason}: {rejection.message}")
+
+
+async def _serialised_pass(
+    body: Any, memo: kopf.Memo, reconciler: Reconciler, *, delay: float, coalesce: bool
+) -> Outcome | None:
+    """Run the pass under the run's lock; None when it joined a pass already waiting."""
     loops: dict[str, _RunLoop] = memo["run_loops"]
     loop = loops.setdefault(body["metadata"]["uid"], _RunLoop())
     if coalesce and loop.waiting:
-        return  # a pass that has not started yet will see this change too
+        return None  # a pass that has not started yet will see this change too
     loop.waiting = True
     async with loop.lock:  # read, apply and write status as one step per run
         loop.waiting = False
         try:
-            outcome = await reconciler.sync(copy.deepcopy(dict(body)))
+            return await reconciler.sync(copy.deepcopy(dict(body)))
         except ApiUnavailableError as exc:
             raise kopf.TemporaryError(str(exc), delay=delay) from exc
-    if strict and outcome.rejection is not None:
-        rejection = outcome.rejection
-        kopf.warn(body, reason=rejection.reason, message=rejection.message[:1000])
-        raise kopf.PermanentError(f"{rejection.reason}: {rejection.message}")
 
 
 def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistry:
@@ -176,7 +202,14 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
 
         async def run_pass(ref: dict[str, Any]) -> None:
             try:
-                await _reconcile(ref, memo, strict=False, delay=config.retry_delay_s, coalesce=True)
+                await _reconcile(
+                    ref,
+                    memo,
+                    handler="resync",
+                    strict=False,
+                    delay=config.retry_delay_s,
+                    coalesce=True,
+                )
             except kopf.TemporaryError as exc:  # the next resync or event retries
                 logger.warning("resync pass of %s: %s", ref["metadata"]["name"], exc)
 
@@ -207,7 +240,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
     @kopf.on.update(*resource, id="reconcile", field="spec", registry=registry)
     @kopf.on.update(*resource, id="relabel", field="metadata.labels", registry=registry)
     async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await _reconcile(body, memo, strict=True, delay=config.retry_delay_s)
+        await _reconcile(body, memo, handler="reconcile", strict=True, delay=config.retry_delay_s)
 
     @kopf.index(*resource, id="runs", registry=registry)
     def runs(namespace: str | None, name: str, uid: str, **_: Any) -> dict[Any, dict[str, Any]]:
@@ -228,7 +261,12 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
             for run in runs.get(key, ()):
                 try:
                     await _reconcile(
-                        run, memo, strict=False, delay=config.retry_delay_s, coalesce=True
+                        run,
+                        memo,
+                        handler="child",
+                        strict=False,
+                        delay=config.retry_delay_s,
+                        coalesce=True,
                     )
                 except kopf.TemporaryError as exc:  # the resync or the next event retries
                     kwargs["logger"].warning("pass after a child event: %s", exc)

@@ -256,3 +256,27 @@ async def test_a_hand_edit_is_taken_back_on_the_next_pass_while_the_hpa_count_st
     # The operator wrote the run's status through the status subresource only.
     operator = cluster.emulator.operator_requests()
     assert ("patch", "aflowrl.io", "trainingruns/status") in operator
+
+
+async def test_the_operator_counts_and_times_each_handler(cluster: Cluster):
+    await cluster.create_run("demo", TINY)
+    await cluster.eventually(lambda: cluster.child(JOBS, "demo-trainer"), what="the Job")
+    await cluster.emulator.set_status(DEPLOYMENTS, NAMESPACE, "demo-rollout", {"readyReplicas": 1})
+    registry = cluster.config.metrics.registry
+
+    def calls(handler: str) -> float:
+        return sum(
+            registry.get_sample_value(
+                "aflowrl_operator_handler_calls_total", {"handler": handler, "result": result}
+            )
+            or 0.0
+            for result in ("ok", "coalesced")
+        )
+
+    for handler in ("reconcile", "child", "resync"):  # creation, a child's event, the timer
+        await cluster.eventually(lambda h=handler: calls(h) > 0, what=f"{handler} calls")
+        timed = registry.get_sample_value(
+            "aflowrl_operator_handler_duration_seconds_count", {"handler": handler}
+        )
+        assert timed is not None and timed > 0
+    assert registry.get_sample_value("process_cpu_seconds_total") is not None
