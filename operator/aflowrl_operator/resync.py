@@ -93,11 +93,18 @@ async def resync_once(
     *,
     peering: Peering | None,
 ) -> int:
-    """One pass over every indexed run this replica leads; returns how many passes ran."""
+    """One pass over every indexed run this replica leads; returns how many passes ran.
+
+    The peering object is read once per resync (per namespace with namespaced peering).
+    """
     passes = 0
+    leads: dict[str | None, bool] = {}
     for ref in _run_refs(index):
         namespace = ref["metadata"]["namespace"]
-        if not await _leads(api, peering, namespace):
+        scope = None if peering is None or peering.clusterwide else namespace
+        if scope not in leads:
+            leads[scope] = await _leads(api, peering, namespace)
+        if not leads[scope]:
             continue
         try:
             await run_pass(ref)

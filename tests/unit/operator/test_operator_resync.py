@@ -81,8 +81,10 @@ async def test_a_standing_by_replica_makes_no_pass():
     now = datetime.datetime.now(tz=datetime.UTC).isoformat()
     leader = {"status": {"other": {"priority": 100, "lifetime": 60, "lastseen": now}}}
     api = _PeeringApi(leader)
-    assert await resync.resync_once(api, {"uid-a": [ref]}, run_pass, peering=ME) == 0
-    assert seen == [] and api.asked == [("ClusterKopfPeering", None, "aflow")]
+    other = {"metadata": {"name": "b", "namespace": "team-b", "uid": "uid-b"}}
+    index = {"uid-a": [ref], "uid-b": [other]}
+    assert await resync.resync_once(api, index, run_pass, peering=ME) == 0
+    assert seen == [] and api.asked == [("ClusterKopfPeering", None, "aflow")]  # read once
     namespaced = resync.Peering(name="aflow", identity="me", priority=50, clusterwide=False)
     api = _PeeringApi({"status": {}})
     assert await resync.resync_once(api, {"uid-a": [ref]}, run_pass, peering=namespaced) == 1
