@@ -30,6 +30,9 @@ TARGET_LABELS = frozenset(
 )
 """Labels Prometheus adds to every series of a run's pods (the operator's ``pod_monitor``)."""
 
+OPERATOR_PANELS = frozenset({"Operator passes/s", "Operator pass time", "Operator process"})
+"""Panels of the operator itself (its ServiceMonitor's series): not filtered by run."""
+
 _LEGEND = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
 _LABEL_VALUES = re.compile(r"label_values\((.*),\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)$")
 

@@ -1,13 +1,12 @@
 """Server-side apply of a run's children: idempotent, minimal writes, safe across restarts.
 
-Every child is written with server-side apply under the field manager ``aflowrl-operator``: the
-API server keeps which fields the operator set, merges them with fields others own (defaults,
-other controllers' annotations), removes fields the operator set before and no longer wants,
-and takes back a field someone changed by hand (``force``). A pass:
-
-- skips the write when the child already carries the hash of this exact manifest (annotation
-  ``aflowrl.io/applied-hash``), so a resync costs one GET per child and no write;
-- otherwise applies the manifest (which also creates a missing child).
+Every child is written with server-side apply under the field manager ``aflowrl-operator``, on
+every pass: the API server keeps which fields the operator set, merges them with fields others
+own (defaults, other controllers' annotations, an autoscaler's replica count), removes fields the
+operator set before and no longer wants, and takes back a field someone changed by hand
+(``force``). An apply that changes nothing writes nothing (the object's ``resourceVersion`` stays),
+so a resync costs a GET and an apply per child, and drift is undone on the next pass, whether or
+not the spec changed.
 
 A child whose name is taken by an object the run does not control raises
 :class:`ChildConflictError` and is never touched. The environment Deployment's ``replicas``
@@ -24,7 +23,7 @@ from typing import Any
 
 from aflowrl_operator.errors import ChildConflictError
 from aflowrl_operator.kube import KubeApi
-from aflowrl_operator.names import APPLIED_HASH, RunRef, digest
+from aflowrl_operator.names import RunRef
 
 logger = logging.getLogger(__name__)
 
@@ -42,15 +41,8 @@ def controlled_by(obj: JsonDict, run: RunRef) -> bool:
     return any(ref.get("uid") == run.uid and ref.get("controller") for ref in refs)
 
 
-def _annotation(obj: JsonDict | None, key: str) -> str | None:
-    return (((obj or {}).get("metadata") or {}).get("annotations") or {}).get(key)
-
-
-def applied(manifest: JsonDict) -> JsonDict:
-    """The manifest as applied: with the hash of its own content in ``aflowrl.io/applied-hash``."""
-    out = copy.deepcopy(manifest)
-    out["metadata"].setdefault("annotations", {})[APPLIED_HASH] = digest(manifest)
-    return out
+def _version(obj: JsonDict | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
 
 
 async def ensure(
@@ -64,6 +56,9 @@ async def ensure(
 ) -> tuple[JsonDict, str]:
     """Apply one child; returns (live object, "created" | "patched" | "unchanged").
 
+    The object is read first: one the run does not control raises :class:`ChildConflictError`
+    and is left alone (an apply would take it over).
+
     ``replicas``, for workloads, is part of the applied manifest, unless ``autoscaled`` (an HPA
     scales the workload): then it is set by :func:`scale` when the count differs. With
     ``bounds`` (min, max) and ``replicas`` above 0, the count set is the live one as the apply
@@ -75,18 +70,19 @@ async def ensure(
     body = copy.deepcopy(manifest)
     if replicas is not None and not autoscaled:
         body["spec"]["replicas"] = replicas
-    body = applied(body)
     live = await api.get(kind, namespace, name)
     if live is not None and not controlled_by(live, run):
         raise ChildConflictError(
             f"{kind} {name} already exists and is not controlled by TrainingRun {run.name}; "
             "rename the run or delete that object"
         )
-    outcome = "unchanged"
-    if live is None or _annotation(live, APPLIED_HASH) != _annotation(body, APPLIED_HASH):
-        outcome = "created" if live is None else "patched"
-        live = await api.apply(body, field_manager=FIELD_MANAGER)
+    applied = await api.apply(body, field_manager=FIELD_MANAGER)
+    outcome = "created" if live is None else "unchanged"
+    if live is not None and _version(applied) != _version(live):
+        outcome = "patched"  # the spec changed, or a hand edit was taken back
+    if outcome != "unchanged":
         logger.info("%s %s %s/%s", outcome, kind, namespace, name)
+    live = applied
     if replicas is not None and autoscaled:
         if bounds is not None and replicas > 0:
             count = (live.get("spec") or {}).get("replicas") or bounds[0]

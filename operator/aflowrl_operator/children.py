@@ -8,9 +8,11 @@ One call of :func:`build` gives every child of a run, in the order they are appl
 - ``<run>-executor`` Deployment + Service when the spec asks to serve the executor with vLLM;
 - ``<run>-rollout`` Deployment + headless Service (GPU resources, gRPC health probes);
 - ``<run>-learner`` StatefulSet + headless Service (torchrun ranks, c10d rendezvous on pod 0);
-- ``<run>-env`` Deployment + headless Service + HorizontalPodAutoscaler, and the
-  ``<run>-env-egress`` NetworkPolicy (DNS and the executor only);
-- ``<run>-trainer`` Job (``aflowrl train``; restarts resume from the checkpoint directory);
+- ``<run>-env`` Deployment + headless Service + HorizontalPodAutoscaler, the
+  ``<run>-env-egress`` NetworkPolicy (DNS and the executor only), and a PodDisruptionBudget
+  when ``environment.podDisruptionBudget`` is set;
+- ``<run>-trainer`` Job (``aflowrl train``; a failed pod is kept for ``kubectl logs`` and a new
+  one resumes from the checkpoint directory);
 - ``<run>`` PodMonitor when ``monitoring.serviceMonitor.enabled`` and the API exists;
 - ``<run>-gpu`` PodGroup (scheduler-plugins coscheduling) when ``scheduling.gang`` is set: its
   ``minMember`` is every GPU pod, so none binds until all can;
@@ -30,6 +32,7 @@ OpenAPI schemas.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 from typing import Any
 
@@ -37,16 +40,28 @@ import yaml
 
 from aflowrl.config import API_GROUP, PLURAL, OpenAIExecutorSpec, RunSpec
 from aflowrl_operator.names import COMPONENT_LABEL, PODSETS_HASH, RUN_LABEL, RunRef, digest
-from aflowrl_operator.workloads import environment, executor, learner, rollout, trainer
+from aflowrl_operator.workloads import (
+    environment,
+    environment_disruption_budget,
+    executor,
+    learner,
+    rollout,
+    trainer,
+)
 
 JsonDict = dict[str, Any]
 
-# Fields that only change replica counts: editing them must not restart pods.
+# Fields that only change replica counts or the Job's lifecycle, not what a pod runs: editing
+# them must not restart pods.
 _SCALING_FIELDS: tuple[tuple[str, ...], ...] = (
     ("suspend",),
     ("environment", "replicas"),
     ("rollout", "replicas"),
     ("environment", "executor", "serve", "replicas"),
+    ("trainer", "activeDeadlineSeconds"),
+    ("trainer", "keepPodsAfterEnd"),
+    ("trainer", "ttlSecondsAfterFinished"),
+    ("environment", "podDisruptionBudget"),
 )
 
 
@@ -71,10 +86,10 @@ class Scale:
     """How much of the run should be running.
 
     ``services``: the rollout, learner, environment and executor run (false when suspended,
-    finished or waiting for Kueue). ``environment_replicas``: the environment's count (the
-    HPA's, clamped to the spec's bounds). ``trainer_suspended``: the trainer Job is suspended.
-    ``node_labels``: per component, the node labels of the Kueue flavors the run was admitted
-    on.
+    finished, unless ``trainer.keepPodsAfterEnd`` keeps them, or waiting for Kueue).
+    ``environment_replicas``: the environment's count (the HPA's, clamped to the spec's
+    bounds). ``trainer_suspended``: the trainer Job is suspended. ``node_labels``: per
+    component, the node labels of the Kueue flavors the run was admitted on.
     """
 
     services: bool
@@ -298,6 +313,10 @@ def build(run: RunRef, spec: RunSpec, scale: Scale, *, monitoring_api: bool) -> 
     )
     children += [Child(deployment, scale.environment_replicas if services else 0)]
     children += [Child(obj) for obj in others]
+    if spec.environment.pod_disruption_budget is not None:
+        children.append(Child(environment_disruption_budget(run, spec)))
+    else:
+        absent.append(("PodDisruptionBudget", run.environment))
     if spec.monitoring.service_monitor.enabled and monitoring_api:
         children.append(Child(pod_monitor(run, spec)))
     elif monitoring_api:
@@ -314,6 +333,23 @@ def build(run: RunRef, spec: RunSpec, scale: Scale, *, monitoring_api: bool) -> 
         node_labels=labels.get("trainer"),
     )
     return Desired(children=children, trainer_job=job, absent=absent)
+
+
+def kept_after_end(spec: RunSpec, ended_at: str | None, now: datetime.datetime) -> bool:
+    """Whether a finished run's services keep running: ``trainer.keepPodsAfterEnd``, until
+    ``trainer.ttlSecondsAfterFinished`` after ``ended_at`` (RFC 3339; unknown: still kept)."""
+    trainer = spec.trainer
+    if not trainer.keep_pods_after_end:
+        return False
+    if trainer.ttl_seconds_after_finished is None or not ended_at:
+        return True
+    try:
+        ended = datetime.datetime.fromisoformat(ended_at.replace("Z", "+00:00"))
+    except ValueError:
+        return True  # an unreadable time keeps the pods: evidence over quota
+    if ended.tzinfo is None:
+        ended = ended.replace(tzinfo=datetime.UTC)
+    return now < ended + datetime.timedelta(seconds=trainer.ttl_seconds_after_finished)
 
 
 def environment_replicas(spec: RunSpec, live_replicas: int | None) -> int:

@@ -135,11 +135,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         priority = args.priority if args.priority is not None else _host_priority()
         peering = {"standalone": False, "peering_name": args.peering, "priority": priority}
         logger.info("peering %s with priority %d", args.peering, priority)
+    identity: Any = config.identity  # kopf's Identity is a NewType of str it does not export
     kopf.run(
         registry=build_registry(config),
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         liveness_endpoint=liveness,
+        identity=identity,
         **peering,
     )
     return 0

@@ -5,27 +5,36 @@ creation, spec and label updates and operator start-up (``resume``) run it and a
 rejected spec with ``kopf.PermanentError`` (kopf logs it and posts a Warning event). Children
 are watched, not polled: an event on any object labelled ``aflowrl.io/run`` (a workload, its
 pods, a Service, the Kueue Workload...) runs a pass of the run it belongs to, found by its
-owner reference or its label in an index of the runs. A timer every ``resync_interval_s`` is
-only a safety net. Passes of one run are serialised by a lock and coalesced (a burst of child
-events while a pass waits makes one more pass, not one per event); each pass writes the run's
-status itself before releasing the lock, so nothing races.
+owner reference or its label in an index of the runs. A pass over every run every
+``resync_interval_s`` is only a safety net (:mod:`aflowrl_operator.resync`): an operator-level
+task, not a kopf timer, because kopf puts its finalizer on every object a timer serves. Passes
+of one run are serialised by a lock and coalesced (a burst of child events while a pass waits
+makes one more pass, not one per event); each pass writes the run's status itself before
+releasing the lock, so nothing races.
 
 With ``peering`` set, kopf's peering (``ClusterKopfPeering`` or ``KopfPeering`` objects, which
 the chart creates) lets several operator replicas run: the one with the highest priority
 works, the others stand by and take over when its heartbeat stops.
 
 kopf's own bookkeeping lives in ``aflowrl.io/*`` annotations, not in ``status`` (the CRD's status
-schema is pruned). No finalizer is added: children are garbage-collected through their owner
-references when a run is deleted. Called by :mod:`aflowrl_operator.cli` and by the tests, which
+schema is pruned). No finalizer is added, so ``kubectl delete trainingrun`` never waits for the
+operator, running or not: no handler needs the run's last moments (no ``on.delete``, no timer,
+no daemon), and children are garbage-collected through their owner references. kopf removes
+the finalizer ``aflowrl.io/operator`` that earlier releases (with a timer) put on runs, the
+next time it sees each run. Called by :mod:`aflowrl_operator.cli` and by the tests, which
 build a registry with their own login and a short resync interval.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import logging
+import socket
+import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -33,11 +42,14 @@ import kopf
 import kubernetes
 
 from aflowrl.config import API_GROUP, API_VERSION, KIND, PLURAL
+from aflowrl_operator import resync
 from aflowrl_operator.errors import ApiUnavailableError
 from aflowrl_operator.kube import KubeApi, load_configuration
 from aflowrl_operator.metrics import OperatorMetrics
 from aflowrl_operator.names import RUN_LABEL
-from aflowrl_operator.reconcile import Reconciler
+from aflowrl_operator.reconcile import Outcome, Reconciler
+
+logger = logging.getLogger(__name__)
 
 LoginFn = Callable[..., kopf.ConnectionInfo | None]
 
@@ -64,6 +76,11 @@ class OperatorConfig:
     peering_lifetime_s: int = 60
     """How long a silent peer counts as alive (seconds): a stand-by replica takes over this
     long after the active one stops."""
+    identity: str = dataclasses.field(
+        default_factory=lambda: f"{socket.gethostname()}/{uuid.uuid4().hex[:8]}"
+    )
+    """This replica's name among kopf's peers: pass it to ``kopf.run`` / ``kopf.operator`` as
+    ``identity``, so the resync task can tell itself apart in the peering object."""
 
 
 def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -81,9 +98,6 @@ def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) 
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = config.request_timeout_s
-    # On shutdown, a timer in the middle of a pass gets this long to finish it (kopf's default
-    # of a few loop cycles would abandon it mid-request).
-    settings.background.instant_exit_timeout = 5.0
     settings.peering.lifetime = config.peering_lifetime_s
     settings.peering.stealth = True  # no "peering freeze" events on every run
 
@@ -111,27 +125,49 @@ class _RunLoop:
 
 
 async def _reconcile(
-    body: Any, memo: kopf.Memo, *, strict: bool, delay: float, coalesce: bool = False
+    body: Any,
+    memo: kopf.Memo,
+    *,
+    handler: str,
+    strict: bool,
+    delay: float,
+    coalesce: bool = False,
 ) -> None:
+    """One pass of the run ``body`` names, for ``handler`` (a :data:`metrics.HANDLERS` value,
+    which the handler metrics count and time)."""
     reconciler: Reconciler = memo["reconciler"]
+    started = time.monotonic()
+    result = "error"
+    try:
+        outcome = await _serialised_pass(body, memo, reconciler, delay=delay, coalesce=coalesce)
+        result = "coalesced" if outcome is None else "rejected" if outcome.rejection else "ok"
+    except kopf.TemporaryError:
+        result = "retry"
+        raise
+    finally:
+        reconciler.metrics.handler_calls.labels(handler, result).inc()
+        reconciler.metrics.handler_duration.labels(handler).observe(time.monotonic() - started)
+    if strict and outcome is not None and outcome.rejection is not None:
+        rejection = outcome.rejection
+        kopf.warn(body, reason=rejection.reason, message=rejection.message[:1000])
+        raise kopf.PermanentError(f"{rejection.reason}: {rejection.message}")
+
+
+async def _serialised_pass(
+    body: Any, memo: kopf.Memo, reconciler: Reconciler, *, delay: float, coalesce: bool
+) -> Outcome | None:
+    """Run the pass under the run's lock; None when it joined a pass already waiting."""
     loops: dict[str, _RunLoop] = memo["run_loops"]
     loop = loops.setdefault(body["metadata"]["uid"], _RunLoop())
     if coalesce and loop.waiting:
-        return  # a pass that has not started yet will see this change too
+        return None  # a pass that has not started yet will see this change too
     loop.waiting = True
     async with loop.lock:  # read, apply and write status as one step per run
         loop.waiting = False
         try:
-            outcome = await reconciler.sync(copy.deepcopy(dict(body)))
+            return await reconciler.sync(copy.deepcopy(dict(body)))
         except ApiUnavailableError as exc:
             raise kopf.TemporaryError(str(exc), delay=delay) from exc
-    if outcome.actions:
-        summary = ", ".join(outcome.actions)
-        kopf.info(body, reason="Reconciled", message=summary[:1000])
-    if strict and outcome.rejection is not None:
-        rejection = outcome.rejection
-        kopf.warn(body, reason=rejection.reason, message=rejection.message[:1000])
-        raise kopf.PermanentError(f"{rejection.reason}: {rejection.message}")
 
 
 def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistry:
@@ -145,16 +181,56 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         return config.login(**kwargs)
 
     @kopf.on.startup(registry=registry)
-    async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
         configure_settings(settings, config)
         api = KubeApi(config.kube(), timeout_s=config.request_timeout_s)
         memo["reconciler"] = Reconciler(
-            api, metrics=config.metrics, cluster_cache_s=config.cluster_cache_s
+            api,
+            metrics=config.metrics,
+            cluster_cache_s=config.cluster_cache_s,
+            reporting_instance=config.identity,
         )
         memo["run_loops"] = {}
+        peering = None
+        if not settings.peering.standalone:
+            peering = resync.Peering(
+                name=settings.peering.name,
+                identity=config.identity,
+                priority=settings.peering.priority,
+                clusterwide=settings.peering.clusterwide,
+            )
+
+        async def run_pass(ref: dict[str, Any]) -> None:
+            try:
+                await _reconcile(
+                    ref,
+                    memo,
+                    handler="resync",
+                    strict=False,
+                    delay=config.retry_delay_s,
+                    coalesce=True,
+                )
+            except kopf.TemporaryError as exc:  # the next resync or event retries
+                logger.warning("resync pass of %s: %s", ref["metadata"]["name"], exc)
+
+        memo["resync"] = asyncio.create_task(
+            resync.resync_forever(
+                api,
+                kwargs["runs"],  # kopf's live index of the runs (below)
+                run_pass,
+                interval_s=config.resync_interval_s,
+                peering=peering,
+            ),
+            name="aflowrl resync",
+        )
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        task: asyncio.Task[None] | None = memo.get("resync")
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         reconciler: Reconciler | None = memo.get("reconciler")
         if reconciler is not None:
             reconciler.api.close()
@@ -164,7 +240,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
     @kopf.on.update(*resource, id="reconcile", field="spec", registry=registry)
     @kopf.on.update(*resource, id="relabel", field="metadata.labels", registry=registry)
     async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await _reconcile(body, memo, strict=True, delay=config.retry_delay_s)
+        await _reconcile(body, memo, handler="reconcile", strict=True, delay=config.retry_delay_s)
 
     @kopf.index(*resource, id="runs", registry=registry)
     def runs(namespace: str | None, name: str, uid: str, **_: Any) -> dict[Any, dict[str, Any]]:
@@ -185,9 +261,14 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
             for run in runs.get(key, ()):
                 try:
                     await _reconcile(
-                        run, memo, strict=False, delay=config.retry_delay_s, coalesce=True
+                        run,
+                        memo,
+                        handler="child",
+                        strict=False,
+                        delay=config.retry_delay_s,
+                        coalesce=True,
                     )
-                except kopf.TemporaryError as exc:  # the timer or the next event retries
+                except kopf.TemporaryError as exc:  # the resync or the next event retries
                     kwargs["logger"].warning("pass after a child event: %s", exc)
                 return
 
@@ -200,15 +281,5 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
             labels={RUN_LABEL: kopf.PRESENT},
             registry=registry,
         )(child_changed)
-
-    @kopf.timer(
-        *resource,
-        id="resync",
-        interval=config.resync_interval_s,
-        initial_delay=config.resync_interval_s,
-        registry=registry,
-    )
-    async def resync(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await _reconcile(body, memo, strict=False, delay=config.retry_delay_s)
 
     return registry

@@ -65,6 +65,7 @@ KINDS: dict[str, Kind] = {
         Kind("v1", "ServiceAccount", "serviceaccounts"),
         Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
         Kind("v1", "Pod", "pods"),
+        Kind("v1", "Event", "events"),
         Kind("v1", "Node", "nodes", namespaced=False),
         Kind(
             "apiextensions.k8s.io/v1",
@@ -77,12 +78,15 @@ KINDS: dict[str, Kind] = {
         Kind("batch/v1", "Job", "jobs"),
         Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
         Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+        Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
         Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
         Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
         Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
         Kind("scheduling.x-k8s.io/v1alpha1", "PodGroup", "podgroups"),
         Kind("kueue.x-k8s.io/v1beta1", "Workload", "workloads"),
         Kind("kueue.x-k8s.io/v1beta1", "ResourceFlavor", "resourceflavors", namespaced=False),
+        Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings", namespaced=False),
+        Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings"),
     )
 }
 """Every kind the operator reads or writes, by ``kind``."""

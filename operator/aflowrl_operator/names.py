@@ -23,9 +23,6 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY = "aflowrl-operator"
 """Value of ``app.kubernetes.io/managed-by`` on every child."""
 
-APPLIED_HASH = "aflowrl.io/applied-hash"
-"""Annotation: hash of the manifest the operator last applied to a child (an equal hash skips
-the write)."""
 SPEC_HASH = "aflowrl.io/spec-hash"
 """Pod-template annotation: hash of the spec the pods were started from (changes roll them)."""
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"

@@ -332,12 +332,18 @@ def container(
     ports: list[tuple[str, int]],
     probes: JsonDict | None = None,
 ) -> JsonDict:
-    """One container with the house security context and named ports."""
+    """One container with the house security context and named ports.
+
+    ``FallbackToLogsOnError``: a container that fails without writing a termination message
+    gets the end of its log (the last 80 lines or 2 KiB) as one, so ``kubectl describe pod``
+    and the run's ``status.lastError`` show why it died after its log is gone.
+    """
     out: JsonDict = {
         "name": name,
         "image": image,
         "imagePullPolicy": spec.images.pull_policy,
         "command": command,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "env": env,
         "ports": [
             {"name": port_name, "containerPort": port, "protocol": "TCP"}

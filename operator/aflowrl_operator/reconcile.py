@@ -1,6 +1,7 @@
 """One reconcile pass of a TrainingRun: validate, apply the children, observe them, compute status.
 
-Level-triggered: every pass (on create, update, operator start-up, and on the resync timer)
+Level-triggered: every pass (on create, update, operator start-up, a child's event, and the
+periodic resync)
 drives the cluster to what the run's spec says, whatever happened before, so a restart of the
 operator in the middle of a pass repeats nothing and duplicates nothing. The pass:
 
@@ -12,11 +13,16 @@ operator in the middle of a pass repeats nothing and duplicates nothing. The pas
    pods on the admitted flavors' nodes; an evicted run is held, and once its pods are gone its
    Workload is replaced so it queues again (:mod:`aflowrl_operator.kueue`);
 3. builds the children (:mod:`aflowrl_operator.children`) for the spec and the scale (suspended,
-   finished, queued, the HPA's environment count) and applies each (:mod:`.apply`);
-4. handles the trainer Job apart: its pod template is immutable, so only ``suspend`` is patched,
-   and a suspended Job with an outdated template is replaced (it resumes from its checkpoint);
-5. reads pods and nodes to explain what is not running, computes the status
-   (:mod:`aflowrl_operator.status`) and writes it to the status subresource when it changed.
+   finished unless ``trainer.keepPodsAfterEnd`` keeps them, queued, the HPA's environment
+   count) and server-side applies each, on every pass, so hand edits are taken back
+   (:mod:`.apply`);
+4. applies the trainer Job too, apart: its pod template is immutable, so a running Job keeps
+   its template, and a suspended idle Job with an outdated one is replaced (it resumes from its
+   checkpoint);
+5. reads pods and nodes to explain what is not running and what failed (``status.lastError``),
+   computes the status (:mod:`aflowrl_operator.status`), writes it to the status subresource
+   when it changed, and posts an Event for every condition that changed and for a new
+   ``lastError``.
 
 A pass reads the run itself from the API server (not kopf's cached copy), so it always starts
 from the status the previous pass wrote.
@@ -26,6 +32,7 @@ Called by the kopf handlers in :mod:`aflowrl_operator.handlers`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import logging
@@ -33,10 +40,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from aflowrl.config import KIND, ConfigError, RunSpec
+from aflowrl.config import API_GROUP, API_VERSION, KIND, ConfigError, RunSpec
 from aflowrl_operator import capacity, children, kueue, status
-from aflowrl_operator.apply import controlled_by, ensure, remove
-from aflowrl_operator.errors import ApiRejectedError, ChildConflictError
+from aflowrl_operator.apply import FIELD_MANAGER, controlled_by, ensure, remove
+from aflowrl_operator.errors import ApiRejectedError, ApiUnavailableError, ChildConflictError
 from aflowrl_operator.kube import KubeApi
 from aflowrl_operator.metrics import OperatorMetrics
 from aflowrl_operator.names import (
@@ -55,6 +62,10 @@ logger = logging.getLogger(__name__)
 JsonDict = dict[str, Any]
 
 MONITORING_API = "monitoring.coreos.com/v1"
+REPORTING_COMPONENT = "aflowrl-operator"
+"""``reportingComponent`` of the operator's Events."""
+_MAX_EVENT_MESSAGE = 1024
+"""Longest Event message (what ``kubectl describe`` shows comfortably)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +81,10 @@ class Outcome:
 
 def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _version(obj: JsonDict | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
 
 
 def _annotation(obj: JsonDict | None, key: str) -> str | None:
@@ -88,8 +103,10 @@ class Reconciler:
         *,
         metrics: OperatorMetrics | None = None,
         cluster_cache_s: float = 60.0,
+        reporting_instance: str = REPORTING_COMPONENT,
     ) -> None:
         self.api = api
+        self._instance = reporting_instance
         self.metrics = metrics if metrics is not None else OperatorMetrics()
         self._cache_s = cluster_cache_s
         self._monitoring: tuple[float, bool] | None = None
@@ -141,48 +158,51 @@ class Reconciler:
         manifest: JsonDict,
         live: JsonDict | None,
         *,
-        suspended: bool,
         actions: list[str],
     ) -> JsonDict | None:
-        """Create the trainer Job, patch its ``suspend``, or replace it while it is idle."""
-        if live is None:
-            created = await self.api.create(manifest)
-            if created is not None:
-                self._record(actions, "Job", run.trainer, "created")
-                logger.info("created Job %s/%s", run.namespace, run.trainer)
-                return created
-            live = await self.api.get("Job", run.namespace, run.trainer)
-            if live is None:
-                return None
-        if not controlled_by(live, run):
+        """Apply the trainer Job (server-side, like every child), replacing it while it is idle.
+
+        Its pod template is immutable: a suspended Job with no pod and an outdated template is
+        deleted and created anew (it resumes from its checkpoint); otherwise the live template
+        is applied back, so the rest of the Job (``suspend``, ``activeDeadlineSeconds``...)
+        follows the spec while the pods it runs keep theirs.
+        """
+        if live is not None and not controlled_by(live, run):
             raise ChildConflictError(
                 f"Job {run.trainer} already exists and is not controlled by TrainingRun "
                 f"{run.name}; rename the run or delete that Job"
             )
-        state = status.job_state(live)
-        if state.finished:
-            return live
-        outdated = _annotation(live, TEMPLATE_HASH) != _annotation(manifest, TEMPLATE_HASH)
-        if outdated and state.suspended and state.active == 0:
-            # No trainer pod runs: start over with the new template; it resumes from the
-            # checkpoint directory like any restart.
-            await self.api.delete("Job", run.namespace, run.trainer)
-            self._record(actions, "Job", run.trainer, "deleted")
-            logger.info(
-                "replacing the idle Job %s/%s with a new template", run.namespace, run.trainer
-            )
-            created = await self.api.create(manifest)
-            if created is not None:
-                self._record(actions, "Job", run.trainer, "created")
-            return created
-        if state.suspended != suspended:
-            patched = await self.api.patch(
-                "Job", run.namespace, run.trainer, {"spec": {"suspend": suspended}}
-            )
-            self._record(actions, "Job", run.trainer, "suspended" if suspended else "resumed")
-            logger.info("%s the trainer Job", "suspended" if suspended else "resumed")
-            return patched
-        return live
+        if live is not None and _annotation(live, TEMPLATE_HASH) != _annotation(
+            manifest, TEMPLATE_HASH
+        ):
+            state = status.job_state(live)
+            if state.suspended and state.active == 0 and not state.finished:
+                # No trainer pod runs: start over with the new template; it resumes from the
+                # checkpoint directory like any restart.
+                await self.api.delete("Job", run.namespace, run.trainer)
+                self._record(actions, "Job", run.trainer, "deleted")
+                logger.info(
+                    "replacing the idle Job %s/%s with a new template", run.namespace, run.trainer
+                )
+                live = None
+            else:
+                manifest = copy.deepcopy(manifest)
+                manifest["spec"]["template"] = live["spec"]["template"]
+                manifest["metadata"]["annotations"][TEMPLATE_HASH] = _annotation(
+                    live, TEMPLATE_HASH
+                )
+        if live is not None and status.job_state(live).finished:
+            manifest = copy.deepcopy(manifest)
+            manifest["spec"]["suspend"] = bool(live["spec"].get("suspend"))  # stays as it ended
+        applied = await self.api.apply(manifest, field_manager=FIELD_MANAGER)
+        if live is None:
+            self._record(actions, "Job", run.trainer, "created")
+        elif status.job_state(live).suspended != status.job_state(applied).suspended:
+            action = "suspended" if status.job_state(applied).suspended else "resumed"
+            self._record(actions, "Job", run.trainer, action)
+        elif _version(applied) != _version(live):
+            self._record(actions, "Job", run.trainer, "patched")
+        return applied
 
     async def sync(self, body: Mapping[str, Any]) -> Outcome:
         """One reconcile pass over the TrainingRun ``body`` names; writes its status."""
@@ -228,6 +248,7 @@ class Reconciler:
                 actions,
                 queue=labels.get(KUEUE_QUEUE_LABEL),
                 priority=labels.get(KUEUE_PRIORITY_LABEL),
+                previous_error=(current.get("status") or {}).get("lastError"),
             )
         new_status = status.compute(observation, current.get("status"), generation, _now())
         written = status.changed(new_status, current.get("status"))
@@ -235,7 +256,44 @@ class Reconciler:
             await self.api.patch(
                 KIND, run.namespace, run.name, {"status": new_status}, subresource="status"
             )
+            for type_, reason, message in status.transitions(current.get("status"), new_status):
+                await self._event(run, type_, reason, message)
+        if actions:
+            await self._event(run, "Normal", "Reconciled", ", ".join(actions))
         return Outcome(status=new_status, rejection=rejection, status_written=written)
+
+    async def _event(self, run: RunRef, type_: str, reason: str, message: str) -> None:
+        """Post a core/v1 Event about the run (``kubectl describe trainingrun`` lists them).
+
+        Posted by the operator itself, not through kopf, so passes of the resync task (outside
+        any kopf handler) report too. An Event that cannot be posted is only logged.
+        """
+        now = _now()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{run.name}.", "namespace": run.namespace},
+            "involvedObject": {
+                "apiVersion": f"{API_GROUP}/{API_VERSION}",
+                "kind": KIND,
+                "name": run.name,
+                "namespace": run.namespace,
+                "uid": run.uid,
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:_MAX_EVENT_MESSAGE],
+            "source": {"component": REPORTING_COMPONENT},
+            "reportingComponent": REPORTING_COMPONENT,
+            "reportingInstance": self._instance[:128],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.api.create(event)
+        except (ApiRejectedError, ApiUnavailableError) as exc:
+            logger.warning("cannot post the %s event of %s: %s", reason, run.name, exc)
 
     async def _apply_and_observe(
         self,
@@ -246,20 +304,25 @@ class Reconciler:
         *,
         queue: str | None = None,
         priority: str | None = None,
+        previous_error: JsonDict | None = None,
     ) -> status.Observation:
         ns = run.namespace
         job_live = await self.api.get("Job", ns, run.trainer)
-        finished = status.job_state(job_live).finished if job_live is not None else False
+        ended = status.job_state(job_live)
+        finished = ended.finished
+        kept = finished and children.kept_after_end(
+            spec, ended.completion_time, datetime.datetime.now(tz=datetime.UTC)
+        )
         env_live = await self.api.get("Deployment", ns, run.environment)
         env_replicas = children.environment_replicas(
             spec, (env_live or {}).get("spec", {}).get("replicas") if env_live else None
         )
-        wants_admission = queue is not None and not spec.suspend and not finished
+        wants_admission = queue is not None and not spec.suspend and (kept or not finished)
         workload_live = await self.api.get("Workload", ns, run.workload) if queue else None
         admission = kueue.admission(workload_live) if wants_admission else kueue.Admission()
         node_labels = await self._flavor_labels(admission) if admission.admitted else {}
         held = wants_admission and not admission.admitted
-        services = not spec.suspend and not finished and not held
+        services = not spec.suspend and (kept or not finished) and not held
         scale = children.Scale(
             services=services,
             environment_replicas=env_replicas,
@@ -310,7 +373,6 @@ class Reconciler:
                 run,
                 desired.trainer_job,
                 job_live,
-                suspended=scale.trainer_suspended,
                 actions=actions,
             )
         except ChildConflictError as exc:
@@ -331,7 +393,8 @@ class Reconciler:
             )
 
         pod_problems: dict[str, list[status.Problem]] = {}
-        for pod in await self.api.list("Pod", ns, {RUN_LABEL: run.name}):
+        run_pods = await self.api.list("Pod", ns, {RUN_LABEL: run.name})
+        for pod in run_pods:
             component = ((pod.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL, "")
             pod_problems.setdefault(component, []).extend(status.pod_problems(pod))
 
@@ -363,6 +426,9 @@ class Reconciler:
             trainer=trainer,
             unschedulable=tuple(unschedulable),
             apply_problems=tuple(problems),
+            evicted=admission.evicted,
+            kept=kept,
+            last_error=status.last_error(run_pods, trainer, previous_error),
         )
         idle = trainer.active == 0 and not any(
             w.ready for w in (observed.rollout, observed.learner, observed.environment)

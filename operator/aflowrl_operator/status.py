@@ -19,6 +19,7 @@ import dataclasses
 from typing import Any
 
 from aflowrl.config import CONDITION_TYPES, RunSpec
+from aflowrl_operator.names import COMPONENT_LABEL
 from aflowrl_operator.validation import Rejection
 
 JsonDict = dict[str, Any]
@@ -58,6 +59,11 @@ _DEGRADED_PRIORITY = (
     *_BAD_WAITING,
     "ReplicasUnavailable",
 )
+_WARNING_REASONS = frozenset({*_DEGRADED_PRIORITY, "TrainerFailed", "Failed", "Evicted"})
+"""Condition reasons that report a problem (their Events are Warnings)."""
+_MAX_LAST_ERROR = 4096
+"""Longest ``lastError.message`` kept (its end: the log's last lines)."""
+_LAST_ERROR_KEYS = ("component", "pod", "container", "reason", "exitCode", "message", "time")
 _MAX_MESSAGE = 4000
 """Longest condition message (the API allows 32768; kubectl describe stays readable)."""
 _COMPONENT_CONDITIONS = (
@@ -105,7 +111,9 @@ class Observation:
     ``rejection`` why the current spec is not applied; ``environment`` folds in the served
     executor; ``unschedulable`` lists GPU requests no node can meet; ``apply_problems`` children
     the operator could not write (name conflicts, API rejections); ``queued`` why Kueue holds
-    the run (None when it is not queued).
+    the run (None when it is not queued), ``evicted`` whether Kueue took back its admission;
+    ``kept`` whether the services keep running after the end (``trainer.keepPodsAfterEnd``);
+    ``last_error`` the run's ``status.lastError`` (:func:`last_error`).
     """
 
     spec: RunSpec | None
@@ -118,6 +126,9 @@ class Observation:
     trainer: TrainerJob = TrainerJob()
     unschedulable: tuple[str, ...] = ()
     apply_problems: tuple[Problem, ...] = ()
+    evicted: bool = False
+    kept: bool = False
+    last_error: JsonDict | None = None
 
 
 def job_state(job: JsonDict | None, problems: tuple[Problem, ...] = ()) -> TrainerJob:
@@ -238,6 +249,8 @@ def _component(
 ) -> tuple[bool, str, str]:
     if obs.spec is None:
         return False, "InvalidSpec", f"no valid spec: the {label} is not created"
+    if obs.trainer.finished and obs.kept:
+        return False, "RunFinished", f"the run has finished: the {label} pods are kept"
     if obs.trainer.finished:
         return False, "RunFinished", f"the run has finished: the {label} is scaled to zero"
     if obs.suspended:
@@ -331,7 +344,8 @@ def compute(
         ready = (False, "InvalidSpec", obs.rejection.message)
         progressing = (False, "InvalidSpec", "fix the spec: nothing is created until it is valid")
     elif job.complete:
-        ready = (False, "Completed", f"training finished ({progress}); services scaled to zero")
+        services = "kept (trainer.keepPodsAfterEnd)" if obs.kept else "scaled to zero"
+        ready = (False, "Completed", f"training finished ({progress}); services {services}")
         progressing = (False, "Completed", "training finished")
     elif job.failed:
         ready = (False, "TrainerFailed", job.failure_message)
@@ -339,6 +353,9 @@ def compute(
     elif obs.suspended:
         ready = (False, "Suspended", "spec.suspend is true: every component is scaled to zero")
         progressing = (False, "Suspended", "spec.suspend is true")
+    elif obs.queued is not None and obs.evicted:
+        ready = (False, "Evicted", obs.queued)
+        progressing = (True, "Evicted", obs.queued)
     elif obs.queued is not None:
         ready = (False, "Queued", obs.queued)
         progressing = (True, "Queued", obs.queued)
@@ -385,10 +402,133 @@ def compute(
         out["startTime"] = job.start_time
     if job.finished and job.completion_time and not prev_status.get("completionTime"):
         out["completionTime"] = job.completion_time
+    if obs.last_error is not None:
+        # Status is merge-patched: a key the new error lacks is written as null, so nothing of
+        # an older error (its pod, its exit code) lingers in the new one.
+        out["lastError"] = {**dict.fromkeys(_LAST_ERROR_KEYS), **obs.last_error}
     return out
+
+
+def _terminations(pod: JsonDict) -> list[JsonDict]:
+    """The failed exits (exit code not 0) a pod's containers report, as ``lastError`` values.
+
+    A pod being deleted (scaled down, the run finished or suspended) was stopped, not failed:
+    its exits are not errors, whatever code SIGTERM left.
+    """
+    meta = pod.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return []
+    component = (meta.get("labels") or {}).get(COMPONENT_LABEL) or "unknown"
+    status = pod.get("status") or {}
+    found = []
+    for cs in [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]:
+        for state in (cs.get("state") or {}, cs.get("lastState") or {}):
+            ended = state.get("terminated") or {}
+            if not ended or ended.get("exitCode") in (0, None):
+                continue
+            found.append(
+                {
+                    "component": component,
+                    "pod": meta.get("name"),
+                    "container": cs.get("name"),
+                    "reason": ended.get("reason") or "Error",
+                    "exitCode": int(ended["exitCode"]),
+                    "message": str(ended.get("message") or "")[-_MAX_LAST_ERROR:],
+                    "time": ended.get("finishedAt"),
+                }
+            )
+    return found
+
+
+def last_error(
+    pods: list[JsonDict], trainer: TrainerJob, previous: JsonDict | None
+) -> JsonDict | None:
+    """The run's ``status.lastError``: the newest failed container exit among its pods (its
+    message is the termination message, the log's last lines under ``FallbackToLogsOnError``),
+    else the trainer Job's own failure (a deadline, say) when no trainer exit explains it;
+    ``previous`` is kept until something newer ends, so the evidence outlives the pods."""
+    found = [t for pod in pods for t in _terminations(pod)]
+    explained = any(t["component"] == "trainer" for t in found) or (
+        previous is not None and previous.get("component") == "trainer"
+    )
+    if trainer.failed and not explained:
+        reason, _, message = trainer.failure_message.partition(": ")
+        found.append(
+            {
+                "component": "trainer",
+                "reason": reason or "Failed",
+                "message": message[-_MAX_LAST_ERROR:],
+                "time": trainer.completion_time,
+            }
+        )
+    if not found:
+        return previous
+    newest = max(found, key=lambda t: str(t.get("time") or ""))
+    newest = {k: v for k, v in newest.items() if v is not None}
+    if previous is not None and str(newest.get("time") or "") <= str(previous.get("time") or ""):
+        return previous
+    return newest
+
+
+Event = tuple[str, str, str]
+"""(type Normal | Warning, CamelCase reason, message) of a Kubernetes Event about the run."""
+
+
+def transitions(previous_status: JsonDict | None, new_status: JsonDict) -> list[Event]:
+    """The Events a status change deserves: one per condition whose status or reason changed
+    (a condition seen for the first time only when it reports a problem), and one for a new
+    ``lastError``. Problems are Warnings; everything else is Normal."""
+    before = {c.get("type"): c for c in (previous_status or {}).get("conditions") or []}
+    events: list[Event] = []
+    for cond in new_status.get("conditions") or []:
+        old = before.get(cond["type"])
+        warning = _is_problem(cond)
+        if old is None and not warning:
+            continue
+        if old is not None and (old.get("status"), old.get("reason")) == (
+            cond["status"],
+            cond["reason"],
+        ):
+            continue
+        message = f"{cond['type']} is {cond['status']}: {cond['message']}"
+        events.append(("Warning" if warning else "Normal", cond["reason"], message))
+    error = new_status.get("lastError")
+    if error is not None and _stored(error) != (previous_status or {}).get("lastError"):
+        where = " ".join(
+            part
+            for part in (
+                error["component"],
+                f"pod {error['pod']}" if error.get("pod") else "",
+                f"container {error['container']}" if error.get("container") else "",
+            )
+            if part
+        )
+        code = f" (exit code {error['exitCode']})" if error.get("exitCode") is not None else ""
+        tail = (error.get("message") or "").strip().splitlines()[-3:]
+        detail = ": " + " | ".join(tail) if tail else ""
+        events.append(("Warning", "ComponentFailed", f"{where}: {error['reason']}{code}{detail}"))
+    return events
+
+
+def _is_problem(cond: JsonDict) -> bool:
+    if cond["type"] in ("Degraded", "Failed"):
+        return bool(cond["status"] == "True")
+    if cond["type"] == "Succeeded":
+        return False  # its False is the Failed condition's True, reported there
+    return cond["status"] == "False" and cond["reason"] in _WARNING_REASONS
+
+
+def _stored(value: Any) -> Any:
+    """A status value as a merge patch leaves it stored: a map's null entries removed."""
+    if isinstance(value, dict):
+        return {k: _stored(v) for k, v in value.items() if v is not None}
+    return value
 
 
 def changed(new: JsonDict, current: JsonDict | None) -> bool:
     """Whether writing ``new`` would change ``current`` (only the keys ``new`` sets count)."""
     current = current or {}
-    return any(current.get(key) != value for key, value in new.items())
+    return any(current.get(key) != _stored(value) for key, value in new.items())

@@ -22,7 +22,8 @@ JsonDict = dict[str, Any]
 EXECUTOR_PORT = 8000
 """Port of the served executor's OpenAI-compatible HTTP API."""
 TRAINER_BACKOFF_LIMIT = 10
-"""Trainer container restarts before the Job (and the run) fails."""
+"""Failed trainer pods before the Job (and the run) fails; each failed pod stays for
+``kubectl logs`` until the Job is deleted with the run."""
 
 
 def executor_base_url(run: RunRef) -> str:
@@ -366,6 +367,23 @@ def environment(
     return [deployment, service, hpa, environment_egress(run, spec)]
 
 
+def environment_disruption_budget(run: RunRef, spec: RunSpec) -> JsonDict:
+    """The environment's PodDisruptionBudget (``environment.podDisruptionBudget``): drains evict
+    at most ``maxUnavailable`` ready pods at once; unready pods may always go."""
+    budget = spec.environment.pod_disruption_budget
+    assert budget is not None
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": run.metadata(run.environment, "environment"),
+        "spec": {
+            "maxUnavailable": budget.max_unavailable,
+            "selector": {"matchLabels": run.selector("environment")},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
 def environment_egress(run: RunRef, spec: RunSpec) -> JsonDict:
     """Environment pods may reach DNS and the executor, nothing else.
 
@@ -499,8 +517,11 @@ def trainer(
     suspended: bool,
     node_labels: dict[str, str] | None = None,
 ) -> JsonDict:
-    """The trainer Job. Its container restarts in place (``OnFailure``), so even an emptyDir
-    checkpoint directory survives a crash and the trainer resumes from its last checkpoint."""
+    """The trainer Job. A failed trainer pod is kept and the Job starts a new one
+    (``restartPolicy: Never``, up to :data:`TRAINER_BACKOFF_LIMIT` failures), so every failed
+    attempt's log stays readable with ``kubectl logs``; the new pod resumes from the last
+    checkpoint on the run's claim (``storage.size``; with an emptyDir it starts over).
+    ``trainer.activeDeadlineSeconds`` bounds how long the Job may run."""
     volumes, mounts = pods.base_volumes(run, spec)
     model_vols, model_mounts = _model_mount(spec)
     ckpt_vols, ckpt_mounts = _weights_mount(run, spec)
@@ -534,17 +555,15 @@ def trainer(
         overrides=spec.trainer.pod,
         admitted_node_labels=node_labels,
         service_account=run.trainer,
-        restart_policy="OnFailure",
+        restart_policy="Never",
     )
     meta = run.metadata(run.trainer, "trainer")
     meta["annotations"] = {TEMPLATE_HASH: digest(template)}
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": meta,
-        "spec": {
-            "suspend": suspended,
-            "backoffLimit": TRAINER_BACKOFF_LIMIT,
-            "template": template,
-        },
+    job: JsonDict = {
+        "suspend": suspended,
+        "backoffLimit": TRAINER_BACKOFF_LIMIT,
+        "template": template,
     }
+    if spec.trainer.active_deadline_seconds is not None:
+        job["activeDeadlineSeconds"] = spec.trainer.active_deadline_seconds
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job}

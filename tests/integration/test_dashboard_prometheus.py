@@ -1,8 +1,9 @@
 """Every query of the Grafana dashboard returns data from a real Prometheus scraping a local run.
 
 Debian's ``prometheus`` (installed by ``make monitoring-tools``) scrapes, every second, the
-``/metrics`` of each service of a short local training and of its trainer: the endpoints a
-PodMonitor scrapes in a cluster, with the labels it adds there (``namespace``, ``pod``,
+``/metrics`` of each service of a short local training, of its trainer and of an operator's
+metrics registry: the endpoints a PodMonitor (and the operator's ServiceMonitor) scrapes in a
+cluster, with the labels it adds there (``namespace``, ``pod``,
 ``aflowrl_io_run``, ``app_kubernetes_io_component``...). After the run, each panel query, with
 the dashboard's template variables substituted, is evaluated through Prometheus's HTTP API after
 the run: each must return series carrying the labels its legend shows, and a number. The rate
@@ -35,6 +36,7 @@ from aflowrl.local.launcher import local_services, local_spec
 from aflowrl.local.processes import free_ports
 from aflowrl.trainer import app
 from aflowrl.trainer.metrics import TrainerMetrics
+from aflowrl_operator.metrics import HANDLERS, OperatorMetrics
 from dashboard import Query, load, panel_queries, variable_queries
 
 pytestmark = pytest.mark.slow
@@ -221,21 +223,30 @@ def _problems(query: Query, result: list[dict]) -> list[str]:
 async def test_every_dashboard_query_returns_series_from_a_local_run(tmp_path):
     binary = _prometheus_binary()
     prometheus = _Prometheus(binary, tmp_path)
-    trainer_port = free_ports(1)[0]
+    trainer_port, operator_port = free_ports(2)
     run_dir = tmp_path / "run"
     spec = local_spec(RunSpec.from_yaml(SPEC), run_dir)
     metrics = TrainerMetrics()
+    operator = OperatorMetrics()  # the operator's /metrics, as its ServiceMonitor scrapes it
     try:
         async with (
             aiohttp.ClientSession() as session,
             local_services(spec, run_dir) as (targets, _group),
             MetricsHttpServer(metrics.registry, trainer_port, host="127.0.0.1"),
+            MetricsHttpServer(operator.registry, operator_port, host="127.0.0.1"),
         ):
             await prometheus.ready(session)
-            scraped = {**targets.metrics, "trainer": f"127.0.0.1:{trainer_port}"}
+            scraped = {
+                **targets.metrics,
+                "trainer": f"127.0.0.1:{trainer_port}",
+                "operator": f"127.0.0.1:{operator_port}",
+            }
             _write_targets(prometheus.targets, scraped)
             pods = {f"{RUN}-{name}" for name in scraped}
             await prometheus.scraped(session, pods, up=pods, after=time.time())
+            for handler in HANDLERS:  # the operator's passes over the run while it trains
+                operator.handler_calls.labels(handler, "ok").inc()
+                operator.handler_duration.labels(handler).observe(0.05)
             services = app.connect(
                 spec, env=targets.env, rollout=targets.rollout, learner=targets.learner
             )
@@ -260,6 +271,13 @@ async def test_every_dashboard_query_returns_series_from_a_local_run(tmp_path):
                     failures.append(f"{query.where} offers {offered}, not this run's")
             assert failures == [], "\n".join(failures)
             assert len(queries) >= 50
-            assert set(scraped) == {"env-0", "env-1", "rollout-0", "learner", "trainer"}
+            assert set(scraped) == {
+                "env-0",
+                "env-1",
+                "rollout-0",
+                "learner",
+                "trainer",
+                "operator",
+            }
     finally:
         prometheus.stop()

@@ -63,6 +63,12 @@ written with server-side apply (patch, which also creates) and watched (list, wa
 - apiGroups: ["aflowrl.io"]
   resources: ["trainingruns/status"]
   verbs: ["get", "patch"]
+# Children set blockOwnerDeletion on their owner reference to the run: clusters that enforce
+# owner-reference permissions (the OwnerReferencesPermissionEnforcement admission plugin)
+# require update on the owner's finalizers subresource for that.
+- apiGroups: ["aflowrl.io"]
+  resources: ["trainingruns/finalizers"]
+  verbs: ["update"]
 - apiGroups: [""]
   resources: ["configmaps", "services"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
@@ -87,6 +93,9 @@ written with server-side apply (patch, which also creates) and watched (list, wa
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "create", "patch"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "create", "patch"]

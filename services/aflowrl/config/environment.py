@@ -309,6 +309,17 @@ def racing_conflict(search: SearchSpec, evaluation: EvaluationSpec) -> str | Non
     return None
 
 
+class DisruptionBudgetSpec(SpecModel):
+    """A PodDisruptionBudget over the environment replicas: voluntary disruptions (node drains,
+    cluster-autoscaler scale-downs) evict at most ``maxUnavailable`` ready pods at a time, so a
+    drain cannot take every replica of a running search at once. Pods that are not ready may
+    always be evicted, so a crash-looping pod never blocks a drain."""
+
+    max_unavailable: int = Field(default=1, ge=0, le=1000)
+    """Ready environment pods a voluntary disruption may evict at once (0 blocks drains of
+    their nodes until the run is suspended or ends)."""
+
+
 class EnvironmentSpec(SpecModel):
     """Environment replicas: the search, the evaluation and the executor.
 
@@ -338,6 +349,9 @@ class EnvironmentSpec(SpecModel):
     """The executor LLM that runs workflows."""
     replicas: ReplicaSpec = Field(default_factory=ReplicaSpec)
     """Replica count and autoscaling."""
+    pod_disruption_budget: DisruptionBudgetSpec | None = None
+    """A PodDisruptionBudget for the replicas on Kubernetes (null: none; ``{}``: at most one
+    evicted at a time)."""
     resources: ResourceSpec = Field(default_factory=lambda: ResourceSpec(cpu="2", memory="4Gi"))
     """Resources of one environment pod."""
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)

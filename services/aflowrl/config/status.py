@@ -45,6 +45,29 @@ class Condition(SpecModel):
     """The spec generation the condition was computed from."""
 
 
+class LastError(SpecModel):
+    """The last failure of one of the run's containers (or of the trainer Job), for the reader
+    who finds a failed run after its pods are gone."""
+
+    component: str = Field(min_length=1, max_length=63)
+    """Which part failed: rollout, learner, environment, executor or trainer."""
+    pod: str | None = Field(default=None, max_length=253)
+    """The pod whose container terminated (null: the Job failed without a pod's exit, e.g.
+    ``DeadlineExceeded``)."""
+    container: str | None = Field(default=None, max_length=63)
+    """The container that terminated."""
+    reason: str = Field(min_length=1, max_length=1024)
+    """Why it ended: the container's termination reason (``Error``, ``OOMKilled``...) or the
+    Job's failure reason (``BackoffLimitExceeded``, ``DeadlineExceeded``)."""
+    exit_code: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
+    """The container's exit code (null for a Job failure)."""
+    message: str = Field(default="", max_length=4096)
+    """The container's termination message: with ``FallbackToLogsOnError``, the last lines of
+    its log when it wrote no message (at most 4096 characters, the end kept)."""
+    time: str | None = None
+    """When it ended (RFC 3339)."""
+
+
 class TrainingRunStatus(SpecModel):
     """Observed state of a TrainingRun."""
 
@@ -84,3 +107,5 @@ class TrainingRunStatus(SpecModel):
     """Ready environment pods."""
     best_workflow: str | None = Field(default=None, max_length=262144)
     """Canonical hash of the best workflow found (runs on one benchmark)."""
+    last_error: LastError | None = None
+    """The most recent failure of a container of the run (kept until a later one replaces it)."""

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from aflowrl.config._base import FsPath, SpecModel
+from aflowrl.config._base import CelRule, FieldRuleError, FsPath, SpecModel
 from aflowrl.config.resources import ResourceSpec
 from aflowrl.config.scheduling import PodOverrides
 
@@ -92,3 +92,34 @@ class TrainerSpec(SpecModel):
     """Resources of the trainer pod."""
     pod: PodOverrides = Field(default_factory=PodOverrides)
     """Labels, annotations and placement of the trainer pod."""
+    active_deadline_seconds: int | None = Field(default=None, ge=1, le=31_536_000)
+    """Most seconds the trainer may run (the Job's ``activeDeadlineSeconds``), at most a year:
+    past it Kubernetes stops the trainer and the run fails with reason ``DeadlineExceeded``.
+    Counted from the Job's start, and from zero again after a suspend. null: no limit."""
+    keep_pods_after_end: bool = False
+    """Keep the rollout, learner, environment and executor pods running after the trainer ends
+    (succeeded or failed), so ``kubectl logs`` and ``kubectl exec`` still reach them; they hold
+    their resources (GPUs included) meanwhile. False: they are scaled to zero at the end. The
+    trainer's own pods stay either way (a finished Job keeps its pods)."""
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0, le=2_592_000)
+    """With ``keepPodsAfterEnd``: seconds after the run's completion time before the kept pods
+    are scaled to zero (at most 30 days; applied by the next operator pass, so up to one resync
+    interval late). null: kept until the run is suspended or deleted."""
+
+    cel_rules = (
+        CelRule(
+            "!{?ttlSecondsAfterFinished} || {keepPodsAfterEnd}",
+            "ttlSecondsAfterFinished applies only with keepPodsAfterEnd: true",
+            "ttlSecondsAfterFinished",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _ttl_needs_keep(self) -> TrainerSpec:
+        if self.ttl_seconds_after_finished is not None and not self.keep_pods_after_end:
+            raise FieldRuleError(
+                "ttlSecondsAfterFinished",
+                f"ttlSecondsAfterFinished={self.ttl_seconds_after_finished} applies only with "
+                "keepPodsAfterEnd: true (without it the pods are scaled to zero at the end)",
+            )
+        return self

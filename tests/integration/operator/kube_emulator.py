@@ -60,6 +60,7 @@ RESOURCES: dict[str, tuple[str, bool, bool]] = {
     "batch/v1/jobs": ("Job", True, True),
     "autoscaling/v2/horizontalpodautoscalers": ("HorizontalPodAutoscaler", True, True),
     "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True, False),
+    "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", True, True),
     "rbac.authorization.k8s.io/v1/roles": ("Role", True, False),
     "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True, False),
 }

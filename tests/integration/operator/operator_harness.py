@@ -71,6 +71,7 @@ class Operator:
                     stop_flag=self._stop,
                     ready_flag=ready,
                     memo=kopf.Memo(),
+                    identity=self.config.identity,
                     **peering,
                 )
             )

@@ -180,8 +180,17 @@ async def test_kueue_holds_the_run_until_it_is_admitted_then_evicted(cluster: Cl
         ],
     }
     await cluster.emulator.set_status(WORKLOADS, NAMESPACE, "demo-kueue", evicted)
-    ready = await cluster.wait_condition("demo", "Ready", reason="Queued")
+    ready = await cluster.wait_condition("demo", "Ready", reason="Evicted")
     assert "evicted by Kueue: preempted" in ready["message"]
+    evictions = await cluster.eventually(
+        lambda: [
+            e
+            for e in cluster.emulator.all("v1/events", NAMESPACE)
+            if (e["type"], e["reason"]) == ("Warning", "Evicted")
+        ],
+        what="an eviction Event",
+    )
+    assert "preempted" in evictions[0]["message"]  # kubectl describe says so
     await cluster.eventually(
         lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True, what="held"
     )

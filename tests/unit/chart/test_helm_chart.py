@@ -107,6 +107,19 @@ def test_default_install_watches_everything_with_least_privilege():
     assert not any(d["kind"] == "ServiceMonitor" for d in docs)
 
 
+def test_the_operator_may_set_block_owner_deletion_on_its_children():
+    """Children point at their run with blockOwnerDeletion; clusters that enforce owner
+    references (OwnerReferencesPermissionEnforcement) ask for update on its finalizers."""
+    wanted = {
+        "apiGroups": ["aflowrl.io"],
+        "resources": ["trainingruns/finalizers"],
+        "verbs": ["update"],
+    }
+    assert wanted in _one(_render(hooks=False), "ClusterRole", "aflow-rl-runs")["rules"]
+    roles = [d for d in _render(_all_options()) if d["kind"] == "Role" and not _hook(d)]
+    assert roles and all(wanted in role["rules"] for role in roles)
+
+
 def test_every_option_on():
     docs = _render(_all_options())
     deployment = _one(docs, "Deployment", "aflowrl-prod-operator")

@@ -182,6 +182,15 @@ INVALID: list[tuple[dict, str | set[str]]] = [
     (run({}, metadata={"name": "Demo_Run"}), "metadata.name"),
     (run(None), "spec"),
     ({k: v for k, v in run({}).items() if k != "spec"}, "spec"),
+    # the trainer's lifecycle on the cluster: bounded, and a TTL only for kept pods
+    (run({"trainer": {"activeDeadlineSeconds": 0}}), "spec.trainer.activeDeadlineSeconds"),
+    (run({"trainer": {"activeDeadlineSeconds": 10**9}}), "spec.trainer.activeDeadlineSeconds"),
+    (run({"trainer": {"keepPodsAfterEnd": True, "ttlSecondsAfterFinished": -1}}), "spec.trainer.ttlSecondsAfterFinished"),
+    (run({"trainer": {"keepPodsAfterEnd": True, "ttlSecondsAfterFinished": 10**8}}), "spec.trainer.ttlSecondsAfterFinished"),
+    (run({"trainer": {"ttlSecondsAfterFinished": 600}}), "spec.trainer.ttlSecondsAfterFinished"),
+    (run({"trainer": {"keepPodsAfterEnd": "yes"}}), "spec.trainer.keepPodsAfterEnd"),
+    (run({"environment": {"podDisruptionBudget": {"maxUnavailable": -1}}}), "spec.environment.podDisruptionBudget.maxUnavailable"),
+    (run({"environment": {"podDisruptionBudget": {"minAvailable": 1}}}), "spec.environment.podDisruptionBudget.minAvailable"),
 ]  # fmt: skip
 
 VALID: list[dict] = [
@@ -225,6 +234,9 @@ VALID: list[dict] = [
     run({"learner": {"pod": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["3"]}, {"key": "zone", "operator": "DoesNotExist"}], "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["node-1"]}]}]}}}}}}),
     run({"rollout": {"pod": {"annotations": {f"note-{i}": "x" * 60000 for i in range(4)}}}}),
     run({"grpc": {"tlsSecret": "tls", "mtls": True, "healthPort": 50060}, "weightTransport": {"type": "nccl"}, "trainer": {"checkpointDir": "/checkpoints/" + "r" * 255}}),
+    run({"trainer": {"activeDeadlineSeconds": 86400, "keepPodsAfterEnd": True, "ttlSecondsAfterFinished": 3600}}),
+    run({"trainer": {"keepPodsAfterEnd": True}}),
+    run({"environment": {"podDisruptionBudget": {}}}),
     *(yaml.safe_load(p.read_text()) for p in sorted((ROOT / "manifests" / "examples").glob("*.yaml"))),
 ]  # fmt: skip
 

@@ -17,7 +17,15 @@ from aflowrl.envsvc.metrics import EnvironmentMetrics
 from aflowrl.learner.metrics import LearnerMetrics
 from aflowrl.rollout.metrics import RolloutMetrics
 from aflowrl.trainer.metrics import TrainerMetrics
-from dashboard import TARGET_LABELS, legend_labels, load, panel_queries, variable_queries
+from aflowrl_operator.metrics import OperatorMetrics
+from dashboard import (
+    OPERATOR_PANELS,
+    TARGET_LABELS,
+    legend_labels,
+    load,
+    panel_queries,
+    variable_queries,
+)
 
 _SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{([^}]*)\}")
 _MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)\s*\"")
@@ -26,10 +34,14 @@ _SAMPLE_SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created")
 
 
 def catalogue() -> dict[str, frozenset[str]]:
-    """Every metric the services export, with its label names (``_total`` names included)."""
+    """Every metric the services and the operator export, with its label names (``_total``
+    names included)."""
     families: dict[str, frozenset[str]] = {}
     for metrics in (EnvironmentMetrics(), RolloutMetrics(), LearnerMetrics(), TrainerMetrics()):
         families.update({name: frozenset(labels) for name, labels in metrics.label_names.items()})
+    families.update(
+        {name: frozenset(labels) for name, labels in OperatorMetrics().label_names.items()}
+    )
     grpc_metrics = GrpcServerMetrics(new_registry())
     families.update({n: frozenset(labels) for n, labels in grpc_metrics.label_names.items()})
     for name in exported_metric_names(new_registry()):  # process_*, python_*
@@ -146,11 +158,15 @@ def test_the_dashboard_has_the_panels_a_run_needs():
         "gRPC errors",
         "CPU",
         "Resident memory",
+        *OPERATOR_PANELS,
     ):
         assert title in titles
     variables = [v["name"] for v in dashboard["templating"]["list"]]
     assert variables == ["datasource", "namespace", "run"]
     for query in panel_queries(dashboard):
+        if query.where in OPERATOR_PANELS:  # the operator serves every run: cluster-wide
+            assert "aflowrl_operator_" in query.expr, query
+            continue
         assert 'aflowrl_io_run="$run"' in query.expr, query  # every series is the selected run's
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))

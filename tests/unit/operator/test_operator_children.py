@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import datetime
 
 import kubernetes_validate
 import pytest
@@ -307,6 +308,7 @@ def test_optional_children_appear_and_disappear_with_the_spec():
         ("Service", "demo-executor"),
         ("PodMonitor", "demo"),
         ("PodGroup", "demo-gpu"),  # no gang scheduling: a PodGroup left from before goes
+        ("PodDisruptionBudget", "demo-env"),
     }
     full = children.build(
         RUN, RunSpec.from_document(SPECS["multi-node"]), RUNNING, monitoring_api=True
@@ -463,3 +465,80 @@ def test_the_kueue_workload_has_one_pod_set_per_component():
         priority=None,
     )
     assert again["metadata"]["annotations"] != workload["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_container_leaves_its_log_tail_as_termination_message(name):
+    spec = RunSpec.from_document(SPECS[name])
+    found = 0
+    for _, _, containers in _containers(_manifests(spec)):
+        for container in containers:
+            assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+            found += 1
+    assert found >= 4
+
+
+def test_the_trainer_job_keeps_failed_pods_and_takes_a_deadline():
+    job = children.build(RUN, RunSpec(), RUNNING, monitoring_api=False).trainer_job
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    assert job["spec"]["backoffLimit"] == workloads.TRAINER_BACKOFF_LIMIT > 0
+    assert "activeDeadlineSeconds" not in job["spec"]
+    spec = RunSpec.from_document({"trainer": {"activeDeadlineSeconds": 7200}})
+    job = children.build(RUN, spec, RUNNING, monitoring_api=False).trainer_job
+    assert job["spec"]["activeDeadlineSeconds"] == 7200
+    kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+
+
+def test_lifecycle_settings_do_not_restart_pods():
+    base = RunSpec()
+    lifecycle = RunSpec.from_document(
+        {
+            "trainer": {
+                "activeDeadlineSeconds": 600,
+                "keepPodsAfterEnd": True,
+                "ttlSecondsAfterFinished": 60,
+            }
+        }
+    )
+    assert children.spec_hash(lifecycle) == children.spec_hash(base)
+    templates = [m["spec"]["template"] for m in _manifests(base) if "template" in m.get("spec", {})]
+    assert templates == [
+        m["spec"]["template"] for m in _manifests(lifecycle) if "template" in m.get("spec", {})
+    ]
+
+
+KEEP = {"keepPodsAfterEnd": True}
+
+
+@pytest.mark.parametrize(
+    ("trainer", "seconds_after_end", "kept"),
+    [
+        ({}, 0, False),
+        (KEEP, 10 * 365 * 86400, True),
+        ({**KEEP, "ttlSecondsAfterFinished": 60}, 59, True),
+        ({**KEEP, "ttlSecondsAfterFinished": 60}, 60, False),
+        ({**KEEP, "ttlSecondsAfterFinished": 0}, 0, False),
+    ],
+)
+def test_pods_are_kept_after_the_end_until_the_ttl(trainer, seconds_after_end, kept):
+    spec = RunSpec.from_document({"trainer": trainer})
+    ended = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    at = ended + datetime.timedelta(seconds=seconds_after_end)
+    assert children.kept_after_end(spec, "2026-01-01T00:00:00Z", at) is kept
+
+
+def test_the_environment_gets_a_disruption_budget_only_when_asked():
+    assert not any(m["kind"] == "PodDisruptionBudget" for m in _manifests(RunSpec()))
+    desired = children.build(RUN, RunSpec(), RUNNING, monitoring_api=False)
+    assert ("PodDisruptionBudget", "demo-env") in desired.absent  # removed when dropped
+    spec = RunSpec.from_document({"environment": {"podDisruptionBudget": {"maxUnavailable": 2}}})
+    manifests = _manifests(spec)
+    budget = _by(manifests, "PodDisruptionBudget", "demo-env")
+    kubernetes_validate.validate(budget, K8S_VERSION, strict=True)
+    assert budget["spec"]["maxUnavailable"] == 2
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    pods = _by(manifests, "Deployment", "demo-env")["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pods.items()
+    other = _by(manifests, "Deployment", "demo-rollout")["spec"]["template"]["metadata"]["labels"]
+    assert not budget["spec"]["selector"]["matchLabels"].items() <= other.items()
+    assert children.spec_hash(spec) == children.spec_hash(RunSpec())  # no pod restarts

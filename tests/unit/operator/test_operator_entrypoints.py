@@ -59,13 +59,37 @@ def test_operator_metric_names_follow_the_house_convention():
     metrics.reconciles.labels("ok").inc()
     metrics.child_writes.labels("Deployment", "created").inc()
     metrics.reconcile_duration.observe(0.1)
-    families = {
-        name for name in exported_metric_names(metrics.registry) if name.startswith("aflowrl_")
-    }
+    metrics.handler_calls.labels("resync", "ok").inc()
+    metrics.handler_duration.labels("resync").observe(0.1)
+    exported = exported_metric_names(metrics.registry)
+    families = {name for name in exported if name.startswith("aflowrl_")}
     for name in (
         "aflowrl_operator_reconciles_total",
         "aflowrl_operator_reconcile_duration_seconds",
         "aflowrl_operator_child_writes_total",
+        "aflowrl_operator_handler_calls_total",
+        "aflowrl_operator_handler_duration_seconds",
     ):
         assert name in families
         check_metric_name(name)
+    # The operator's own process, as every service exports it.
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "python_info"} <= exported
+
+
+def test_the_operator_metrics_declare_their_labels():
+    metrics = OperatorMetrics()
+    metrics.reconciles.labels("ok").inc()
+    metrics.child_writes.labels("Job", "created").inc()
+    metrics.handler_calls.labels("child", "ok").inc()
+    metrics.handler_duration.labels("child").observe(0.2)
+    metrics.reconcile_duration.observe(0.2)
+    seen: dict[str, set[str]] = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name.startswith("aflowrl_operator_"):
+                labels = set(sample.labels) - {"le"}
+                seen.setdefault(family.name, set()).update(labels)
+    declared = {
+        name.removesuffix("_total"): set(labels) for name, labels in metrics.label_names.items()
+    }
+    assert seen == declared

@@ -231,3 +231,130 @@ def test_the_served_executor_counts_as_a_gpu_component(served):
     spec = RunSpec.from_document({"environment": {"executor": executor}})
     names = [name for name, _ in capacity.gpu_components(spec)]
     assert names == (["executor"] if served else [])
+
+
+# ---- failure forensics -----------------------------------------------------------------------
+
+
+def _failed_pod(name: str, component: str, finished: str, *, last: bool = False) -> dict:
+    ended = {
+        "exitCode": 137 if component == "learner" else 1,
+        "reason": "OOMKilled" if component == "learner" else "Error",
+        "message": "step 3\nstep 4\nRuntimeError: rendezvous closed\n",
+        "finishedAt": finished,
+    }
+    state = (
+        {"lastState": {"terminated": ended}, "state": {"running": {}}}
+        if last
+        else {"state": {"terminated": ended}}
+    )
+    return {
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/component": component}},
+        "status": {"containerStatuses": [{"name": component, **state}]},
+    }
+
+
+def test_the_last_error_is_the_newest_failed_exit_with_its_log_lines():
+    pods = [
+        _failed_pod("demo-trainer-a", "trainer", NOW),
+        _failed_pod("demo-learner-0", "learner", LATER, last=True),  # restarted since
+        _failed_pod("ok", "environment", "2027-01-01T00:00:00Z"),
+    ]
+    pods[2]["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] = 0  # a success
+    error = status.last_error(pods, status.TrainerJob(), None)
+    assert error == {
+        "component": "learner",
+        "pod": "demo-learner-0",
+        "container": "learner",
+        "reason": "OOMKilled",
+        "exitCode": 137,
+        "message": "step 3\nstep 4\nRuntimeError: rendezvous closed\n",
+        "time": LATER,
+    }
+    # It fits the CRD's status schema, and outlives the pods until something newer fails.
+    TrainingRunStatus.model_validate({"lastError": error})
+    assert status.last_error([], status.TrainerJob(), error) == error
+    assert status.last_error(pods[:1], status.TrainerJob(), error) == error
+    out = status.compute(_ok(last_error=error), None, 1, LATER)
+    assert out["lastError"] == error
+
+
+def test_a_long_termination_message_keeps_its_end():
+    pod = _failed_pod("p", "trainer", NOW)
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = "x" * 9000 + "END"
+    error = status.last_error([pod], status.TrainerJob(), None)
+    assert error is not None
+    assert len(error["message"]) == 4096 and error["message"].endswith("END")
+
+
+def test_a_job_failure_without_a_pod_exit_is_the_last_error():
+    deadline = status.job_state(
+        {
+            "spec": {},
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Failed",
+                        "status": "True",
+                        "reason": "DeadlineExceeded",
+                        "message": "Job was active longer than specified deadline",
+                        "lastTransitionTime": LATER,
+                    }
+                ]
+            },
+        }
+    )
+    error = status.last_error([], deadline, None)
+    assert error == {
+        "component": "trainer",
+        "reason": "DeadlineExceeded",
+        "message": "Job was active longer than specified deadline",
+        "time": LATER,
+    }
+    # A trainer exit explains the failure better than the Job's summary.
+    crashed = status.last_error([_failed_pod("t", "trainer", NOW)], deadline, None)
+    assert crashed is not None and crashed["reason"] == "Error"
+
+
+def test_every_condition_change_is_an_event_and_problems_are_warnings():
+    running = status.compute(_ok(), None, 1, NOW)
+    assert status.transitions(running, running) == []
+    # A first status: only its problems are news.
+    assert status.transitions(None, running) == []
+    down = status.compute(
+        _ok(environment=status.Workload(exists=True, desired=2, ready=1)), running, 1, LATER
+    )
+    events = status.transitions(running, down)
+    by_reason = {(t, r) for t, r, _ in events}
+    assert ("Warning", "ReplicasUnavailable") in by_reason
+    degraded = [m for _, _, m in events if m.startswith("Degraded is True")]
+    assert degraded and "1/2 environment pods ready" in degraded[0]
+    back = status.compute(_ok(), down, 1, LATER)
+    assert ("Normal", "AsExpected") in {(t, r) for t, r, _ in status.transitions(down, back)}
+
+    crash = _failed_pod("demo-trainer-a", "trainer", NOW)
+    error = status.last_error([crash], status.TrainerJob(), None)
+    failed = status.compute(_ok(last_error=error), running, 1, LATER)
+    (news,) = [e for e in status.transitions(running, failed) if e[1] == "ComponentFailed"]
+    assert news[0] == "Warning"
+    assert news[2] == (
+        "trainer pod demo-trainer-a container trainer: Error (exit code 1): "
+        "step 3 | step 4 | RuntimeError: rendezvous closed"
+    )
+    assert [e for e in status.transitions(failed, failed) if e[1] == "ComponentFailed"] == []
+
+
+def test_a_kueue_eviction_is_its_own_reason_and_a_warning():
+    queued = status.compute(_ok(queued="waiting for Kueue"), None, 1, NOW)
+    evicted = status.compute(
+        _ok(queued="evicted by Kueue: preempted", evicted=True), queued, 1, LATER
+    )
+    assert _conds(evicted)["Ready"]["reason"] == "Evicted"
+    assert ("Warning", "Evicted") in {(t, r) for t, r, _ in status.transitions(queued, evicted)}
+    assert _conds(queued)["Ready"]["reason"] == "Queued"
+
+
+def test_a_pod_stopped_by_a_scale_down_is_no_error():
+    pod = _failed_pod("demo-learner-0", "learner", NOW)
+    pod["metadata"]["deletionTimestamp"] = NOW
+    assert status.last_error([pod], status.TrainerJob(), None) is None
