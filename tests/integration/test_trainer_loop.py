@@ -141,9 +141,10 @@ async def test_a_resumed_run_records_every_iteration_once(policy, tmp_path):
 
 
 async def test_a_stopped_environment_replica_fails_over(policy, tmp_path):
-    # Replica a answers three Steps and stops itself on its fourth: the point of failure is a
-    # request count, so the failover happens however fast either side runs.
-    servers = [await serve_toy("a", stop_after_steps=3), await serve_toy("b")]
+    # Replica a answers six calls and stops itself on its seventh: the point of failure is a
+    # request count, so the failover happens however fast either side runs. (Resets and
+    # Projects are routed by episode key: 16 episodes' worth over the ring of two replicas.)
+    servers = [await serve_toy("a", stop_after_calls=6), await serve_toy("b")]
     spec = _spec(tmp_path, iterations=2, checkpointEvery=0, finalTestEval=False)
     try:
         result = await _train(spec, policy, servers, tmp_path)
@@ -155,7 +156,7 @@ async def test_a_stopped_environment_replica_fails_over(policy, tmp_path):
         await servers[1][0].stop()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in records] == [0, 1] and result.state.iteration == 2
-    assert servers[0][1].stopping is not None  # a got a fourth Step, so it stopped
+    assert servers[0][1].stopping is not None  # a got a seventh call, so it stopped
     assert sum(r["env/failovers"] for r in records) >= 1
     assert records[-1]["env/replicas_live"] == 1
     assert all(r["charts/steps"] == 8 for r in records)  # no step was lost

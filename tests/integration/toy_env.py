@@ -39,15 +39,20 @@ def _hash(*parts: str) -> str:
 
 
 class ToyEnv(environment_pb2_grpc.EnvironmentServiceServicer):
-    def __init__(self, name: str, *, stop_after_steps: int | None = None) -> None:
+    def __init__(self, name: str, *, stop_after_calls: int | None = None) -> None:
         self.name = name
         self.steps = 0
+        self.calls = 0
+        """Reset, Project and Step calls answered."""
         self.evaluations = 0
-        self.stop_after_steps = stop_after_steps
-        """Answer this many Steps, then stop the server on the next one (a replica going away
-        at a point fixed by the request count, not by the clock)."""
-        self.stop_server: Callable[[], Awaitable[None]] | None = None
+        self.stop_after_calls = stop_after_calls
+        """Answer this many Reset, Project and Step calls, then stop the server on the next one
+        (a replica going away at a point fixed by the request count, not by the clock). Resets
+        and Projects are routed by episode key, so every replica of the ring gets some of a
+        run's; Steps go to the owner of the child's hash, which a trained policy may never make
+        this replica."""
         self.stopping: asyncio.Task[None] | None = None
+        self.stop_server: Callable[[], Awaitable[None]] | None = None
 
     def _observation(self, state: dict) -> environment_pb2.Observation:
         text = (
@@ -78,6 +83,7 @@ class ToyEnv(environment_pb2_grpc.EnvironmentServiceServicer):
         return k if 0 <= k < len(ACTIONS) else None
 
     async def Reset(self, request, context):
+        await self._count(context)
         seed_hash = Graph.from_json(request.seed_workflow_json).content_hash
         state = {
             "seed": request.seed,
@@ -94,6 +100,7 @@ class ToyEnv(environment_pb2_grpc.EnvironmentServiceServicer):
         )
 
     async def Project(self, request, context):
+        await self._count(context)
         state = self._decode(request.state)
         k = self._choice(request.action)
         if k is None:
@@ -102,11 +109,16 @@ class ToyEnv(environment_pb2_grpc.EnvironmentServiceServicer):
             valid_action=True, child_hash=_hash(state["anchor"], str(k))
         )
 
-    async def Step(self, request, context):
-        if self.stop_after_steps is not None and self.steps >= self.stop_after_steps:
+    async def _count(self, context) -> None:
+        """Count a call, or stop the replica and refuse the call once the count is reached."""
+        if self.stop_after_calls is not None and self.calls >= self.stop_after_calls:
             if self.stopping is None and self.stop_server is not None:
                 self.stopping = asyncio.create_task(self.stop_server())
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"replica {self.name} is stopping")
+        self.calls += 1
+
+    async def Step(self, request, context):
+        await self._count(context)
         self.steps += 1
         state = self._decode(request.state)
         k = self._choice(request.action)
@@ -152,10 +164,10 @@ class ToyEnv(environment_pb2_grpc.EnvironmentServiceServicer):
         return environment_pb2.EnvInfoResponse(tasks=["humaneval"], executor_id="toy")
 
 
-async def serve_toy(name: str, *, stop_after_steps: int | None = None) -> tuple[GrpcServer, ToyEnv]:
+async def serve_toy(name: str, *, stop_after_calls: int | None = None) -> tuple[GrpcServer, ToyEnv]:
     """A started toy replica on a free loopback port (stop it with ``await server.stop()``);
-    with ``stop_after_steps`` it stops itself on the Step after that many."""
-    servicer = ToyEnv(name, stop_after_steps=stop_after_steps)
+    with ``stop_after_calls`` it stops itself on the call after that many."""
+    servicer = ToyEnv(name, stop_after_calls=stop_after_calls)
     registration = ServiceRegistration(
         servicer, environment_pb2_grpc.add_EnvironmentServiceServicer_to_server, SERVICE
     )

@@ -68,6 +68,15 @@ class EnvironmentMetrics(ComponentMetrics):
         )
         self.step_duration = self.histogram("step_duration_seconds", "Wall time of one Step call.")
         self.resets = self.counter("resets_total", "Episodes started.", ["task"])
+        # Zero series from the start for the labels every run has, so that a rate over the
+        # first observations is a number however late the first scrape after them comes.
+        self.executor_requests.labels("ok")
+        for kind in ("prompt", "completion"):
+            self.executor_tokens.labels(kind)
+        for status in ("ok", "error", "timeout", "killed"):
+            self.sandbox_runs.labels(status)
+        for valid in ("true", "false"):
+            self.steps.labels(valid)
         self.state_size = self.histogram(
             "state_size_bytes",
             "Size of the state blobs returned by Reset and Step.",

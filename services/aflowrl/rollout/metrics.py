@@ -49,6 +49,7 @@ class RolloutMetrics(ComponentMetrics):
             self.weight_updates_refused.labels(reason)
         for transport in transports:  # zero series from the start: the first update is a rate
             self.weight_update_duration.labels(transport)
+            self.weight_update_bytes.labels(transport)
         self.weight_update_buckets = self.counter(
             "weight_update_buckets_total",
             "Pieces weights reached the engine in (broadcast buckets, reload calls).",

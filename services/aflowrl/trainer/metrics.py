@@ -47,6 +47,8 @@ class TrainerMetrics(ComponentMetrics):
         self.phase_duration = self.histogram(
             "phase_duration_seconds", "Wall time of each phase of an iteration.", ["phase"]
         )
+        for phase in PHASES:  # zero series from the start: the first iteration is a rate
+            self.phase_duration.labels(phase)
         self.iteration_duration = self.histogram(
             "iteration_duration_seconds", "Wall time of one iteration."
         )
