@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from policy_services import free_port
 
 SPEC = """
@@ -161,9 +160,7 @@ def _two_ranks(plan: str, dirs: dict[str, str]) -> list[dict[str, Any]]:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     port = free_port()
-    procs = [
-        context.Process(target=_rank, args=(rank, port, plan, dirs, queue)) for rank in (0, 1)
-    ]
+    procs = [context.Process(target=_rank, args=(rank, port, plan, dirs, queue)) for rank in (0, 1)]
     for proc in procs:
         proc.start()
     results: dict[int, Any] = {}

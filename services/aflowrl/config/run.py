@@ -516,9 +516,7 @@ def _shared_storage_problems(spec: RunSpec) -> list[tuple[str, str]]:
                 "fallbackPath: it needs a claim shared by the learner and rollout pods (without "
                 "one the rollout pods have no such directory)"
             )
-            problems.append(
-                ("spec.storage.size", f"weightTransport.type={transport.type!r} {why}")
-            )
+            problems.append(("spec.storage.size", f"weightTransport.type={transport.type!r} {why}"))
         root = spec.trainer.checkpoint_dir
         root = root if root.endswith("/") else root + "/"
         if not shared.startswith(root):

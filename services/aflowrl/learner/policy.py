@@ -8,9 +8,10 @@ set, enables gradient checkpointing (when asked; unset, from 1B parameters) and 
 decoder layer and then the root with ``fully_shard`` (bf16/fp16 parameters with float32 gradient
 reduction on GPU when ``learner.fsdp.mixedPrecision`` says so; float32 on CPU). Only rank 0
 reads the weights: the other ranks build the model on the meta device and receive their shards
-from rank 0. With LoRA the frozen base is held in ``policy.lora.baseDtype`` (bfloat16 on a GPU by
-default) and only the adapters (and a value head) in the parameter dtype, float32 by default. The reference model of the KL term is a frozen copy, or, with LoRA, the same module
-with its adapters switched off.
+from rank 0. With LoRA the frozen base is held in ``policy.lora.baseDtype`` (bfloat16 on a GPU
+by default) and only the adapters (and a value head) in the parameter dtype, float32 by default.
+The reference model of the KL term is a frozen copy, or, with LoRA, the same module with its
+adapters switched off.
 
 Weights leave the learner under their Hugging Face names (:mod:`aflowrl.learner.export`).
 """
@@ -309,7 +310,8 @@ def parameter_bytes(module: nn.Module) -> dict[str, int]:
     out = {"trainable": 0, "frozen": 0}
     for param in module.parameters():
         local = getattr(param, "_local_tensor", param)  # a DTensor's shard on this rank
-        out["trainable" if param.requires_grad else "frozen"] += local.numel() * local.element_size()
+        kind = "trainable" if param.requires_grad else "frozen"
+        out[kind] += local.numel() * local.element_size()
     return out
 
 
