@@ -4,10 +4,11 @@ Issue 24, items 5 and 6. Each rank is a spawned process of its own (gloo, FSDP2,
 Qwen2-shaped model with LoRA adapters on a bfloat16 base), so a rank can be given a working
 directory of its own: a checkpoint path relative to it then plays a learner pod's own emptyDir.
 
-- A LoRA checkpoint holds the adapters and nothing of the frozen base, which stays bfloat16 in
-  memory while the adapters train in float32; a learner resumed from it (the base rebuilt from
-  the model source) holds bit-identical weights, gives identical log-probabilities, and its next
-  update equals the uninterrupted run's (the optimiser state came back too).
+- A LoRA checkpoint holds the adapters (and the PPO critic's value head) and nothing of the
+  frozen base, which stays bfloat16 in memory while the adapters train in float32; a learner
+  resumed from it (the base rebuilt from the model source) holds bit-identical weights, gives
+  identical log-probabilities and values, and its next update equals the uninterrupted run's
+  (the optimiser state came back too).
 - Whether a checkpoint can be loaded is rank 0's decision, the same on every rank: a rank that
   cannot see the directory rank 0 verified (its own volume) fails the load on every rank alike,
   and the ranks stay in step for the next command instead of hanging in a collective.
@@ -31,6 +32,7 @@ policy:
   dtype: float32
   lora: {rank: 4, alpha: 8, baseDtype: bfloat16}
 learner:
+  algorithm: {type: ppo}
   fsdp: {mixedPrecision: none}
   optimizer: {lr: 0.01}
   loss: {miniBatchSize: 4, microBatchSize: 2, klCoef: 0.0}
@@ -58,7 +60,7 @@ def _items() -> list[Any]:
 def _rows(learner: Any, items: list[Any], sign: float) -> list[Any]:
     from aflowrl.learner.batching import ChoiceItem, TrainRow
 
-    scores = learner.compute_logprobs(items, reference=False, entropies=False, values=False)
+    scores = learner.compute_logprobs(items, reference=False, entropies=False, values=True)
     rows = []
     for k, (item, score) in enumerate(zip(items, scores, strict=True)):
         advantage = sign * (1.0 if k % 2 else -1.0)
@@ -67,6 +69,8 @@ def _rows(learner: Any, items: list[Any], sign: float) -> list[Any]:
                 item,
                 tuple(score.logprobs),
                 (advantage,) * len(score.logprobs),
+                returns=(0.5 * sign,) * len(score.logprobs),
+                old_values=tuple(score.values),
                 candidate_old_logprobs=tuple(score.candidates)
                 if isinstance(item, ChoiceItem)
                 else None,
@@ -80,7 +84,7 @@ def _fingerprint(learner: Any) -> dict[str, Any]:
     from aflowrl.learner import checkpoint
 
     items = _items()
-    scores = learner.compute_logprobs(items, reference=False, entropies=False, values=False)
+    scores = learner.compute_logprobs(items, reference=False, entropies=False, values=True)
     full = checkpoint.gather_full_state(learner.ctx, learner.policy.module)
     digests = {
         name: hashlib.sha256(t.contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy()
@@ -90,6 +94,7 @@ def _fingerprint(learner: Any) -> dict[str, Any]:
     return {
         "logprobs": [list(s.logprobs) for s in scores],
         "candidates": [list(s.candidates) if s.candidates else None for s in scores],
+        "values": [list(s.values) for s in scores],
         "weights": digests,
     }
 
@@ -201,7 +206,9 @@ def test_a_lora_checkpoint_holds_the_adapters_and_resumes_exactly_on_two_ranks(t
     first = trained[0]
     # Frozen base in bfloat16, the adapters in float32; the base is most of the bytes.
     assert first["dtypes"] == {"trainable": ["torch.float32"], "frozen": ["torch.bfloat16"]}
-    assert all("lora_" in name for name in first["trainable"])
+    # The adapters and the critic's value head (on bfloat16 hidden states) are what trains.
+    assert {name.split(".")[0] for name in first["trainable"]} == {"lm", "value_head"}
+    assert all("lora_" in name for name in first["trainable"] if name.startswith("lm."))
     ckpt = Path(dirs["shared"]) / CKPT
     assert (ckpt / "complete.json").is_file()
     # The checkpoint holds exactly the trained parameters: no frozen weight was saved (not even
