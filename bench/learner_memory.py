@@ -15,7 +15,9 @@ update, the update's seconds, and the formula's estimate of the same peak:
 - ``smoke``: a CPU-sized model, to check the script itself.
 
 Per GPU with N ranks, P parameters, T of them trained, the formula (bytes) is
-``4P/N`` (float32 weights) ``+ 12T/N`` (float32 gradients and AdamW's two moments) ``+ 4P/N``
+``4P/N`` (float32 weights; with LoRA ``(2P + 4T)/N``: the frozen base in bfloat16,
+``policy.lora.baseDtype`` "auto" on a GPU, the adapters in float32) ``+ 12T/N`` (float32
+gradients and AdamW's two moments) ``+ 4P/N``
 (reference copy, full fine-tuning with a KL term) ``+ 2(P_layer * 2 + P_root)`` (bf16 gathered
 layers, one prefetched, and the root's embedding/head) ``+ activations``, where activations are
 ``2 * L * tokens * H`` (each layer's bf16 input kept for recomputation) ``+ tokens * (16H + 6I)``
@@ -78,7 +80,7 @@ def estimate(
     trained = lora_parameters(s, LORA_RANK) if lora else params
     tokens = micro * seq
     parts = {
-        "weights": 4 * params / ranks,
+        "weights": (2 * params + 4 * trained if lora else 4 * params) / ranks,
         "grads+adam": 12 * trained / ranks,
         "reference": 0 if lora else 4 * params / ranks,
         "gathered": 2 * (2 * layer_parameters(s) + root),

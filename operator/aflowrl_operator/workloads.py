@@ -97,7 +97,8 @@ def _model_mount(spec: RunSpec) -> tuple[list[JsonDict], list[JsonDict]]:
 
 
 def _weights_mount(run: RunRef, spec: RunSpec) -> tuple[list[JsonDict], list[JsonDict]]:
-    """The checkpoint volume, which also holds the weights of the filesystem transport."""
+    """The checkpoint volume, which also holds the weights of the filesystem transport and the
+    nccl transport's fallback exports (``weightTransport.shared_path``)."""
     volume, mount = pods.checkpoint_volume(run, spec)
     return [volume], [mount]
 
@@ -164,7 +165,9 @@ def rollout(
     model_vols, model_mounts = _model_mount(spec)
     volumes += [shm, *model_vols]
     mounts += [shm_mount, *model_mounts]
-    if spec.weight_transport.type == "filesystem":
+    if spec.weight_transport.shared_path is not None:
+        # filesystem: the weights; nccl: the fallback exports a replica reloads from when its
+        # broadcast broke off, and the newest of which a restarted replica loads on start.
         weight_vols, weight_mounts = _weights_mount(run, spec)
         volumes += weight_vols
         mounts += weight_mounts

@@ -442,6 +442,25 @@ CLUSTER_RULES: tuple[CelRule, ...] = (
         "weightTransport.path",
     ),
     CelRule(
+        "{weightTransport.type} != 'nccl' || {?storage.size}",
+        "weightTransport.type 'nccl' reloads a replica whose broadcast broke off from "
+        "weightTransport.fallbackPath: it needs a claim shared by the learner and rollout pods",
+        "storage.size",
+    ),
+    CelRule(
+        "{weightTransport.type} != 'nccl' || {weightTransport.fallbackPath}.startsWith("
+        "{trainer.checkpointDir}.endsWith('/') ? {trainer.checkpointDir} "
+        ": {trainer.checkpointDir} + '/')",
+        "weightTransport.fallbackPath must be under trainer.checkpointDir (the shared volume)",
+        "weightTransport.fallbackPath",
+    ),
+    CelRule(
+        "{learner.nodes} == 1 || {?storage.size}",
+        "several learner nodes write one sharded checkpoint and must resume from the same one: "
+        "set storage.size (a ReadWriteMany claim), not per-pod emptyDirs",
+        "storage.size",
+    ),
+    CelRule(
         "!({learner.nodes} > 1 && {?storage.size}) || {storage.accessMode} == 'ReadWriteMany'",
         "several learner nodes write one sharded checkpoint: use accessMode ReadWriteMany",
         "storage.accessMode",
@@ -466,41 +485,65 @@ def cluster_problems(spec: RunSpec) -> list[tuple[str, str]]:
                 "data.dir (and data.persistentVolumeClaim holding the split files)",
             )
         )
-    transport = spec.weight_transport
-    if transport.type == "filesystem":
-        if spec.storage.size is None:
-            problems.append(
-                (
-                    "spec.storage.size",
-                    "weightTransport.type='filesystem' needs a claim shared by the learner and "
-                    "rollout pods",
-                )
-            )
-        root = spec.trainer.checkpoint_dir
-        root = root if root.endswith("/") else root + "/"
-        if not transport.path.startswith(root):
-            problems.append(
-                (
-                    "spec.weightTransport.path",
-                    f"{transport.path!r} must be under trainer.checkpointDir "
-                    f"{spec.trainer.checkpoint_dir!r} (the shared volume)",
-                )
-            )
-    shared = spec.storage.size is not None and spec.storage.access_mode == "ReadWriteMany"
-    if spec.learner.nodes > 1 and spec.storage.size is not None and not shared:
-        problems.append(
-            (
-                "spec.storage.accessMode",
-                f"{spec.learner.nodes} learner nodes write one sharded checkpoint; use "
-                "ReadWriteMany (ReadWriteOnce binds every pod to one node)",
-            )
-        )
+    problems += _shared_storage_problems(spec)
     if spec.grpc.mtls and spec.grpc.tls_secret is None:
         problems.append(
             (
                 "spec.grpc.mtls",
                 "grpc.mtls needs TLS, and a pod has no certificate without grpc.tlsSecret: every "
                 "server would exit at start (locally, AFLOWRL_TLS_DIR supplies it instead)",
+            )
+        )
+    return problems
+
+
+def _shared_storage_problems(spec: RunSpec) -> list[tuple[str, str]]:
+    """Paths the pods must share but could not: the weight transport's shared directory
+    (``filesystem``: ``path``; ``nccl``: the fallback's ``fallbackPath``) and the checkpoint of
+    a learner spanning nodes. Shared means on the run's claim (``storage.size``), mounted at
+    ``trainer.checkpointDir`` in every pod that needs it; without a claim each pod gets its own
+    emptyDir and reads what no other pod wrote."""
+    problems = []
+    transport = spec.weight_transport
+    shared = transport.shared_path
+    if shared is not None:
+        field = "path" if transport.type == "filesystem" else "fallbackPath"
+        if spec.storage.size is None:
+            why = (
+                "needs a claim shared by the learner and rollout pods"
+                if transport.type == "filesystem"
+                else "reloads a replica whose broadcast broke off from weightTransport."
+                "fallbackPath: it needs a claim shared by the learner and rollout pods (without "
+                "one the rollout pods have no such directory)"
+            )
+            problems.append(("spec.storage.size", f"weightTransport.type={transport.type!r} {why}"))
+        root = spec.trainer.checkpoint_dir
+        root = root if root.endswith("/") else root + "/"
+        if not shared.startswith(root):
+            problems.append(
+                (
+                    f"spec.weightTransport.{field}",
+                    f"{shared!r} must be under trainer.checkpointDir "
+                    f"{spec.trainer.checkpoint_dir!r} (the shared volume)",
+                )
+            )
+    nodes = spec.learner.nodes
+    if nodes > 1 and spec.storage.size is None:
+        problems.append(
+            (
+                "spec.storage.size",
+                f"learner.nodes={nodes}: the ranks write one sharded checkpoint and must resume "
+                "from the same one, so they need a ReadWriteMany claim (storage.size); without "
+                "one each learner pod checkpoints to its own emptyDir",
+            )
+        )
+    shared_claim = spec.storage.size is not None and spec.storage.access_mode == "ReadWriteMany"
+    if nodes > 1 and spec.storage.size is not None and not shared_claim:
+        problems.append(
+            (
+                "spec.storage.accessMode",
+                f"{spec.learner.nodes} learner nodes write one sharded checkpoint; use "
+                "ReadWriteMany (ReadWriteOnce binds every pod to one node)",
             )
         )
     return problems

@@ -27,6 +27,11 @@ class GrpcTransportSpec(SpecModel):
     dtype: WireDtype = "auto"
     """dtype sent over the wire; "auto" sends the rollout's dtype."""
 
+    @property
+    def shared_path(self) -> str | None:
+        """The directory of weight versions learner and rollout pods share: none."""
+        return None
+
 
 class FilesystemTransportSpec(SpecModel):
     """Safetensors on a shared volume plus a version marker; the rollout loads on notice."""
@@ -38,6 +43,11 @@ class FilesystemTransportSpec(SpecModel):
     keep_versions: int = Field(default=2, ge=1, le=100)
     """Weight versions kept on the volume."""
 
+    @property
+    def shared_path(self) -> str:
+        """The directory of weight versions learner and rollout pods share: ``path``."""
+        return self.path
+
 
 class NcclTransportSpec(SpecModel):
     """Broadcast from learner rank 0 to every rollout engine worker in one collective group.
@@ -47,7 +57,8 @@ class NcclTransportSpec(SpecModel):
     every learner rank takes part in gathering the sharded weights. A replica whose broadcast
     breaks off stops serving and is reloaded from a safetensors export under ``fallbackPath``
     (and a restarted replica loads the newest one there), so the learner and rollout pods must
-    share that volume.
+    share that volume: on Kubernetes it must lie under ``trainer.checkpointDir`` on the run's
+    claim (``storage.size``), which is then mounted in the rollout pods too.
     """
 
     type: Literal["nccl"] = "nccl"
@@ -63,9 +74,15 @@ class NcclTransportSpec(SpecModel):
     """Seconds a member waits for the others (forming the group, each collective of a push)."""
     fallback_path: FsPath = "/checkpoints/weights"
     """Directory on a volume the learner and rollout pods share: where a replica whose broadcast
-    failed is reloaded from (filesystem transport)."""
+    failed is reloaded from (filesystem transport). On Kubernetes it must be under
+    trainer.checkpointDir, and storage.size must be set (the claim both mount)."""
     keep_versions: int = Field(default=2, ge=1, le=100)
     """Weight versions kept under fallbackPath."""
+
+    @property
+    def shared_path(self) -> str:
+        """The directory of weight versions learner and rollout pods share: ``fallbackPath``."""
+        return self.fallback_path
 
 
 WeightTransportSpec = Annotated[

@@ -2,8 +2,10 @@
 
 A checkpoint directory holds::
 
-    dcp/                 sharded model and optimiser state, and the reference once it is the
-                         policy RL started from (DCP; reloads on another world size)
+    dcp/                 sharded state of the trained parameters and the optimiser, and the
+                         reference once it is the policy RL started from (DCP; reloads on
+                         another world size). Frozen weights (a LoRA base) are not saved: a
+                         resumed learner rebuilds them from policy.model, as at its start.
     learner_state.json   step, policy version, schedule position (rank 0)
     client_state.bin     opaque bytes the trainer stored with it (rank 0)
     rng-rank{r}.pt       each rank's torch (and CUDA), Python and numpy RNG states
@@ -11,6 +13,10 @@ A checkpoint directory holds::
 
 Saving and loading are collective: every rank calls them. Exact resume: weights, Adam moments,
 step counters and RNG are restored bit-identically, so the next step equals an uninterrupted run.
+Whether a directory can be loaded is decided once, by rank 0, and broadcast: ranks that judged
+it each on their own could part ways (one loading, another refusing) and hang the collectives.
+Every rank must see the directory rank 0 wrote (one volume shared by every learner pod); a rank
+that does not fails the load on every rank alike.
 """
 
 from __future__ import annotations
@@ -35,12 +41,30 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from aflowrl.learner.distributed import DistContext, barrier
+from aflowrl.learner.distributed import DistContext, barrier, broadcast_object, gather_all
 from aflowrl.learner.errors import CheckpointNotFoundError, CorruptCheckpointError
 
 logger = logging.getLogger(__name__)
 
 COMPLETE = "complete.json"
+
+TRAINED_ONLY = StateDictOptions(ignore_frozen_params=True, strict=False)
+"""The model's state in a checkpoint: the parameters that train (every one without LoRA, the
+adapters and a value head with it); frozen ones come from the model directory. Not strict on
+load, since the frozen weights are missing on purpose."""
+
+
+def _trained_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The model and optimiser state a checkpoint holds (:data:`TRAINED_ONLY`).
+
+    ``ignore_frozen_params`` drops a frozen parameter under one name only: a tied one (the LM
+    head of a model with tied embeddings) would stay under its other name, so every name of a
+    frozen parameter is dropped here."""
+    model_sd, optim_sd = get_state_dict(module, optimizer, options=TRAINED_ONLY)
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if not param.requires_grad:
+            model_sd.pop(name, None)
+    return {"model": model_sd, "optim": optim_sd}
 
 
 @dataclass
@@ -97,8 +121,7 @@ def save(
         path.mkdir(parents=True, exist_ok=True)
         (path / COMPLETE).unlink(missing_ok=True)
     barrier(ctx)
-    model_sd, optim_sd = get_state_dict(module, optimizer)
-    bundle: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+    bundle = _trained_state(module, optimizer)
     if reference:
         bundle["reference"] = reference
     dcp.save(bundle, checkpoint_id=str(path / "dcp"))  # type: ignore[attr-defined]
@@ -168,10 +191,11 @@ def load(
     """Restore a checkpoint written by :func:`save` (collective); returns (state, client_state).
 
     ``reference(state)`` gives the tensors to fill with a saved reference (empty: none saved).
+    Rank 0 decides whether ``path`` can be loaded (:func:`verify`) and every rank follows
+    (:func:`_agree`), so either every rank loads or every rank raises the same error.
     """
-    state = verify(path)
-    model_sd, optim_sd = get_state_dict(module, optimizer)
-    bundle: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+    state = _agree(ctx, path)
+    bundle = _trained_state(module, optimizer)
     if state.reference_anchored and reference is not None:
         bundle["reference"] = reference(state)
     try:
@@ -179,7 +203,11 @@ def load(
     except CheckpointException as exc:  # a BaseException: made an Exception the service answers
         raise RuntimeError(f"loading checkpoint {path} failed: {exc}") from None
     set_state_dict(
-        module, optimizer, model_state_dict=bundle["model"], optim_state_dict=bundle["optim"]
+        module,
+        optimizer,
+        model_state_dict=bundle["model"],
+        optim_state_dict=bundle["optim"],
+        options=TRAINED_ONLY,
     )
     rng_file = path / f"rng-rank{ctx.rank}.pt"
     if rng_file.is_file():
@@ -189,6 +217,37 @@ def load(
     client_state = (path / "client_state.bin").read_bytes()
     barrier(ctx)
     return state, client_state
+
+
+def _agree(ctx: DistContext, path: Path) -> LearnerState:
+    """Rank 0's verdict on ``path`` (:func:`verify`), the same on every rank (collective).
+
+    Then every rank checks that it sees the ``complete.json`` rank 0 saw: a learner whose
+    pods checkpoint to volumes of their own (an emptyDir each) would otherwise load rank 0's
+    shards on rank 0 and nothing, or an older checkpoint, elsewhere. Raises the same
+    :class:`CheckpointNotFoundError` / :class:`CorruptCheckpointError` on every rank.
+    """
+    verdict: LearnerState | Exception
+    if ctx.is_main:
+        try:
+            verdict = verify(path)
+        except (CheckpointNotFoundError, CorruptCheckpointError) as exc:
+            verdict = exc
+    else:
+        verdict = CheckpointNotFoundError("")  # replaced by rank 0's
+    verdict = broadcast_object(ctx, verdict)
+    if isinstance(verdict, Exception):
+        raise verdict
+    seen = (path / COMPLETE).is_file()
+    blind = [rank for rank, ok in enumerate(gather_all(ctx, seen)) if not ok]
+    if blind:
+        raise CorruptCheckpointError(
+            f"checkpoint {path} is complete on rank 0 but learner rank(s) "
+            f"{', '.join(map(str, blind))} cannot see it: every learner pod must mount the same "
+            "volume at trainer.checkpointDir (storage.size, accessMode ReadWriteMany)",
+            field="path",
+        )
+    return verdict
 
 
 def gather_full_state(ctx: DistContext, module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -92,6 +92,15 @@ def gather_objects(ctx: DistContext, obj: Any) -> list[Any] | None:
     return out
 
 
+def gather_all(ctx: DistContext, obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank (over the control group)."""
+    if ctx.world_size == 1:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj, group=ctx.control)
+    return out
+
+
 def all_reduce_sum(ctx: DistContext, values: torch.Tensor) -> torch.Tensor:
     """Element-wise sum over ranks (in float64 on the compute device)."""
     if ctx.world_size > 1:

@@ -8,8 +8,10 @@ set, enables gradient checkpointing (when asked; unset, from 1B parameters) and 
 decoder layer and then the root with ``fully_shard`` (bf16/fp16 parameters with float32 gradient
 reduction on GPU when ``learner.fsdp.mixedPrecision`` says so; float32 on CPU). Only rank 0
 reads the weights: the other ranks build the model on the meta device and receive their shards
-from rank 0. The reference model of the KL term is a frozen copy, or, with LoRA, the same module
-with its adapters switched off.
+from rank 0. With LoRA the frozen base is held in ``policy.lora.baseDtype`` (bfloat16 on a GPU
+by default) and only the adapters (and a value head) in the parameter dtype, float32 by default.
+The reference model of the KL term is a frozen copy, or, with LoRA, the same module with its
+adapters switched off.
 
 Weights leave the learner under their Hugging Face names (:mod:`aflowrl.learner.export`).
 """
@@ -82,7 +84,8 @@ class PolicyModule(nn.Module):
         values = None
         if self.value_head is not None:
             # A copy, not a view: FSDP hooks the outputs of its root for the backward pass.
-            values = self.value_head(selected).squeeze(-1).clone()
+            head = self.value_head
+            values = head(selected.to(head.weight.dtype)).squeeze(-1).clone()
         return logp, ent, values
 
 
@@ -273,14 +276,55 @@ def _param_dtype(spec: RunSpec) -> torch.dtype:
     return loading.torch_dtype("float32" if spec.policy.dtype == "auto" else spec.policy.dtype)
 
 
+def frozen_dtype(spec: RunSpec, device: torch.device) -> torch.dtype:
+    """Dtype of the weights nothing trains: with LoRA the base (``policy.lora.baseDtype``;
+    "auto" is bfloat16 on a GPU that supports it, else the parameter dtype), else the
+    parameter dtype (every weight trains)."""
+    lora = spec.policy.lora
+    if lora is None:
+        return _param_dtype(spec)
+    if lora.base_dtype != "auto":
+        return loading.torch_dtype(lora.base_dtype)
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return _param_dtype(spec)
+
+
+def _cast(module: nn.Module, *, trained: torch.dtype, frozen: torch.dtype) -> None:
+    """Trainable parameters (and floating buffers) to ``trained``, frozen ones to ``frozen``.
+
+    Assigning ``.data`` keeps each Parameter object, so tied weights stay tied; the other
+    ranks' meta tensors change dtype without storage."""
+    with torch.no_grad():
+        for param in module.parameters():
+            want = trained if param.requires_grad else frozen
+            if param.dtype != want:
+                param.data = param.data.to(want)
+        for buffer in module.buffers():
+            if buffer.is_floating_point() and buffer.dtype != trained:
+                buffer.data = buffer.data.to(trained)
+
+
+def parameter_bytes(module: nn.Module) -> dict[str, int]:
+    """Bytes of this rank's trainable and frozen parameters (``trainable``, ``frozen``)."""
+    out = {"trainable": 0, "frozen": 0}
+    for param in module.parameters():
+        local = getattr(param, "_local_tensor", param)  # a DTensor's shard on this rank
+        kind = "trainable" if param.requires_grad else "frozen"
+        out[kind] += local.numel() * local.element_size()
+    return out
+
+
 def build_policy(spec: RunSpec, ctx: DistContext) -> Policy:
     """Load, adapt, checkpoint-wrap and shard the policy (and its reference) on this rank."""
     policy_spec = spec.policy
     model_dir = loading.resolve_model_path(policy_spec.model)
     dtype = _param_dtype(spec)
+    base_dtype = frozen_dtype(spec, ctx.device)
     torch.manual_seed(spec.trainer.seed)
     trust = policy_spec.trust_remote_code
-    lm = _load_lm(model_dir, dtype, ctx, trust)
+    # Read in the frozen dtype: a bf16 LoRA base never exists in float32, even on rank 0.
+    lm = _load_lm(model_dir, base_dtype, ctx, trust)
     tokenizer = loading.load_tokenizer(model_dir, trust_remote_code=policy_spec.trust_remote_code)
     hf_shapes = parameter_shapes(lm)
     if checkpointing_on(spec, sum(p.numel() for p in lm.parameters())):
@@ -296,7 +340,8 @@ def build_policy(spec: RunSpec, ctx: DistContext) -> Policy:
         lora_config = loading.adapter_config(lora, model_dir)
     critic = spec.learner.algorithm.type == "ppo"
     chunk = spec.learner.fsdp.logprob_chunk_tokens
-    module = PolicyModule(lm, critic=critic, chunk_tokens=chunk).to(dtype)
+    module = PolicyModule(lm, critic=critic, chunk_tokens=chunk)
+    _cast(module, trained=dtype, frozen=base_dtype)
     module.train()
     _shard_from_rank0(module, ctx, spec)
     wants_reference = spec.learner.loss.kl_coef > 0
@@ -319,13 +364,19 @@ def build_policy(spec: RunSpec, ctx: DistContext) -> Policy:
 
         reference = reload_reference()
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    held = parameter_bytes(module)
     logger.info(
-        "policy %s: %d trainable parameters%s%s%s",
+        "policy %s: %d trainable parameters%s%s%s; this rank holds %.1f MiB trained (%s), "
+        "%.1f MiB frozen (%s)",
         model_dir,
         trainable,
         " (LoRA)" if lora_scale else "",
         ", value head" if critic else "",
         ", reference model" if wants_reference else "",
+        held["trainable"] / 2**20,
+        loading.dtype_name(dtype),
+        held["frozen"] / 2**20,
+        loading.dtype_name(base_dtype),
     )
     return Policy(
         module=module,

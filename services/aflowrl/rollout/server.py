@@ -116,12 +116,7 @@ def build_servicer(
 
 def shared_weights_root(spec: RunSpec) -> str | None:
     """The directory of complete weight versions a replica may load on start, if any."""
-    transport = spec.weight_transport
-    if transport.type == "filesystem":
-        return transport.path
-    if transport.type == "nccl":
-        return transport.fallback_path
-    return None
+    return spec.weight_transport.shared_path
 
 
 async def serve(

@@ -18,6 +18,7 @@ TINY: dict = {"environment": {"replicas": {"min": 2, "max": 4}}}
 GPU: dict = {
     "rollout": {"replicas": 2, "resources": {"gpus": 1}},
     "learner": {"nodes": 2, "procsPerNode": 2, "resources": {"gpus": 2}},
+    "storage": {"size": "10Gi", "accessMode": "ReadWriteMany"},
     "scheduling": {"gang": {"scheduleTimeoutSeconds": 120}},
 }
 

@@ -247,6 +247,40 @@ def test_nccl_transport_opens_the_weight_sync_port():
     assert {p["name"] for p in service["spec"]["ports"]} >= {"weight-sync", "rendezvous"}
 
 
+def _claim_holding(pod_spec: dict, path: str) -> str | None:
+    """The PVC a pod reads ``path`` from (None: no mount holds it, or only an emptyDir)."""
+    container = pod_spec["containers"][0]
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    for mount in container["volumeMounts"]:
+        root = mount["mountPath"].rstrip("/") + "/"
+        if path.startswith(root):
+            claim = volumes[mount["name"]].get("persistentVolumeClaim")
+            return claim["claimName"] if claim else None
+    return None
+
+
+@pytest.mark.parametrize(
+    ("transport", "shared"),
+    [
+        ({"type": "nccl"}, "/checkpoints/weights"),
+        ({"type": "nccl", "fallbackPath": "/checkpoints/fallback"}, "/checkpoints/fallback"),
+        ({"type": "filesystem"}, "/checkpoints/weights"),
+        ({"type": "grpc"}, None),
+    ],
+)
+def test_rollout_and_learner_pods_share_the_transports_weight_directory(transport, shared):
+    doc = {"weightTransport": transport, "storage": {"size": "10Gi"}}
+    manifests = _manifests(RunSpec.from_document(doc))
+    rollout = _by(manifests, "Deployment", "demo-rollout")["spec"]["template"]["spec"]
+    learner = _by(manifests, "StatefulSet", "demo-learner")["spec"]["template"]["spec"]
+    if shared is None:  # grpc streams the weights: the rollout pods mount no checkpoints
+        assert "checkpoints" not in {v["name"] for v in rollout["volumes"]}
+        return
+    # The nccl fallback reloads from the directory the learner exported to: one claim.
+    assert _claim_holding(rollout, shared) == "demo-checkpoints"
+    assert _claim_holding(learner, shared) == "demo-checkpoints"
+
+
 def test_environment_pods_get_the_executor_key_data_and_egress():
     manifests = _manifests(RunSpec.from_document(SPECS["gsm8k-8gpu"]))
     env_dep = _by(manifests, "Deployment", "demo-env")

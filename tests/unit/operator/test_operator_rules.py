@@ -40,6 +40,15 @@ def test_a_valid_spec_passes_and_an_invalid_one_names_every_field():
             {"learner": {"nodes": 2}, "storage": {"size": "10Gi"}},
             "spec.storage.accessMode",
         ),
+        ({"weightTransport": {"type": "nccl"}}, "spec.storage.size"),
+        (
+            {
+                "weightTransport": {"type": "nccl", "fallbackPath": "/elsewhere/w"},
+                "storage": {"size": "10Gi"},
+            },
+            "spec.weightTransport.fallbackPath",
+        ),
+        ({"learner": {"nodes": 2}}, "spec.storage.size"),
     ],
 )
 def test_cluster_only_rules(doc, field):
