@@ -284,3 +284,20 @@ async def test_a_rotated_secret_is_picked_up_by_new_connections_without_a_restar
         (broken / "tls.crt").write_bytes(b"-----BEGIN CERTIFICATE-----\ntruncated")
         _mount(secret, broken, "2026_11_27_03")
         assert (await _status(target, trusts_new)).startswith("OK ")
+
+
+async def test_a_rotated_ca_changes_which_client_certificates_an_mtls_server_accepts(tmp_path):
+    old, new = make_pki(tmp_path / "old"), make_pki(tmp_path / "new")
+    secret = tmp_path / "secret"
+    _mount(secret, old.server, "2026_11_27_01")
+    # Both clients trust the server's new certificate; one presents a certificate of the old CA.
+    old_cert = _client(new.server, mtls=True, client_dir=old.client)
+    new_cert = _client(new.server, mtls=True, client_dir=new.client)
+    async with _server(secret, mtls=True) as server:
+        target = f"127.0.0.1:{server.port}"
+        assert (
+            await _status(target, _client(old.server, mtls=True, client_dir=old.client))
+        ).startswith("OK ")
+        _mount(secret, new.server, "2026_11_27_02")
+        assert (await _status(target, new_cert)).startswith("OK ")
+        assert not (await _status(target, old_cert)).startswith("OK ")
