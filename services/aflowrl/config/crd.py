@@ -22,7 +22,8 @@ requires:
 - status ``conditions`` is a list-map keyed by ``type``;
 - every field of the spec with a default carries it as ``default:`` (structural defaulting),
   the model's default serialised as a document (a ``default_factory`` called, ``null`` values
-  dropped), so the API server stores each run with the values it was created under and an
+  dropped; an object's default leaves out what its fields' own defaults fill in), so the API
+  server stores each run with the values it was created under and an
   operator release that changes a default does not change a running run's children. Fields
   of some variants of a union only carry none (the API server would add them to every
   variant); their variant's model fills them in.
@@ -128,8 +129,8 @@ def _resolve(node: Any, defs: JsonDict, models: dict[str, type[BaseModel]]) -> A
 
 
 def _describe_default(schema: JsonDict, default: Any) -> None:
-    if default is None or isinstance(default, dict | list):
-        return
+    if default is None or isinstance(default, dict) or default == []:
+        return  # an object's default is its fields' (each described)
     text = json.dumps(default) if not isinstance(default, str) else default
     if len(text) <= 120:
         desc = schema.get("description", "").rstrip()
