@@ -1,6 +1,7 @@
 """An offline stand-in for the API server's admission of a TrainingRun under the generated CRD.
 
-Two steps, as the API server takes them: the OpenAPI structural schema (checked with
+Three steps, as the API server takes them: structural defaulting (:func:`defaulted`, the
+schema's ``default:`` values filled in), the OpenAPI structural schema (checked with
 ``jsonschema``, after the server's own normalisation: ``null`` values of non-nullable fields
 pruned), then the ``x-kubernetes-validations`` CEL rules, evaluated with the
 ``common-expression-language`` library on values typed by the schema (``number`` as double,
@@ -11,13 +12,17 @@ the offending field (``spec.a.b[1].c``), a rule's own path plus its ``fieldPath`
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import cel
 import jsonschema
+from pydantic import BaseModel
 
+from aflowrl.config import RunSpec
 from aflowrl.config.crd import training_run_crd
 
 Json = Any
@@ -65,6 +70,36 @@ def _prune_nulls(obj: Json, schema: dict) -> Json:
     if isinstance(obj, list):
         return [_prune_nulls(item, schema.get("items", {})) for item in obj]
     return obj
+
+
+def _default(obj: Json, schema: dict) -> None:
+    """The API server's structural defaulting, in place (apiextensions-apiserver
+    ``schema/defaulting/algorithm.go``): a missing property with a ``default`` gets a copy of
+    it, then every property (defaulted or not), item and map value is defaulted in turn, so a
+    defaulted object gets its own fields' defaults too."""
+    if isinstance(obj, dict):
+        props = schema.get("properties", {})
+        for key, sub in props.items():
+            if key not in obj and "default" in sub:
+                obj[key] = copy.deepcopy(sub["default"])
+        extra = schema.get("additionalProperties")
+        for key, value in obj.items():
+            if key in props:
+                _default(value, props[key])
+            elif isinstance(extra, dict):
+                _default(value, extra)
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for item in obj:
+            _default(item, schema["items"])
+
+
+def defaulted(obj: Json) -> Json:
+    """A TrainingRun (or any object of the CRD's shape) as the API server stores it: ``null`` values
+    of non-nullable fields pruned, then the schema's defaults filled in."""
+    schema = root_schema()
+    out = _prune_nulls(copy.deepcopy(obj), schema)
+    _default(out, schema)
+    return out
 
 
 def _path(parts) -> str:
@@ -168,10 +203,32 @@ def admit(obj: Json, old: Json = None) -> set[str]:
     """The fields the API server would name in refusing ``obj`` (an update of ``old`` if
     given); empty when it is admitted."""
     schema = root_schema()
-    obj = _prune_nulls(copy.deepcopy(obj), schema)
+    obj = defaulted(obj)
     errors = _schema_errors(obj)
     if errors:
         return errors
     if old is not None:
-        old = _prune_nulls(copy.deepcopy(old), schema)
+        old = defaulted(old)
     return _cel_errors(obj, old, schema, "")
+
+
+@contextlib.contextmanager
+def changed_default(model: type[BaseModel], field: str, value: Any) -> Iterator[None]:
+    """An operator release that changes one default: ``model.field`` defaults to ``value``,
+    in the models (so :class:`RunSpec` fills it in) and in the CRD this module admits with;
+    both are restored on exit."""
+    info = model.model_fields[field]
+    old = info.default
+
+    def rebuild() -> None:
+        model.model_rebuild(force=True)
+        RunSpec.model_rebuild(force=True)  # it holds a copy of its fields' validators
+        root_schema.cache_clear()
+
+    info.default = value
+    rebuild()
+    try:
+        yield
+    finally:
+        info.default = old
+        rebuild()

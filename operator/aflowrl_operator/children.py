@@ -11,6 +11,9 @@ One call of :func:`build` gives every child of a run, in the order they are appl
 - ``<run>-env`` Deployment + headless Service + HorizontalPodAutoscaler, the
   ``<run>-env-egress`` NetworkPolicy (DNS and the executor only), and a PodDisruptionBudget
   when ``environment.podDisruptionBudget`` is set;
+- ``<run>-ingress`` NetworkPolicy when ``networkPolicy.enabled`` (the run's pods reach each
+  other on every port; others only the ports ``networkPolicy`` lists), and ``<run>-egress``
+  with ``networkPolicy.namespaceDeniesEgress``;
 - ``<run>-trainer`` Job (``aflowrl train``; a failed pod is kept for ``kubectl logs`` and a new
   one resumes from the checkpoint directory);
 - ``<run>`` PodMonitor when ``monitoring.serviceMonitor.enabled`` and the API exists;
@@ -46,12 +49,15 @@ from aflowrl_operator.workloads import (
     executor,
     learner,
     rollout,
+    run_egress,
+    run_ingress,
     trainer,
 )
 
 JsonDict = dict[str, Any]
 
-# Fields that only change replica counts or the Job's lifecycle, not what a pod runs: editing
+# Fields that only change replica counts, the Job's lifecycle or policies around the pods, not
+# what a pod runs: editing
 # them must not restart pods.
 _SCALING_FIELDS: tuple[tuple[str, ...], ...] = (
     ("suspend",),
@@ -62,6 +68,7 @@ _SCALING_FIELDS: tuple[tuple[str, ...], ...] = (
     ("trainer", "keepPodsAfterEnd"),
     ("trainer", "ttlSecondsAfterFinished"),
     ("environment", "podDisruptionBudget"),
+    ("networkPolicy",),
 )
 
 
@@ -317,6 +324,15 @@ def build(run: RunRef, spec: RunSpec, scale: Scale, *, monitoring_api: bool) -> 
         children.append(Child(environment_disruption_budget(run, spec)))
     else:
         absent.append(("PodDisruptionBudget", run.environment))
+    network = spec.network_policy
+    if network.enabled:
+        children.append(Child(run_ingress(run, spec)))
+    else:
+        absent.append(("NetworkPolicy", run.ingress))
+    if network.enabled and network.namespace_denies_egress:
+        children.append(Child(run_egress(run, spec)))
+    else:
+        absent.append(("NetworkPolicy", run.egress))
     if spec.monitoring.service_monitor.enabled and monitoring_api:
         children.append(Child(pod_monitor(run, spec)))
     elif monitoring_api:

@@ -93,6 +93,16 @@ class RunRef:
     def env_egress(self) -> str:
         return self.child("env-egress")
 
+    @property
+    def ingress(self) -> str:
+        """The run's ingress NetworkPolicy (``networkPolicy.enabled``)."""
+        return self.child("ingress")
+
+    @property
+    def egress(self) -> str:
+        """The run's egress NetworkPolicy (``networkPolicy.namespaceDeniesEgress``)."""
+        return self.child("egress")
+
     def selector(self, component: str) -> dict[str, str]:
         """Labels selecting one component's pods (immutable selectors: keep them this small)."""
         return {RUN_LABEL: self.name, COMPONENT_LABEL: component}

@@ -13,9 +13,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from aflowrl.config import OpenAIExecutorSpec, ResourceSpec, RunSpec
+from aflowrl.config.network import NetworkPeer
 from aflowrl.config.scheduling import PodOverrides
 from aflowrl_operator import pods
-from aflowrl_operator.names import TEMPLATE_HASH, RunRef, digest
+from aflowrl_operator.names import COMPONENT_LABEL, RUN_LABEL, TEMPLATE_HASH, RunRef, digest
 
 JsonDict = dict[str, Any]
 
@@ -394,9 +395,7 @@ def environment_egress(run: RunRef, spec: RunSpec) -> JsonDict:
     by its port on any address (a NetworkPolicy cannot name hosts); the surrogate needs no
     egress at all.
     """
-    egress: list[JsonDict] = [
-        {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
-    ]
+    egress: list[JsonDict] = [{"ports": _DNS_PORTS}]
     executor = spec.environment.executor
     if isinstance(executor, OpenAIExecutorSpec):
         if executor.serve is not None:
@@ -423,6 +422,85 @@ def environment_egress(run: RunRef, spec: RunSpec) -> JsonDict:
             "podSelector": {"matchLabels": run.selector("environment")},
             "policyTypes": ["Egress"],
             "egress": egress,
+        },
+    }
+
+
+_DNS_PORTS: list[JsonDict] = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+API_SERVER_PORTS = (443, 6443)
+"""Ports the API server is reached on (the ``kubernetes`` Service's, and its own behind it)."""
+
+
+def _peers(listed: list[NetworkPeer]) -> list[JsonDict]:
+    out = []
+    for peer in listed:
+        entry: JsonDict = {"podSelector": {"matchLabels": dict(peer.pod_labels)}}
+        if peer.namespace_labels is not None:
+            entry["namespaceSelector"] = {"matchLabels": dict(peer.namespace_labels)}
+        out.append(entry)
+    return out
+
+
+def run_ingress(run: RunRef, spec: RunSpec) -> JsonDict:
+    """Who may connect to the run's pods (``networkPolicy``): the run's own pods on every port
+    (NCCL's ephemeral ports, c10d rendezvous, weight sync, gRPC, the served executor), the
+    metrics port from ``metricsFrom``, the gRPC ports from ``grpcFrom``; nothing else."""
+    policy = spec.network_policy
+    run_pods = {"podSelector": {"matchLabels": {RUN_LABEL: run.name}}}
+    ingress: list[JsonDict] = [{"from": [run_pods]}]
+    if policy.metrics_from:
+        ingress.append(
+            {
+                "from": _peers(policy.metrics_from),
+                "ports": [{"protocol": "TCP", "port": spec.monitoring.metrics_port}],
+            }
+        )
+    if policy.grpc_from:
+        grpc_ports = sorted({spec.rollout.port, spec.learner.port, spec.environment.port})
+        ingress.append(
+            {
+                "from": _peers(policy.grpc_from),
+                "ports": [{"protocol": "TCP", "port": port} for port in grpc_ports],
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": run.metadata(run.ingress, "network"),
+        "spec": {
+            "podSelector": {"matchLabels": {RUN_LABEL: run.name}},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
+def run_egress(run: RunRef, spec: RunSpec) -> JsonDict:
+    """Egress of the run's pods but the environment's (which keep :func:`environment_egress`),
+    for a namespace that denies egress by default (``networkPolicy.namespaceDeniesEgress``):
+    the run's pods on every port, DNS, and the API server (the trainer writes the run's status;
+    a NetworkPolicy cannot name the API server, so its ports are open at any address)."""
+    anywhere = [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": run.metadata(run.egress, "network"),
+        "spec": {
+            "podSelector": {
+                "matchLabels": {RUN_LABEL: run.name},
+                "matchExpressions": [
+                    {"key": COMPONENT_LABEL, "operator": "NotIn", "values": ["environment"]}
+                ],
+            },
+            "policyTypes": ["Egress"],
+            "egress": [
+                {"to": [{"podSelector": {"matchLabels": {RUN_LABEL: run.name}}}]},
+                {"ports": _DNS_PORTS},
+                {
+                    "to": anywhere,
+                    "ports": [{"protocol": "TCP", "port": port} for port in API_SERVER_PORTS],
+                },
+            ],
         },
     }
 

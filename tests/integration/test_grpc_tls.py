@@ -239,3 +239,65 @@ async def test_concurrent_tls_clients_share_one_server(pki):
         target = f"127.0.0.1:{server.port}"
         replies = await asyncio.gather(*(_status(target, options) for _ in range(8)))
         assert replies == ["OK 7"] * 8
+
+
+def _mount(secret: Path, files: Path, version: str) -> None:
+    """Write ``files`` (tls.crt, tls.key, ca.crt) into ``secret`` as the kubelet updates a
+    mounted Secret: a new timestamped directory, then an atomic rename of the ``..data``
+    symlink onto it; the keys are symlinks through ``..data``."""
+    target = secret / f"..{version}"
+    target.mkdir(parents=True)
+    for name in ("tls.crt", "tls.key", "ca.crt"):
+        (target / name).write_bytes((files / name).read_bytes())
+    staging = secret / "..data_tmp"
+    staging.symlink_to(target.name)
+    staging.rename(secret / "..data")
+    for name in ("tls.crt", "tls.key", "ca.crt"):
+        if not (secret / name).is_symlink():
+            (secret / name).symlink_to(f"..data/{name}")
+
+
+async def test_a_rotated_secret_is_picked_up_by_new_connections_without_a_restart(tmp_path):
+    old, new = make_pki(tmp_path / "old"), make_pki(tmp_path / "new")  # two unrelated CAs
+    secret = tmp_path / "secret"
+    _mount(secret, old.server, "2026_11_27_01")
+    trusts_old, trusts_new = _client(old.server), _client(new.server)
+    # Server and client mount the same Secret, as a run's pods do.
+    mounted = ChannelOptions(max_attempts=1, tls=tls.load_client_tls(str(secret), mtls=False))
+    async with _server(secret, mtls=False) as server:
+        target = f"127.0.0.1:{server.port}"
+        assert (await _status(target, mounted)).startswith("OK ")
+        assert (await _status(target, trusts_old)).startswith("OK ")
+        assert "handshake failed" in await _status(target, trusts_new)
+
+        _mount(secret, new.server, "2026_11_27_02")  # a new CA and certificate
+        # The same server, the same client settings: new connections see the new certificate.
+        assert (await _status(target, mounted)).startswith("OK ")
+        assert (await _status(target, trusts_new)).startswith("OK ")
+        assert "handshake failed" in await _status(target, trusts_old)
+
+        # A rotation that leaves a broken certificate is not taken: the last good one stays.
+        broken = tmp_path / "broken"
+        broken.mkdir()
+        for name in ("tls.key", "ca.crt"):
+            (broken / name).write_bytes((new.server / name).read_bytes())
+        (broken / "tls.crt").write_bytes(b"-----BEGIN CERTIFICATE-----\ntruncated")
+        _mount(secret, broken, "2026_11_27_03")
+        assert (await _status(target, trusts_new)).startswith("OK ")
+
+
+async def test_a_rotated_ca_changes_which_client_certificates_an_mtls_server_accepts(tmp_path):
+    old, new = make_pki(tmp_path / "old"), make_pki(tmp_path / "new")
+    secret = tmp_path / "secret"
+    _mount(secret, old.server, "2026_11_27_01")
+    # Both clients trust the server's new certificate; one presents a certificate of the old CA.
+    old_cert = _client(new.server, mtls=True, client_dir=old.client)
+    new_cert = _client(new.server, mtls=True, client_dir=new.client)
+    async with _server(secret, mtls=True) as server:
+        target = f"127.0.0.1:{server.port}"
+        assert (
+            await _status(target, _client(old.server, mtls=True, client_dir=old.client))
+        ).startswith("OK ")
+        _mount(secret, new.server, "2026_11_27_02")
+        assert (await _status(target, new_cert)).startswith("OK ")
+        assert not (await _status(target, old_cert)).startswith("OK ")

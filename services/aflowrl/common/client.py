@@ -220,7 +220,7 @@ def make_channel(
     interceptors = [_MetadataInterceptor(options.auth_token)]
     if options.tls is None:
         return aio.insecure_channel(target, options=channel_args, interceptors=interceptors)
-    tls = options.tls.for_server(server_name)
+    tls = options.tls.current().for_server(server_name)  # a rotated Secret's files
     if tls.server_name is not None:
         channel_args.append(("grpc.ssl_target_name_override", tls.server_name))
     return aio.secure_channel(

@@ -19,7 +19,14 @@ requires:
   ``x-kubernetes-validations``; the spec also gets the cluster-only rules and one transition
   rule per immutable field (:data:`aflowrl.config.run.IMMUTABLE_FIELDS`), which compare each
   field, or its default, with ``oldSelf``'s;
-- status ``conditions`` is a list-map keyed by ``type``.
+- status ``conditions`` is a list-map keyed by ``type``;
+- every field of the spec with a default carries it as ``default:`` (structural defaulting),
+  the model's default serialised as a document (a ``default_factory`` called, ``null`` values
+  dropped; an object's default leaves out what its fields' own defaults fill in), so the API
+  server stores each run with the values it was created under and an
+  operator release that changes a default does not change a running run's children. Fields
+  of some variants of a union only carry none (the API server would add them to every
+  variant); their variant's model fills them in.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import json
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic.json_schema import GenerateJsonSchema
+from pydantic_core import core_schema
 
 from aflowrl.config import _cel
 from aflowrl.config._base import (
@@ -40,6 +49,7 @@ from aflowrl.config._base import (
     QUALIFIED_NAME_PATTERN,
     CelRule,
     SpecModel,
+    json_document,
 )
 from aflowrl.config.run import (
     API_GROUP,
@@ -62,6 +72,16 @@ _STRING_RULE_MESSAGES = {
     KEY_PREFIX_CEL: f"a key's prefix (before '/') has at most {MAX_KEY_PREFIX} characters",
     FS_PATH_CEL: f"a path has at most {MAX_PATH_BYTES} bytes",
 }
+
+
+class _FactoryDefaults(GenerateJsonSchema):
+    """Pydantic's JSON Schema, with the value of each ``default_factory`` as the default."""
+
+    def get_default_value(self, schema: core_schema.WithDefaultSchema) -> Any:
+        factory = schema.get("default_factory")
+        if factory is not None and not schema.get("default_factory_takes_data"):
+            return factory()  # type: ignore[call-arg]
+        return super().get_default_value(schema)
 
 
 def _model_index(model: type[BaseModel], found: dict[str, type[BaseModel]]) -> None:
@@ -109,8 +129,8 @@ def _resolve(node: Any, defs: JsonDict, models: dict[str, type[BaseModel]]) -> A
 
 
 def _describe_default(schema: JsonDict, default: Any) -> None:
-    if default is None or (isinstance(default, dict | list) and not default):
-        return
+    if default is None or isinstance(default, dict) or default == []:
+        return  # an object's default is its fields' (each described)
     text = json.dumps(default) if not isinstance(default, str) else default
     if len(text) <= 120:
         desc = schema.get("description", "").rstrip()
@@ -118,7 +138,38 @@ def _describe_default(schema: JsonDict, default: Any) -> None:
 
 
 def _plain(schema: JsonDict) -> JsonDict:
-    return {k: v for k, v in schema.items() if k not in {"description", _VALIDATIONS}}
+    return {k: v for k, v in schema.items() if k not in {"description", "default", _VALIDATIONS}}
+
+
+def _set_default(schema: JsonDict, default: Any, defaults: bool) -> None:
+    """Carry a field's default as the API server stores it (``null`` values dropped, as pruned)."""
+    if defaults and default is not None:
+        schema["default"] = json_document(default)
+
+
+def _minimal(value: Any, schema: JsonDict) -> Any:
+    """An object's default without the fields the API server fills in from their own defaults
+    anyway (it defaults inside a defaulted object): the same stored result, a smaller CRD."""
+    props = schema.get("properties")
+    if not isinstance(value, dict) or not props:
+        return value
+    return {
+        key: _minimal(sub, props.get(key, {}))
+        for key, sub in value.items()
+        if key not in props or props[key].get("default") != sub
+    }
+
+
+def _minimise_defaults(node: JsonDict, reference: JsonDict) -> None:
+    """:func:`_minimal` on every default of ``node``, judged against the full defaults of
+    ``reference`` (an untouched copy of it)."""
+    if "default" in node:
+        node["default"] = _minimal(reference["default"], reference)
+    for key, sub in (node.get("properties") or {}).items():
+        _minimise_defaults(sub, reference["properties"][key])
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            _minimise_defaults(node[key], reference[key])
 
 
 def _guarded(tag: str, rule: JsonDict) -> JsonDict:
@@ -134,6 +185,7 @@ def _merge_union(variants: list[JsonDict], description: str | None) -> JsonDict:
     """
     merged: dict[str, JsonDict] = {}
     owners: dict[str, list[str]] = {}
+    unequal: set[str] = set()
     tags: list[str] = []
     rules: list[JsonDict] = []
     for variant in variants:
@@ -161,7 +213,13 @@ def _merge_union(variants: list[JsonDict], description: str | None) -> JsonDict:
                 raise ValueError(f"union variants disagree on the schema of {key!r}")
             else:
                 merged[key]["description"] += f" | {tagged['description']}"
+                if merged[key].get("default") != tagged.get("default"):
+                    unequal.add(key)
     for key, key_tags in owners.items():
+        # A default of some variants only (or different in each) would be added to every
+        # variant by the API server: the variant's model fills it in instead.
+        if key in unequal or len(key_tags) < len(tags):
+            merged[key].pop("default", None)
         if len(key_tags) < len(tags):
             rules.append(
                 {
@@ -189,7 +247,7 @@ def _merge_union(variants: list[JsonDict], description: str | None) -> JsonDict:
     return out
 
 
-def _structural(node: JsonDict, *, nullable: bool) -> JsonDict:
+def _structural(node: JsonDict, *, nullable: bool, defaults: bool) -> JsonDict:
     """Convert one (resolved) pydantic JSON-Schema node to a structural OpenAPI v3.0 node."""
     node = dict(node)
     default = node.get("default")
@@ -200,17 +258,18 @@ def _structural(node: JsonDict, *, nullable: bool) -> JsonDict:
         has_null = len(options) < len(node["anyOf"])
         rest = {k: v for k, v in node.items() if k != "anyOf"}
         if len(options) == 1:
-            inner = _structural({**options[0], **rest}, nullable=nullable)
+            inner = _structural({**options[0], **rest}, nullable=nullable, defaults=defaults)
             if has_null and nullable:
                 inner["nullable"] = True
             return inner
         node = {**rest, "oneOf": options}
     if "oneOf" in node:
-        variants = [_structural(v, nullable=nullable) for v in node["oneOf"]]
+        variants = [_structural(v, nullable=nullable, defaults=defaults) for v in node["oneOf"]]
         if not all(v.get("type") == "object" for v in variants):
             raise ValueError("only unions of objects are supported in the CRD schema")
         merged = _merge_union(variants, description)
         _describe_default(merged, default)
+        _set_default(merged, default, defaults)
         return merged
 
     out: JsonDict = {k: v for k, v in node.items() if k not in _DROP_KEYS}
@@ -230,12 +289,13 @@ def _structural(node: JsonDict, *, nullable: bool) -> JsonDict:
             names["pattern"] = key_pattern
         if "properties" in out:
             out["properties"] = {
-                k: _structural(v, nullable=nullable) for k, v in out["properties"].items()
+                k: _structural(v, nullable=nullable, defaults=defaults)
+                for k, v in out["properties"].items()
             }
             out.pop("additionalProperties", None)
         elif isinstance(out.get("additionalProperties"), dict):
             out["additionalProperties"] = _structural(
-                out["additionalProperties"], nullable=nullable
+                out["additionalProperties"], nullable=nullable, defaults=defaults
             )
         else:
             out.pop("additionalProperties", None)
@@ -260,12 +320,15 @@ def _structural(node: JsonDict, *, nullable: bool) -> JsonDict:
             )
     elif kind == "array":
         if "prefixItems" in out:
-            items = [_structural(item, nullable=nullable) for item in out.pop("prefixItems")]
+            items = [
+                _structural(item, nullable=nullable, defaults=defaults)
+                for item in out.pop("prefixItems")
+            ]
             if any(item != items[0] for item in items):
                 raise ValueError("tuples of mixed types are not supported in the CRD schema")
             out["items"] = items[0]
         elif "items" in out:
-            out["items"] = _structural(out["items"], nullable=nullable)
+            out["items"] = _structural(out["items"], nullable=nullable, defaults=defaults)
     elif kind == "string":
         # Rules a pattern cannot state, on every string of these types (the CEL twins of the
         # types' Python validators): a qualified name's prefix length, a path's bytes.
@@ -279,18 +342,25 @@ def _structural(node: JsonDict, *, nullable: bool) -> JsonDict:
     if "enum" in out and "type" not in out:
         out["type"] = "string"
     _describe_default(out, default)
+    _set_default(out, default, defaults)
     return out
 
 
 def model_openapi_schema(model: type[RunSpec] | type[TrainingRunStatus]) -> JsonDict:
-    """The structural OpenAPI v3 schema of a configuration model (camelCase keys)."""
-    raw = model.model_json_schema(by_alias=True, mode="validation")
+    """The structural OpenAPI v3 schema of a configuration model (camelCase keys); the spec's
+    carries its defaults, the status's none (the operator writes every field it means)."""
+    raw = model.model_json_schema(
+        by_alias=True, mode="validation", schema_generator=_FactoryDefaults
+    )
     models: dict[str, type[BaseModel]] = {}
     _model_index(model, models)
     resolved = _resolve(raw, raw.get("$defs", {}), models)
     if model.cel_rules:
         resolved[_VALIDATIONS] = _rules(model, model.cel_rules)
-    return _structural(resolved, nullable=model is TrainingRunStatus)
+    status = model is TrainingRunStatus
+    schema = _structural(resolved, nullable=status, defaults=not status)
+    _minimise_defaults(schema, copy.deepcopy(schema))
+    return schema
 
 
 def immutable_rules() -> list[JsonDict]:

@@ -22,6 +22,7 @@ from aflowrl.config.environment import MIXED, NEEDS_DATA_DIR, EnvironmentSpec
 from aflowrl.config.errors import ConfigError
 from aflowrl.config.learner import GiGPOSpec, GRPOSpec, LearnerSpec, PPOSpec
 from aflowrl.config.monitoring import GrpcSpec, MonitoringSpec
+from aflowrl.config.network import NetworkPolicySpec
 from aflowrl.config.policy import PolicySpec
 from aflowrl.config.resources import ImageSpec
 from aflowrl.config.rollout import VLLM_LORA_RANKS, RolloutSpec
@@ -102,6 +103,8 @@ class RunSpec(SpecModel):
     """GPU pod placement and gang scheduling (Kubernetes)."""
     nccl: NcclSpec = Field(default_factory=NcclSpec)
     """NCCL environment of the learner and rollout pods (Kubernetes)."""
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    """Who may reach the run's pods (Kubernetes NetworkPolicies; off by default)."""
     suspend: bool = False
     """Scale every component to zero, keeping the run's checkpoints and status; false resumes.
     Under Kueue the run is also held (scaled to zero) until its Workload is admitted."""

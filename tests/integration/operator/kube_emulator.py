@@ -12,6 +12,8 @@ API-server semantics the operator's tests rely on:
 - deleting an object deletes its dependents (owner-reference garbage collection, foreground);
 - watches subscribe before replaying the existing objects, so no event in between is lost;
 - lists honour equality ``labelSelector``\\ s;
+- a TrainingRun is stored with its CRD's structural defaults filled in, on every write, as the
+  API server does (:func:`crd_admission.defaulted`);
 - server-side apply (``PATCH`` with ``application/apply-patch+yaml`` and ``fieldManager``), a
   faithful subset: field ownership per manager (kept in ``metadata.managedFields`` in the
   FieldsV1 shape), a 409 Conflict naming the fields when an apply changes a field another
@@ -40,6 +42,8 @@ import jsonpatch
 import kmock
 import yaml
 from kmock._internal import dicts, enums, rendering
+
+from crd_admission import defaulted
 
 # Resources the operator reads or writes: plural -> (kind, namespaced, has a status subresource).
 RESOURCES: dict[str, tuple[str, bool, bool]] = {
@@ -74,6 +78,9 @@ PEERING = {
     "kopf.dev/v1/clusterkopfpeerings": ("ClusterKopfPeering", False, False),
     "kopf.dev/v1/kopfpeerings": ("KopfPeering", True, False),
 }
+
+DEFAULTED = {"trainingruns"}
+"""Resources whose CRD carries defaults: stored with them filled in (see the module docstring)."""
 
 _VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -320,7 +327,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         *,
         keep_status: bool = False,
     ) -> dict[str, Any]:
-        obj = copy.deepcopy(data)
+        obj = defaulted(data) if resource.plural in DEFAULTED else copy.deepcopy(data)
         if not keep_status and self._has_status_subresource(resource):
             obj.pop("status", None)
         meta = obj.setdefault("metadata", {})
@@ -348,7 +355,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             patched = dict(dicts.patch_dict(old, patch))
         except (jsonpatch.JsonPatchConflict, jsonpatch.JsonPatchTestFailed) as exc:
             raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from None
-        patched = copy.deepcopy(patched)
+        patched = defaulted(patched) if resource.plural in DEFAULTED else copy.deepcopy(patched)
         if self._has_status_subresource(resource):
             if subresource == "status":
                 patched = {**old, "status": patched.get("status")}

@@ -343,6 +343,8 @@ def test_optional_children_appear_and_disappear_with_the_spec():
         ("PodMonitor", "demo"),
         ("PodGroup", "demo-gpu"),  # no gang scheduling: a PodGroup left from before goes
         ("PodDisruptionBudget", "demo-env"),
+        ("NetworkPolicy", "demo-ingress"),  # networkPolicy off: policies left from before go
+        ("NetworkPolicy", "demo-egress"),
     }
     full = children.build(
         RUN, RunSpec.from_document(SPECS["multi-node"]), RUNNING, monitoring_api=True
