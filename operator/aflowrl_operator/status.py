@@ -59,7 +59,9 @@ _DEGRADED_PRIORITY = (
     *_BAD_WAITING,
     "ReplicasUnavailable",
 )
-_WARNING_REASONS = frozenset({*_DEGRADED_PRIORITY, "TrainerFailed", "Failed", "Evicted"})
+_WARNING_REASONS = frozenset(
+    {*_DEGRADED_PRIORITY, "TrainerFailed", "Failed", "Evicted", "Deactivated"}
+)
 """Condition reasons that report a problem (their Events are Warnings)."""
 _MAX_LAST_ERROR = 4096
 """Longest ``lastError.message`` kept (its end: the log's last lines)."""
@@ -111,7 +113,8 @@ class Observation:
     ``rejection`` why the current spec is not applied; ``environment`` folds in the served
     executor; ``unschedulable`` lists GPU requests no node can meet; ``apply_problems`` children
     the operator could not write (name conflicts, API rejections); ``queued`` why Kueue holds
-    the run (None when it is not queued), ``evicted`` whether Kueue took back its admission;
+    the run (None when it is not queued), ``evicted`` whether Kueue took back its admission,
+    ``deactivated`` whether Kueue deactivated its Workload (``spec.active: false``);
     ``kept`` whether the services keep running after the end (``trainer.keepPodsAfterEnd``);
     ``last_error`` the run's ``status.lastError`` (:func:`last_error`).
     """
@@ -127,6 +130,7 @@ class Observation:
     unschedulable: tuple[str, ...] = ()
     apply_problems: tuple[Problem, ...] = ()
     evicted: bool = False
+    deactivated: bool = False
     kept: bool = False
     last_error: JsonDict | None = None
 
@@ -353,6 +357,9 @@ def compute(
     elif obs.suspended:
         ready = (False, "Suspended", "spec.suspend is true: every component is scaled to zero")
         progressing = (False, "Suspended", "spec.suspend is true")
+    elif obs.queued is not None and obs.deactivated:
+        ready = (False, "Deactivated", obs.queued)
+        progressing = (False, "Deactivated", obs.queued)
     elif obs.queued is not None and obs.evicted:
         ready = (False, "Evicted", obs.queued)
         progressing = (True, "Evicted", obs.queued)
