@@ -9,10 +9,16 @@ tolerations and pod set updates, deactivation, ``spec.suspend`` and both Workloa
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from operator_harness import NAMESPACE, Cluster
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "charts"))
+import build_manifests
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -24,6 +30,7 @@ V1BETA1 = "kueue.x-k8s.io/v1beta1"
 TINY: dict = {"environment": {"replicas": {"min": 2, "max": 4}}}
 POD_SETS = ("rollout", "learner", "environment", "trainer")
 QUEUE = {"kueue.x-k8s.io/queue-name": "team-a"}
+KUEUE_GROUPS = {"kueue.x-k8s.io", "scheduling.k8s.io"}
 TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
@@ -327,3 +334,67 @@ async def test_a_cluster_with_kueue_v1beta1_only_gets_v1beta1_workloads(
         lambda: _cond(_workload(cluster, V1BETA1), "PodsReady").get("status") == "True",
         what="PodsReady",
     )
+
+
+async def test_the_chart_grants_every_kueue_request_the_operator_makes(cluster: Cluster):
+    """Drive every Kueue path (priority, flavors, PodsReady, eviction, requeue, suspend,
+    Finished), then check each request against the chart's default RBAC."""
+    await _flavor(cluster)
+    await cluster.emulator.put_object(
+        "scheduling.k8s.io/v1/priorityclasses",
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": "training"},
+            "value": 5,
+        },
+    )
+    spec = {**TINY, "scheduling": {"priorityClassName": "training"}}
+    await cluster.create_run("demo", spec, labels=QUEUE)
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await _admit(cluster)
+    await _pods(cluster, ready=True)
+    await cluster.eventually(
+        lambda: _cond(_workload(cluster), "PodsReady").get("status") == "True", what="PodsReady"
+    )
+    evicted = _admitted()
+    evicted["conditions"].append({"type": "Evicted", "status": "True", "reason": "Preempted"})
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", evicted)
+    await _pods(cluster, ready=False)
+    await cluster.eventually(
+        lambda: "admission" not in _workload(cluster)["status"], what="the quota released"
+    )
+    await cluster.patch_spec("demo", {"suspend": True})
+    await cluster.eventually(
+        lambda: _workload(cluster)["spec"].get("active") is False, what="deactivated"
+    )
+    await cluster.patch_spec("demo", {"suspend": False})
+    await _admit(cluster)
+    complete = {"conditions": [{"type": "Complete", "status": "True"}]}
+    await cluster.emulator.set_status(JOBS, NAMESPACE, "demo-trainer", complete)
+    await cluster.eventually(lambda: _cond(_workload(cluster), "Finished"), what="Finished")
+
+    rules = [
+        rule
+        for _, text in build_manifests.rendered_documents()
+        for doc in [yaml.safe_load(text)]
+        if doc["kind"] == "ClusterRole"
+        for rule in doc["rules"]
+    ]
+    made = {r for r in cluster.emulator.operator_requests() if r[1] in KUEUE_GROUPS}
+    assert {
+        ("get", "kueue.x-k8s.io", "resourceflavors"),
+        ("get", "scheduling.k8s.io", "priorityclasses"),
+        ("patch", "kueue.x-k8s.io", "workloads"),
+        ("patch", "kueue.x-k8s.io", "workloads/status"),
+        ("watch", "kueue.x-k8s.io", "workloads"),
+    } <= made
+    denied = sorted(
+        (verb, group, resource)
+        for verb, group, resource in made
+        if not any(
+            group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+            for rule in rules
+        )
+    )
+    assert denied == [], f"the chart's RBAC refuses requests the operator makes: {denied}"
