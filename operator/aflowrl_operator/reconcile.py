@@ -450,6 +450,7 @@ class Reconciler:
         )
         queued: str | None = None
         deactivated = False
+        admitted_condition: tuple[bool, str, str] | None = None
         if queue is not None:
             idle = trainer.active == 0 and not any(w.ready for w in components)
             every_pod_ready = (trainer.ready > 0 or trainer.complete) and all(
@@ -467,9 +468,14 @@ class Reconciler:
                 pods_ready=every_pod_ready,
                 actions=actions,
             )
-            before = _condition(previous_status, "Ready").get("reason")
-            if admitted and before in {"Queued", "Evicted", "Deactivated"}:
-                await self._event(run, "Normal", "Admitted", _admitted_message(admission))
+            admitted_condition = _admitted_condition(
+                admission,
+                admitted=admitted,
+                queued=queued,
+                deactivated=deactivated,
+                suspended=spec.suspend,
+                ended=finished and not kept,
+            )
         observed = status.Observation(
             spec=spec,
             rejection=rejection,
@@ -483,6 +489,7 @@ class Reconciler:
             apply_problems=tuple(problems),
             evicted=queued is not None and admission.evicted,
             deactivated=deactivated,
+            admission=admitted_condition,
             kept=kept,
             last_error=status.last_error(
                 run_pods, trainer, (previous_status or {}).get("lastError")
@@ -648,14 +655,28 @@ class Reconciler:
         return f"waiting for Kueue to admit the run (queue {queue}){why}", False
 
 
-def _condition(run_status: JsonDict | None, type_: str) -> JsonDict:
-    for cond in (run_status or {}).get("conditions") or []:
-        if cond.get("type") == type_:
-            return dict(cond)
-    return {}
-
-
-def _admitted_message(admitted: kueue.Admission) -> str:
-    flavors = sorted({f for by_resource in admitted.flavors.values() for f in by_resource.values()})
-    on = f" on flavors {', '.join(flavors)}" if flavors else ""
-    return f"admitted by Kueue{on}: the run starts"
+def _admitted_condition(
+    admission: kueue.Admission,
+    *,
+    admitted: bool,
+    queued: str | None,
+    deactivated: bool,
+    suspended: bool,
+    ended: bool,
+) -> tuple[bool, str, str]:
+    """The run's ``Admitted`` condition under Kueue: (status, reason, message); its changes
+    are the Events of admission, eviction, deactivation and requeue."""
+    if ended:
+        return False, "Finished", "the run has finished: its Workload is Finished, no quota held"
+    if suspended:
+        return False, "Suspended", "spec.suspend is true: its Workload is inactive, no quota held"
+    if admitted:
+        flavors = sorted({f for by in admission.flavors.values() for f in by.values()})
+        on = f" on flavors {', '.join(flavors)}" if flavors else ""
+        return True, "Admitted", f"admitted by Kueue{on}: the run runs"
+    message = queued or "waiting for Kueue"
+    if deactivated:
+        return False, "Deactivated", message
+    if admission.evicted:
+        return False, "Evicted", message
+    return False, "Queued", message

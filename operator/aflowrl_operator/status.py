@@ -114,7 +114,9 @@ class Observation:
     executor; ``unschedulable`` lists GPU requests no node can meet; ``apply_problems`` children
     the operator could not write (name conflicts, API rejections); ``queued`` why Kueue holds
     the run (None when it is not queued), ``evicted`` whether Kueue took back its admission,
-    ``deactivated`` whether Kueue deactivated its Workload (``spec.active: false``);
+    ``deactivated`` whether Kueue deactivated its Workload (``spec.active: false``),
+    ``admission`` the ``Admitted`` condition (status, reason, message) of a queued run (None:
+    not queued);
     ``kept`` whether the services keep running after the end (``trainer.keepPodsAfterEnd``);
     ``last_error`` the run's ``status.lastError`` (:func:`last_error`).
     """
@@ -131,6 +133,7 @@ class Observation:
     apply_problems: tuple[Problem, ...] = ()
     evicted: bool = False
     deactivated: bool = False
+    admission: tuple[bool, str, str] | None = None
     kept: bool = False
     last_error: JsonDict | None = None
 
@@ -375,6 +378,11 @@ def compute(
         progressing = (True, "ComponentsStarting", "; ".join(waiting))
     conds["Ready"] = ready
     conds["Progressing"] = progressing
+    conds["Admitted"] = obs.admission or (
+        True,
+        "NotQueued",
+        "not queued through Kueue (no kueue.x-k8s.io/queue-name label)",
+    )
     conds["Succeeded"] = (
         (True, "TrainingComplete", f"training finished ({progress})")
         if job.complete
@@ -525,6 +533,8 @@ def _is_problem(cond: JsonDict) -> bool:
         return bool(cond["status"] == "True")
     if cond["type"] == "Succeeded":
         return False  # its False is the Failed condition's True, reported there
+    if cond["type"] == "Admitted":
+        return False  # Kueue's decisions are Normal Events; Ready reports an eviction's Warning
     return cond["status"] == "False" and cond["reason"] in _WARNING_REASONS
 
 

@@ -129,6 +129,7 @@ async def test_a_queued_run_is_created_suspended_and_starts_only_on_admission(cl
     assert cluster.child(STATEFULSETS, "demo-learner")["spec"]["replicas"] == 0
     ready = await cluster.wait_condition("demo", "Ready", reason="Queued")
     assert "waiting for Kueue to admit the run (queue team-a)" in ready["message"]
+    assert cluster.condition("demo", "Admitted")["reason"] == "Queued"
     pods_ready = await cluster.eventually(
         lambda: _cond(_workload(cluster), "PodsReady"), what="PodsReady"
     )
@@ -162,8 +163,9 @@ async def test_a_queued_run_is_created_suspended_and_starts_only_on_admission(cl
     assert trainer["metadata"]["annotations"]["checked-by"] == "provisioning"
     # The Workload's pod sets stay as created: Kueue's placement is not written back.
     assert _workload(cluster)["spec"]["podSets"] == workload["spec"]["podSets"]
+    assert cluster.condition("demo", "Admitted")["status"] == "True"
     admitted = await cluster.eventually(lambda: _events(cluster, "Admitted"), what="an Event")
-    assert "h100" in admitted[0]["message"]
+    assert "h100" in admitted[0]["message"] and admitted[0]["type"] == "Normal"
 
     # PodsReady once every pod of the run is ready (what waitForPodsReady waits for).
     await _pods(cluster, ready=True)
@@ -201,6 +203,7 @@ async def test_an_eviction_suspends_the_run_and_kueue_requeues_the_same_workload
     await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", evicted)
     ready = await cluster.wait_condition("demo", "Ready", reason="Evicted")
     assert "evicted by Kueue (Preempted): preempted" in ready["message"]
+    assert cluster.condition("demo", "Admitted")["reason"] == "Evicted"
     warnings = await cluster.eventually(
         lambda: [e for e in _events(cluster, "Evicted") if e["type"] == "Warning"],
         what="an eviction Event",
@@ -244,6 +247,7 @@ async def test_an_eviction_suspends_the_run_and_kueue_requeues_the_same_workload
         lambda: _cond(_workload(cluster), "Finished").get("reason") == "Succeeded",
         what="Finished",
     )
+    await cluster.wait_condition("demo", "Admitted", reason="Finished")
     assert _workload(cluster)["metadata"]["uid"] == uid
 
 
@@ -269,6 +273,7 @@ async def test_a_deactivated_workload_keeps_the_run_suspended(cluster: Cluster):
     ready = await cluster.wait_condition("demo", "Ready", reason="Deactivated")
     assert "deactivated by Kueue" in ready["message"]
     assert cluster.condition("demo", "Progressing")["reason"] == "Deactivated"
+    assert cluster.condition("demo", "Admitted")["reason"] == "Deactivated"
     await cluster.eventually(
         lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True, what="suspended"
     )
@@ -293,6 +298,7 @@ async def test_spec_suspend_deactivates_the_workload_and_resuming_reactivates_it
         lambda: _workload(cluster)["spec"].get("active") is False, what="deactivated"
     )
     await cluster.wait_condition("demo", "Ready", reason="Suspended")
+    assert cluster.condition("demo", "Admitted")["reason"] == "Suspended"
     assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
     await cluster.patch_spec("demo", {"suspend": False})
     await cluster.eventually(
