@@ -181,8 +181,9 @@ def place(template: JsonDict, where: Placement | None) -> None:
 def priority_fields(api_version: str, priority: Priority | None) -> JsonDict:
     """The Workload spec fields naming a run's priority class and its value, as Kueue's own
     integrations fill them (``priorityClassRef`` in v1beta2; ``priorityClassName`` and
-    ``priorityClassSource`` in v1beta1; ``priority`` in both)."""
-    if priority is None:
+    ``priorityClassSource`` in v1beta1; ``priority`` in both). A class that does not exist
+    names nothing: Kueue refuses a class without its value, so the run queues at the default."""
+    if priority is None or priority.value is None:
         return {}
     workload_class = priority.kind == WORKLOAD_PRIORITY_CLASS
     out: JsonDict = {}
@@ -199,8 +200,7 @@ def priority_fields(api_version: str, priority: Priority | None) -> JsonDict:
             "kind": priority.kind,
             "name": priority.name,
         }
-    if priority.value is not None:
-        out["priority"] = priority.value
+    out["priority"] = priority.value
     return out
 
 

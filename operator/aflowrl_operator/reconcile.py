@@ -115,6 +115,7 @@ class Reconciler:
         self._warned_no_monitoring: set[str] = set()
         self._nodes: tuple[float, list[JsonDict]] | None = None
         self._kueue: tuple[float, str] | None = None
+        self._warned_priority: set[tuple[str, str]] = set()
 
     def _record(self, actions: list[str], kind: str, name: str, action: str) -> None:
         self.metrics.child_writes.labels(kind, action).inc()
@@ -456,18 +457,22 @@ class Reconciler:
             every_pod_ready = (trainer.ready > 0 or trainer.complete) and all(
                 w.desired > 0 and w.ready >= w.desired for w in components
             )
-            queued, deactivated = await self._sync_workload(
-                run,
-                workload_manifest,
-                workload_live,
-                admission,
-                reshaped=reshaped,
-                suspended=spec.suspend,
-                ended=trainer if finished and not kept else None,
-                idle=idle,
-                pods_ready=every_pod_ready,
-                actions=actions,
-            )
+            try:
+                queued, deactivated = await self._sync_workload(
+                    run,
+                    workload_manifest,
+                    workload_live,
+                    admission,
+                    reshaped=reshaped,
+                    suspended=spec.suspend,
+                    ended=trainer if finished and not kept else None,
+                    idle=idle,
+                    pods_ready=every_pod_ready,
+                    actions=actions,
+                )
+            except ApiRejectedError as exc:  # the run stays held; Degraded says why
+                problems.append(("ChildRejected", f"Workload {run.workload}: {exc}"))
+                queued = None if spec.suspend else f"the Workload was refused: {exc}"
             admitted_condition = _admitted_condition(
                 admission,
                 admitted=admitted,
@@ -526,10 +531,17 @@ class Reconciler:
             return None
         try:
             found = await self.api.get(kind, None, name, api_version=api_version)
-        except ApiRejectedError as exc:  # no RBAC: the class is named, its value left to Kueue
+        except ApiRejectedError as exc:  # no RBAC: as if the class were missing
             logger.warning("cannot read %s %s: %s", kind, name, exc)
             found = None
         value = (found or {}).get("value")
+        if value is None and (kind, name) not in self._warned_priority:
+            self._warned_priority.add((kind, name))
+            logger.warning(
+                "%s %s is missing or has no value: the run queues at the default priority",
+                kind,
+                name,
+            )
         return kueue.Priority(name=name, kind=kind, value=int(value) if value is not None else None)
 
     async def _patch_workload(

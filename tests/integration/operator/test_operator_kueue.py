@@ -208,7 +208,7 @@ async def test_an_eviction_suspends_the_run_and_kueue_requeues_the_same_workload
         lambda: [e for e in _events(cluster, "Evicted") if e["type"] == "Warning"],
         what="an eviction Event",
     )
-    assert "preempted" in warnings[0]["message"]
+    assert "(Preempted): preempted" in warnings[0]["message"]  # Kueue's reason and message
     await cluster.eventually(
         lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True, what="suspended"
     )

@@ -128,8 +128,16 @@ def test_priority_fields_per_api_version():
         "priorityClassSource": "kueue.x-k8s.io/workloadpriorityclass",
         "priority": 100,
     }
-    missing = kueue.Priority("gone", kueue.PRIORITY_CLASS, None)
-    assert kueue.priority_fields("kueue.x-k8s.io/v1beta2", missing) == {
-        "priorityClassRef": {"group": "scheduling.k8s.io", "kind": "PriorityClass", "name": "gone"}
+    pod_class = kueue.Priority("batch", kueue.PRIORITY_CLASS, 7)
+    assert kueue.priority_fields("kueue.x-k8s.io/v1beta2", pod_class) == {
+        "priorityClassRef": {
+            "group": "scheduling.k8s.io",
+            "kind": "PriorityClass",
+            "name": "batch",
+        },
+        "priority": 7,
     }
+    # Kueue refuses a class without its value: a missing class names nothing.
+    missing = kueue.Priority("gone", kueue.PRIORITY_CLASS, None)
+    assert kueue.priority_fields("kueue.x-k8s.io/v1beta2", missing) == {}
     assert kueue.priority_fields("kueue.x-k8s.io/v1beta2", None) == {}
