@@ -310,6 +310,19 @@ async def test_spec_suspend_deactivates_the_workload_and_resuming_reactivates_it
     assert _workload(cluster)["metadata"]["uid"] == workload["metadata"]["uid"]
 
 
+async def test_a_refused_workload_keeps_the_run_held_and_says_why(cluster: Cluster):
+    cluster.emulator.fail_next("PATCH", "workloads", 422, times=10_000)
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    degraded = await cluster.wait_condition("demo", "Degraded", reason="ChildRejected")
+    assert "Workload demo-kueue" in degraded["message"]
+    assert "the Workload was refused" in cluster.condition("demo", "Ready")["message"]
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+    cluster.emulator.clear_failures()
+    await cluster.patch_spec("demo", {"trainer": {"iterations": 7}})  # any change: a new pass
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await cluster.wait_condition("demo", "Ready", reason="Queued")
+
+
 async def test_a_cluster_with_kueue_v1beta1_only_gets_v1beta1_workloads(
     cluster_kueue_v1beta1: Cluster,
 ):
