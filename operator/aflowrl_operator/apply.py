@@ -70,7 +70,7 @@ async def ensure(
     body = copy.deepcopy(manifest)
     if replicas is not None and not autoscaled:
         body["spec"]["replicas"] = replicas
-    live = await api.get(kind, namespace, name)
+    live = await api.get(kind, namespace, name, api_version=manifest.get("apiVersion"))
     if live is not None and not controlled_by(live, run):
         raise ChildConflictError(
             f"{kind} {name} already exists and is not controlled by TrainingRun {run.name}; "
@@ -110,12 +110,14 @@ async def scale(api: KubeApi, live: JsonDict, replicas: int) -> bool:
     return True
 
 
-async def remove(api: KubeApi, run: RunRef, kind: str, name: str) -> bool:
+async def remove(
+    api: KubeApi, run: RunRef, kind: str, name: str, *, api_version: str | None = None
+) -> bool:
     """Delete a child the spec no longer wants, if the run controls it."""
-    live = await api.get(kind, run.namespace, name)
+    live = await api.get(kind, run.namespace, name, api_version=api_version)
     if live is None or not controlled_by(live, run):
         return False
-    deleted = await api.delete(kind, run.namespace, name)
+    deleted = await api.delete(kind, run.namespace, name, api_version=api_version)
     if deleted:
         logger.info("deleted %s %s/%s (no longer in the spec)", kind, run.namespace, name)
     return deleted

@@ -19,11 +19,11 @@ One call of :func:`build` gives every child of a run, in the order they are appl
 - ``<run>`` PodMonitor when ``monitoring.serviceMonitor.enabled`` and the API exists;
 - ``<run>-gpu`` PodGroup (scheduler-plugins coscheduling) when ``scheduling.gang`` is set: its
   ``minMember`` is every GPU pod, so none binds until all can;
-- ``<run>-kueue`` Workload (``kueue.x-k8s.io/v1beta1``) when the run carries the
-  ``kueue.x-k8s.io/queue-name`` label (:func:`kueue_workload`): one pod set per component, so
-  Kueue admits the whole run at once or not at all. Until it is admitted the run is held (every
-  component at zero, the trainer Job suspended), and its pods get the node labels of the
-  flavors it was admitted on.
+- ``<run>-kueue`` Workload (``kueue.x-k8s.io/v1beta2``, or ``v1beta1``) when the run carries
+  the ``kueue.x-k8s.io/queue-name`` label (:func:`kueue_workload`): one pod set per component,
+  so Kueue admits the whole run at once or not at all. Until it is admitted the run is held
+  (every component at zero, the trainer Job suspended), and its pods get the node labels,
+  tolerations and pod set updates of their admission (:mod:`aflowrl_operator.kueue`).
 
 Pods run the entry points of CONTRACTS.md. Workload replica counts are returned apart from the
 manifests (:attr:`Child.replicas`) because the HPA owns the environment's count between its
@@ -42,7 +42,15 @@ from typing import Any
 import yaml
 
 from aflowrl.config import API_GROUP, PLURAL, OpenAIExecutorSpec, RunSpec
-from aflowrl_operator.names import COMPONENT_LABEL, PODSETS_HASH, RUN_LABEL, RunRef, digest
+from aflowrl_operator import kueue
+from aflowrl_operator.names import (
+    COMPONENT_LABEL,
+    PODSETS_HASH,
+    RUN_LABEL,
+    TEMPLATE_HASH,
+    RunRef,
+    digest,
+)
 from aflowrl_operator.workloads import (
     environment,
     environment_disruption_budget,
@@ -95,14 +103,14 @@ class Scale:
     ``services``: the rollout, learner, environment and executor run (false when suspended,
     finished, unless ``trainer.keepPodsAfterEnd`` keeps them, or waiting for Kueue).
     ``environment_replicas``: the environment's count (the HPA's, clamped to the spec's
-    bounds). ``trainer_suspended``: the trainer Job is suspended. ``node_labels``: per
-    component, the node labels of the Kueue flavors the run was admitted on.
+    bounds). ``trainer_suspended``: the trainer Job is suspended. ``placement``: per
+    component (Kueue pod set), what its Kueue admission adds to its pods.
     """
 
     services: bool
     environment_replicas: int
     trainer_suspended: bool
-    node_labels: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    placement: dict[str, kueue.Placement] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,13 +251,20 @@ def pod_group(run: RunRef, spec: RunSpec) -> JsonDict:
 
 
 def kueue_workload(
-    run: RunRef, spec: RunSpec, desired: Desired, *, queue: str, priority: str | None
+    run: RunRef,
+    spec: RunSpec,
+    desired: Desired,
+    *,
+    queue: str,
+    priority: kueue.Priority | None,
+    api_version: str = f"{kueue.GROUP}/{kueue.VERSIONS[0]}",
 ) -> JsonDict:
-    """The run's Kueue Workload: one pod set per component with its pod template and the count
-    it runs with (the environment's autoscaler ceiling), admitted all at once.
+    """The run's Kueue Workload: one pod set per component with its pod template (as built
+    before admission) and the count it runs with (the environment's autoscaler ceiling),
+    admitted all at once, with the run's priority (:func:`kueue.priority_fields`).
 
     The Workload is created once per shape (:data:`PODSETS_HASH` of counts and requests) and
-    replaced when the shape changes: Kueue does not let an admitted Workload change.
+    replaced only when the shape changes while it holds no quota.
     """
     counts = {
         "executor": _serve_replicas(spec),
@@ -272,16 +287,16 @@ def kueue_workload(
     ]
     meta = run.metadata(run.workload, "scheduling")
     meta["annotations"] = {PODSETS_HASH: digest(shape)}
-    workload: JsonDict = {
-        "apiVersion": "kueue.x-k8s.io/v1beta1",
+    return {
+        "apiVersion": api_version,
         "kind": "Workload",
         "metadata": meta,
-        "spec": {"queueName": queue, "podSets": pod_sets},
+        "spec": {
+            "queueName": queue,
+            "podSets": pod_sets,
+            **kueue.priority_fields(api_version, priority),
+        },
     }
-    if priority:
-        workload["spec"]["priorityClassName"] = priority
-        workload["spec"]["priorityClassSource"] = "kueue.x-k8s.io/workloadpriorityclass"
-    return workload
 
 
 def _serve_replicas(spec: RunSpec) -> int:
@@ -293,7 +308,7 @@ def build(run: RunRef, spec: RunSpec, scale: Scale, *, monitoring_api: bool) -> 
     """Every child of the run for this spec and scale (see the module docstring)."""
     spec_digest = spec_hash(spec)
     services = scale.services
-    labels = scale.node_labels
+    labels = {component: where.node_selector for component, where in scale.placement.items()}
     children: list[Child] = [Child(config_map(run, spec))]
     children += [Child(obj) for obj in trainer_rbac(run)]
     absent: list[tuple[str, str]] = []
@@ -348,6 +363,14 @@ def build(run: RunRef, spec: RunSpec, scale: Scale, *, monitoring_api: bool) -> 
         suspended=scale.trainer_suspended,
         node_labels=labels.get("trainer"),
     )
+    if scale.placement:
+        for child in children:
+            component = child.manifest["metadata"]["labels"].get(COMPONENT_LABEL, "")
+            if child.kind in {"Deployment", "StatefulSet"}:
+                kueue.place(child.manifest["spec"]["template"], scale.placement.get(component))
+        if "trainer" in scale.placement:
+            kueue.place(job["spec"]["template"], scale.placement["trainer"])
+            job["metadata"]["annotations"][TEMPLATE_HASH] = digest(job["spec"]["template"])
     return Desired(children=children, trainer_job=job, absent=absent)
 
 

@@ -103,7 +103,7 @@ def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) 
 
 
 # Children whose events run a pass of their run: (group, version, plural).
-WATCHED_CHILDREN: tuple[tuple[str, str, str], ...] = (
+WATCHED_CHILDREN: tuple[tuple[str, str | None, str], ...] = (
     ("apps", "v1", "deployments"),
     ("apps", "v1", "statefulsets"),
     ("batch", "v1", "jobs"),
@@ -111,9 +111,10 @@ WATCHED_CHILDREN: tuple[tuple[str, str, str], ...] = (
     ("", "v1", "services"),
     ("", "v1", "configmaps"),
     ("autoscaling", "v2", "horizontalpodautoscalers"),
-    ("kueue.x-k8s.io", "v1beta1", "workloads"),
+    ("kueue.x-k8s.io", None, "workloads"),
 )
-"""Every child kind whose changes the status or the run depends on (labelled by the run)."""
+"""Every child kind whose changes the status or the run depends on (labelled by the run); no
+version: the version the cluster prefers (Kueue's Workload is ``v1beta2`` or ``v1beta1``)."""
 
 
 @dataclasses.dataclass
@@ -274,9 +275,9 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
 
     for group, version, plural in WATCHED_CHILDREN:
         kopf.on.event(
-            group,
-            version,
-            plural,
+            group=group,
+            version=version,
+            plural=plural,
             id="child",
             labels={RUN_LABEL: kopf.PRESENT},
             registry=registry,

@@ -83,13 +83,30 @@ KINDS: dict[str, Kind] = {
         Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
         Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
         Kind("scheduling.x-k8s.io/v1alpha1", "PodGroup", "podgroups"),
-        Kind("kueue.x-k8s.io/v1beta1", "Workload", "workloads"),
-        Kind("kueue.x-k8s.io/v1beta1", "ResourceFlavor", "resourceflavors", namespaced=False),
+        Kind("kueue.x-k8s.io/v1beta2", "Workload", "workloads"),
+        Kind("kueue.x-k8s.io/v1beta2", "ResourceFlavor", "resourceflavors", namespaced=False),
+        Kind(
+            "kueue.x-k8s.io/v1beta2",
+            "WorkloadPriorityClass",
+            "workloadpriorityclasses",
+            namespaced=False,
+        ),
+        Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", namespaced=False),
         Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings", namespaced=False),
         Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings"),
     )
 }
-"""Every kind the operator reads or writes, by ``kind``."""
+"""Every kind the operator reads or writes, by ``kind`` (at its preferred version: a call may
+name another version of the same group, e.g. ``kueue.x-k8s.io/v1beta1``)."""
+
+
+def _kind(kind: str, api_version: str | None = None) -> Kind:
+    """The kind, at ``api_version`` when one is given."""
+    known = KINDS[kind]
+    if api_version is None or api_version == known.api_version:
+        return known
+    return dataclasses.replace(known, api_version=api_version)
+
 
 MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -161,9 +178,11 @@ class KubeApi:
             return payload
         raise ApiRejectedError(status, f"{method} {path}: {_message(payload)}")
 
-    async def get(self, kind: str, namespace: str | None, name: str) -> JsonDict | None:
+    async def get(
+        self, kind: str, namespace: str | None, name: str, *, api_version: str | None = None
+    ) -> JsonDict | None:
         """The object, or None when it does not exist."""
-        path = KINDS[kind].path(namespace, name)
+        path = _kind(kind, api_version).path(namespace, name)
         status, payload = await self._call("GET", path)
         if status == 404:
             return None
@@ -171,10 +190,15 @@ class KubeApi:
         return result
 
     async def list(
-        self, kind: str, namespace: str | None = None, labels: dict[str, str] | None = None
+        self,
+        kind: str,
+        namespace: str | None = None,
+        labels: dict[str, str] | None = None,
+        *,
+        api_version: str | None = None,
     ) -> list[JsonDict]:
         """Objects of a kind (in one namespace, or everywhere), filtered by equal labels."""
-        path = KINDS[kind].path(namespace)
+        path = _kind(kind, api_version).path(namespace)
         query = []
         if labels:
             query.append(("labelSelector", ",".join(f"{k}={v}" for k, v in labels.items())))
@@ -192,7 +216,7 @@ class KubeApi:
 
     async def create(self, manifest: JsonDict) -> JsonDict | None:
         """Create an object; None when one of that name already exists (HTTP 409)."""
-        kind = KINDS[manifest["kind"]]
+        kind = _kind(manifest["kind"], manifest.get("apiVersion"))
         path = kind.path(manifest["metadata"].get("namespace"))
         status, payload = await self._call("POST", path, body=manifest)
         if status == 409:
@@ -208,9 +232,11 @@ class KubeApi:
         patch: JsonDict,
         *,
         subresource: str = "",
+        api_version: str | None = None,
     ) -> JsonDict | None:
-        """JSON-merge-patch an object (RFC 7386); None when it no longer exists."""
-        path = KINDS[kind].path(namespace, name, subresource)
+        """JSON-merge-patch an object (RFC 7386); None when it no longer exists. A patch that
+        carries ``metadata.resourceVersion`` fails (HTTP 409) if the object changed since."""
+        path = _kind(kind, api_version).path(namespace, name, subresource)
         status, payload = await self._call("PATCH", path, body=patch, content_type=MERGE_PATCH)
         if status == 404:
             return None
@@ -227,7 +253,8 @@ class KubeApi:
         are its own). Returns the object as stored.
         """
         meta = manifest["metadata"]
-        path = KINDS[manifest["kind"]].path(meta.get("namespace"), meta["name"])
+        kind = _kind(manifest["kind"], manifest.get("apiVersion"))
+        path = kind.path(meta.get("namespace"), meta["name"])
         query = [("fieldManager", field_manager), ("force", "true" if force else "false")]
         status, payload = await self._call(
             "PATCH", path, query=query, body=json.dumps(manifest), content_type=APPLY_PATCH
@@ -235,9 +262,11 @@ class KubeApi:
         result: JsonDict = self._check("PATCH", path, status, payload)
         return result
 
-    async def delete(self, kind: str, namespace: str | None, name: str) -> bool:
+    async def delete(
+        self, kind: str, namespace: str | None, name: str, *, api_version: str | None = None
+    ) -> bool:
         """Delete an object in the background; False when it did not exist."""
-        path = KINDS[kind].path(namespace, name)
+        path = _kind(kind, api_version).path(namespace, name)
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
         status, payload = await self._call("DELETE", path, body=body)
         if status == 404:

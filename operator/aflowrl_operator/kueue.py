@@ -1,72 +1,319 @@
-"""Kueue admission of a run, read from its Workload (pure functions).
+"""Kueue admission of a run, read from and reported to its Workload (pure functions).
 
-A TrainingRun labelled ``kueue.x-k8s.io/queue-name: <LocalQueue>`` is admitted by Kueue as one
-``Workload`` (``kueue.x-k8s.io/v1beta1``) that the operator creates for it, owned by the run,
-with one pod set per component (:func:`aflowrl_operator.children.kueue_workload`): Kueue's
-scheduler and workload controller do not care which controller owns a Workload, so this is
-Kueue's own all-or-nothing admission of the whole run (rollout, learner, environment, trainer
-and a served executor), with its quota, preemption and fair sharing. Until the Workload is
-admitted the run is held: every component at zero and the trainer Job suspended, the way Kueue
-holds a suspended Job. Kueue-managed namespaces that set ``manageJobsWithoutQueueName`` must
-list ``TrainingRun.v1alpha1.aflowrl.io`` in Kueue's ``integrations.externalFrameworks``, so the
-run's own Job (owned by the run) is not queued a second time (README).
+A TrainingRun labelled ``kueue.x-k8s.io/queue-name: <LocalQueue>`` is a suspendable job to
+Kueue, integrated the way Kueue's own job integrations are (its ``jobframework`` reconciler):
+the operator creates one ``Workload`` for the run (``kueue.x-k8s.io/v1beta2``, else
+``v1beta1`` where the cluster serves only that), owned by the run, with one pod set per
+component (:func:`aflowrl_operator.children.kueue_workload`), so Kueue admits the whole run
+(rollout, learner, environment, trainer and a served executor) at once or not at all, with its
+quota, preemption and fair sharing. The Workload is created once and kept for the run's life:
+
+- until it is admitted the run is held (every component at zero, the trainer Job suspended):
+  a queued run is created suspended and starts on admission, with the admitted flavors' node
+  labels and tolerations and any admission check's ``podSetUpdates`` on each pod set's pods
+  (:func:`placement`, :func:`place`);
+- on eviction (``Evicted``) the run is held again; once none of its pods runs, the operator
+  gives the quota back exactly as Kueue's job reconciler does (:func:`release`: ``Requeued``,
+  ``QuotaReserved`` false, ``status.admission`` cleared), and Kueue requeues and readmits the
+  same Workload (its backoff, ``requeueState`` and ``active`` kept);
+- ``spec.active: false`` (Kueue's backoff limit, maximum execution time, or an administrator)
+  keeps the run held and is reported; the operator never turns it back on, except where it
+  turned it off itself for the run's ``spec.suspend`` (:data:`SUSPENDED_BY`);
+- ``PodsReady`` is kept on the Workload's status (:func:`pods_ready`) for ``waitForPodsReady``;
+- a finished run marks its Workload ``Finished`` (:func:`finished`), which releases the quota.
+
+Kueue-managed namespaces that set ``manageJobsWithoutQueueName`` must list
+``TrainingRun.v1alpha1.aflowrl.io`` in Kueue's ``integrations.externalFrameworks``, so the run's
+own Job (owned by the run) is not queued a second time (README).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
 JsonDict = dict[str, Any]
 
+GROUP = "kueue.x-k8s.io"
+VERSIONS = ("v1beta2", "v1beta1")
+"""Workload API versions the operator speaks, preferred first."""
+SUSPENDED_BY = "aflowrl.io/deactivated-for-suspend"
+"""Workload annotation: the operator set ``spec.active: false`` for the run's ``spec.suspend``
+(so it turns it back on when the run resumes; a deactivation by Kueue is never undone)."""
+WORKLOAD_PRIORITY_CLASS = "WorkloadPriorityClass"
+PRIORITY_CLASS = "PriorityClass"
+_REQUEUED_REASONS = frozenset({"Preempted", "NodeFailures"})
+"""Eviction reasons after which Kueue's job reconciler marks the Workload ``Requeued`` True at
+once (the others, such as ``PodsReadyTimeout``, are requeued by Kueue after its backoff)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Admission:
-    """What Kueue decided: ``admitted``, ``evicted`` (after having been admitted), the flavors
-    assigned to each pod set (pod set -> resource -> ResourceFlavor name) and Kueue's message."""
+    """What Kueue decided about a run's Workload.
+
+    ``admitted``: admitted and not evicted; ``evicted``: Kueue evicts it (``reason``, its
+    ``message``); ``reserved``: it holds quota (``status.admission`` set); ``active``: its
+    ``spec.active``; ``flavors``: per pod set, resource -> ResourceFlavor; ``updates``: per
+    pod set, the ``podSetUpdates`` of its admission checks; ``message``: Kueue's last word.
+    """
 
     exists: bool = False
+    uid: str = ""
     admitted: bool = False
     evicted: bool = False
-    flavors: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    reserved: bool = False
+    active: bool = True
+    finished: bool = False
+    reason: str = ""
     message: str = ""
+    flavors: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    updates: dict[str, list[JsonDict]] = dataclasses.field(default_factory=dict)
 
 
-def _condition(workload: JsonDict, type_: str) -> JsonDict:
-    for cond in (workload.get("status") or {}).get("conditions") or []:
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """What admission adds to one pod set's pods (as Kueue does to its own jobs' pods)."""
+
+    node_selector: dict[str, str] = dataclasses.field(default_factory=dict)
+    tolerations: list[JsonDict] = dataclasses.field(default_factory=list)
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    annotations: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Priority:
+    """A run's priority: the class it names (``kind`` WorkloadPriorityClass or PriorityClass)
+    and that class's value (None when the class does not exist)."""
+
+    name: str
+    kind: str
+    value: int | None
+
+
+def condition(workload: JsonDict | None, type_: str) -> JsonDict:
+    """A condition of the Workload's status by type ({} when absent)."""
+    for cond in ((workload or {}).get("status") or {}).get("conditions") or []:
         if cond.get("type") == type_:
             return dict(cond)
     return {}
+
+
+def _true(workload: JsonDict, type_: str) -> bool:
+    return condition(workload, type_).get("status") == "True"
 
 
 def admission(workload: JsonDict | None) -> Admission:
     """The admission state of a run's Workload (None: it does not exist yet)."""
     if workload is None:
         return Admission()
-    evicted = _condition(workload, "Evicted").get("status") == "True"
-    admitted = _condition(workload, "Admitted").get("status") == "True" and not evicted
-    assignments = ((workload.get("status") or {}).get("admission") or {}).get(
-        "podSetAssignments"
-    ) or []
+    wl_status = workload.get("status") or {}
+    evicted = _true(workload, "Evicted")
+    admitted = _true(workload, "Admitted") and not evicted
+    assignments = (wl_status.get("admission") or {}).get("podSetAssignments") or []
     flavors = {
         str(a.get("name")): {str(k): str(v) for k, v in (a.get("flavors") or {}).items()}
         for a in assignments
     }
-    waiting = _condition(workload, "QuotaReserved")
-    message = (
-        _condition(workload, "Evicted").get("message", "")
-        if evicted
-        else waiting.get("message", "")
-    )
+    updates: dict[str, list[JsonDict]] = {}
+    for check in wl_status.get("admissionChecks") or []:
+        for update in check.get("podSetUpdates") or []:
+            updates.setdefault(str(update.get("name")), []).append(update)
+    if evicted:
+        cause = condition(workload, "Evicted")
+    elif not admitted:
+        cause = condition(workload, "QuotaReserved") or condition(workload, "Admitted")
+    else:
+        cause = condition(workload, "Admitted")
     return Admission(
-        exists=True, admitted=admitted, evicted=evicted, flavors=flavors, message=message or ""
+        exists=True,
+        uid=str((workload.get("metadata") or {}).get("uid") or ""),
+        admitted=admitted,
+        evicted=evicted,
+        reserved=bool(wl_status.get("admission")),
+        active=(workload.get("spec") or {}).get("active") is not False,
+        finished=_true(workload, "Finished"),
+        reason=str(cause.get("reason") or ""),
+        message=str(cause.get("message") or ""),
+        flavors=flavors,
+        updates=updates,
     )
 
 
-def node_labels(flavors: dict[str, str], flavor_objects: dict[str, JsonDict]) -> dict[str, str]:
-    """The node labels of the ResourceFlavors a pod set was admitted on (merged)."""
-    labels: dict[str, str] = {}
-    for name in sorted(set(flavors.values())):
-        spec = (flavor_objects.get(name) or {}).get("spec") or {}
-        labels.update(spec.get("nodeLabels") or {})
-    return labels
+def placement(admitted: Admission, flavor_objects: dict[str, JsonDict]) -> dict[str, Placement]:
+    """Per pod set, what its pods get from admission: the node labels and tolerations of the
+    ResourceFlavors it was admitted on, then its admission checks' ``podSetUpdates``."""
+    out: dict[str, Placement] = {}
+    for pod_set in sorted({*admitted.flavors, *admitted.updates}):
+        selector: dict[str, str] = {}
+        tolerations: list[JsonDict] = []
+        labels: dict[str, str] = {}
+        annotations: dict[str, str] = {}
+        for name in sorted(set(admitted.flavors.get(pod_set, {}).values())):
+            spec = (flavor_objects.get(name) or {}).get("spec") or {}
+            selector.update(spec.get("nodeLabels") or {})
+            tolerations += [t for t in spec.get("tolerations") or [] if t not in tolerations]
+        for update in admitted.updates.get(pod_set, []):
+            selector.update(update.get("nodeSelector") or {})
+            tolerations += [t for t in update.get("tolerations") or [] if t not in tolerations]
+            labels.update(update.get("labels") or {})
+            annotations.update(update.get("annotations") or {})
+        out[pod_set] = Placement(selector, tolerations, labels, annotations)
+    return out
+
+
+def place(template: JsonDict, where: Placement | None) -> None:
+    """Add a pod set's tolerations, labels and annotations from admission to a pod template
+    (in place; its node selector goes through :func:`aflowrl_operator.pods.placement`)."""
+    if where is None:
+        return
+    pod = template.setdefault("spec", {})
+    if where.tolerations:
+        own = list(pod.get("tolerations") or [])
+        pod["tolerations"] = own + [copy.deepcopy(t) for t in where.tolerations if t not in own]
+    meta = template.setdefault("metadata", {})
+    if where.labels:
+        meta["labels"] = {**where.labels, **(meta.get("labels") or {})}
+    if where.annotations:
+        meta["annotations"] = {**where.annotations, **(meta.get("annotations") or {})}
+
+
+def priority_fields(api_version: str, priority: Priority | None) -> JsonDict:
+    """The Workload spec fields naming a run's priority class and its value, as Kueue's own
+    integrations fill them (``priorityClassRef`` in v1beta2; ``priorityClassName`` and
+    ``priorityClassSource`` in v1beta1; ``priority`` in both). A class that does not exist
+    names nothing: Kueue refuses a class without its value, so the run queues at the default."""
+    if priority is None or priority.value is None:
+        return {}
+    workload_class = priority.kind == WORKLOAD_PRIORITY_CLASS
+    out: JsonDict = {}
+    if api_version.endswith("/v1beta1"):
+        out["priorityClassName"] = priority.name
+        out["priorityClassSource"] = (
+            f"{GROUP}/workloadpriorityclass"
+            if workload_class
+            else "scheduling.k8s.io/priorityclass"
+        )
+    else:
+        out["priorityClassRef"] = {
+            "group": GROUP if workload_class else "scheduling.k8s.io",
+            "kind": priority.kind,
+            "name": priority.name,
+        }
+    out["priority"] = priority.value
+    return out
+
+
+def _set_condition(conditions: list[JsonDict], new: JsonDict, now: str) -> bool:
+    """Set a condition like ``meta.SetStatusCondition``: the transition time moves only when
+    the status does. True when anything changed."""
+    for i, cond in enumerate(conditions):
+        if cond.get("type") != new["type"]:
+            continue
+        merged = {**cond, **new}
+        if cond.get("status") != new["status"]:
+            merged["lastTransitionTime"] = now
+        if merged == cond:
+            return False
+        conditions[i] = merged
+        return True
+    conditions.append({**new, "lastTransitionTime": now})
+    return True
+
+
+def _status_patch(workload: JsonDict, conditions: list[JsonDict], **extra: Any) -> JsonDict:
+    """A merge patch of the Workload's status that fails (HTTP 409) if Kueue wrote since it
+    was read: conditions are one list, so the patch carries the version it was based on."""
+    version = (workload.get("metadata") or {}).get("resourceVersion")
+    return {
+        "metadata": {"resourceVersion": version},
+        "status": {"conditions": conditions, **extra},
+    }
+
+
+def pods_ready(workload: JsonDict, ready: bool, now: str) -> JsonDict | None:
+    """The status patch that sets the Workload's ``PodsReady`` condition (None: unchanged).
+
+    The same reasons as Kueue's own integrations: True ``Started`` (``Recovered`` after a
+    failure) when every pod of the admitted run is ready, False ``WaitForStart`` before that and
+    while not admitted, False ``WaitForRecovery`` once a ready run loses a pod.
+    """
+    previous = condition(workload, "PodsReady")
+    admitted = admission(workload).admitted
+    new: JsonDict
+    if admitted and ready:
+        recovering = previous.get("reason") in {"WaitForRecovery", "Recovered"}
+        new = {
+            "type": "PodsReady",
+            "status": "True",
+            "reason": "Recovered" if recovering else "Started",
+            "message": "All pods reached readiness and the workload is running",
+        }
+    elif admitted and (
+        previous.get("status") == "True" or previous.get("reason") == "WaitForRecovery"
+    ):
+        new = {
+            "type": "PodsReady",
+            "status": "False",
+            "reason": "WaitForRecovery",
+            "message": "At least one pod has failed, waiting for recovery",
+        }
+    else:
+        new = {
+            "type": "PodsReady",
+            "status": "False",
+            "reason": "WaitForStart",
+            "message": "Not all pods are ready or succeeded",
+        }
+    new["observedGeneration"] = (workload.get("metadata") or {}).get("generation") or 1
+    conditions = [dict(c) for c in (workload.get("status") or {}).get("conditions") or []]
+    if not _set_condition(conditions, new, now):
+        return None
+    return _status_patch(workload, conditions)
+
+
+def release(workload: JsonDict, now: str) -> JsonDict | None:
+    """The status patch giving an evicted Workload's quota back once the run stopped, as
+    Kueue's job reconciler does: ``Requeued`` (True at once after a preemption or node
+    failure), ``QuotaReserved`` and ``Admitted`` False, ``status.admission`` cleared. Kueue
+    then requeues the same Workload. None when there is nothing to release."""
+    evicted = condition(workload, "Evicted")
+    if evicted.get("status") != "True" or not (workload.get("status") or {}).get("admission"):
+        return None
+    generation = (workload.get("metadata") or {}).get("generation") or 1
+    message = str(evicted.get("message") or "")
+    reason = str(evicted.get("reason") or "")
+    conditions = [dict(c) for c in (workload.get("status") or {}).get("conditions") or []]
+    for cond in (
+        {
+            "type": "Requeued",
+            "status": "True" if reason in _REQUEUED_REASONS else "False",
+            "reason": reason or "Evicted",
+        },
+        {"type": "QuotaReserved", "status": "False", "reason": "Pending"},
+        {"type": "Admitted", "status": "False", "reason": "NoReservation"},
+    ):
+        _set_condition(
+            conditions, {**cond, "message": message, "observedGeneration": generation}, now
+        )
+    return _status_patch(workload, conditions, admission=None)
+
+
+def finished(workload: JsonDict, succeeded: bool, message: str, now: str) -> JsonDict | None:
+    """The status patch marking a finished run's Workload ``Finished`` (Kueue then releases
+    its quota and stops queueing it); None when it already is."""
+    if _true(workload, "Finished"):
+        return None
+    conditions = [dict(c) for c in (workload.get("status") or {}).get("conditions") or []]
+    _set_condition(
+        conditions,
+        {
+            "type": "Finished",
+            "status": "True",
+            "reason": "Succeeded" if succeeded else "Failed",
+            "message": message or ("training finished" if succeeded else "training failed"),
+            "observedGeneration": (workload.get("metadata") or {}).get("generation") or 1,
+        },
+        now,
+    )
+    return _status_patch(workload, conditions)

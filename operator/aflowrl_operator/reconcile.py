@@ -8,10 +8,12 @@ operator in the middle of a pass repeats nothing and duplicates nothing. The pas
 1. validates the spec (:mod:`aflowrl_operator.validation`) and reads the *accepted* spec from
    the run's ConfigMap; a spec that is invalid or changes an immutable field is rejected, and
    the children keep following the accepted spec;
-2. under Kueue (the run's ``kueue.x-k8s.io/queue-name`` label), keeps the run's Workload and
-   holds the run (everything at zero, the trainer suspended) until Kueue admits it, placing the
-   pods on the admitted flavors' nodes; an evicted run is held, and once its pods are gone its
-   Workload is replaced so it queues again (:mod:`aflowrl_operator.kueue`);
+2. under Kueue (the run's ``kueue.x-k8s.io/queue-name`` label), keeps the run's one Workload
+   and holds the run (everything at zero, the trainer suspended) until Kueue admits it, placing
+   the pods as admitted (flavors' node labels and tolerations, pod set updates); an evicted run
+   is held, and once its pods are gone its quota is given back so Kueue requeues the same
+   Workload; the Workload's ``PodsReady``, ``active`` (for ``spec.suspend``) and ``Finished``
+   follow the run (:mod:`aflowrl_operator.kueue`);
 3. builds the children (:mod:`aflowrl_operator.children`) for the spec and the scale (suspended,
    finished unless ``trainer.keepPodsAfterEnd`` keeps them, queued, the HPA's environment
    count) and server-side applies each, on every pass, so hand edits are taken back
@@ -112,6 +114,8 @@ class Reconciler:
         self._monitoring: tuple[float, bool] | None = None
         self._warned_no_monitoring: set[str] = set()
         self._nodes: tuple[float, list[JsonDict]] | None = None
+        self._kueue: tuple[float, str] | None = None
+        self._warned_priority: set[tuple[str, str]] = set()
 
     def _record(self, actions: list[str], kind: str, name: str, action: str) -> None:
         self.metrics.child_writes.labels(kind, action).inc()
@@ -124,6 +128,18 @@ class Reconciler:
         if self._monitoring is None or now - self._monitoring[0] > self._cache_s:
             self._monitoring = (now, await self.api.has_api(MONITORING_API))
         return self._monitoring[1]
+
+    async def _kueue_version(self) -> str:
+        """The Workload API version to speak: ``v1beta2`` where served, else ``v1beta1``."""
+        now = time.monotonic()
+        if self._kueue is None or now - self._kueue[0] > self._cache_s:
+            chosen = kueue.VERSIONS[-1]
+            for version in kueue.VERSIONS:
+                if await self.api.has_api(f"{kueue.GROUP}/{version}"):
+                    chosen = version
+                    break
+            self._kueue = (now, f"{kueue.GROUP}/{chosen}")
+        return self._kueue[1]
 
     async def _cluster_nodes(self) -> list[JsonDict]:
         now = time.monotonic()
@@ -248,7 +264,7 @@ class Reconciler:
                 actions,
                 queue=labels.get(KUEUE_QUEUE_LABEL),
                 priority=labels.get(KUEUE_PRIORITY_LABEL),
-                previous_error=(current.get("status") or {}).get("lastError"),
+                previous_status=current.get("status") or {},
             )
         new_status = status.compute(observation, current.get("status"), generation, _now())
         written = status.changed(new_status, current.get("status"))
@@ -304,7 +320,7 @@ class Reconciler:
         *,
         queue: str | None = None,
         priority: str | None = None,
-        previous_error: JsonDict | None = None,
+        previous_status: JsonDict | None = None,
     ) -> status.Observation:
         ns = run.namespace
         job_live = await self.api.get("Job", ns, run.trainer)
@@ -317,17 +333,41 @@ class Reconciler:
         env_replicas = children.environment_replicas(
             spec, (env_live or {}).get("spec", {}).get("replicas") if env_live else None
         )
-        wants_admission = queue is not None and not spec.suspend and (kept or not finished)
-        workload_live = await self.api.get("Workload", ns, run.workload) if queue else None
-        admission = kueue.admission(workload_live) if wants_admission else kueue.Admission()
-        node_labels = await self._flavor_labels(admission) if admission.admitted else {}
-        held = wants_admission and not admission.admitted
-        services = not spec.suspend and (kept or not finished) and not held
+        wants_running = not spec.suspend and (kept or not finished)
+        workload_manifest: JsonDict = {}
+        workload_live: JsonDict | None = None
+        admission = kueue.Admission()
+        if queue is not None:
+            version = await self._kueue_version()
+            workload_live = await self.api.get("Workload", ns, run.workload, api_version=version)
+            admission = kueue.admission(workload_live)
+            # The pod sets are the pods as built before admission (Kueue's placement is not
+            # part of a Workload's pod sets).
+            unplaced = children.build(
+                run,
+                spec,
+                children.Scale(True, env_replicas, trainer_suspended=True),
+                monitoring_api=False,
+            )
+            workload_manifest = children.kueue_workload(
+                run,
+                spec,
+                unplaced,
+                queue=queue,
+                priority=await self._priority(spec, priority, version),
+                api_version=version,
+            )
+        reshaped = workload_live is not None and _annotation(
+            workload_live, PODSETS_HASH
+        ) != _annotation(workload_manifest, PODSETS_HASH)
+        admitted = admission.admitted and admission.active and not reshaped
+        held = queue is not None and wants_running and not admitted
+        services = wants_running and not held
         scale = children.Scale(
             services=services,
             environment_replicas=env_replicas,
             trainer_suspended=spec.suspend or held,
-            node_labels=node_labels,
+            placement=await self._placement(admission) if queue is not None and admitted else {},
         )
         monitoring_api = await self._has_monitoring()
         wants_monitor = spec.monitoring.service_monitor.enabled
@@ -381,17 +421,6 @@ class Reconciler:
         except ApiRejectedError as exc:
             problems.append(("ChildRejected", f"Job {run.trainer}: {exc}"))
 
-        queued: str | None = None
-        if queue is not None:
-            queued = await self._sync_workload(
-                run,
-                children.kueue_workload(run, spec, desired, queue=queue, priority=priority),
-                workload_live,
-                admission,
-                wanted=wants_admission,
-                actions=actions,
-            )
-
         pod_problems: dict[str, list[status.Problem]] = {}
         run_pods = await self.api.list("Pod", ns, {RUN_LABEL: run.name})
         for pod in run_pods:
@@ -415,44 +444,125 @@ class Reconciler:
             capacity.unschedulable(spec, await self._cluster_nodes()) if services else []
         )
         trainer = status.job_state(job_live, tuple(pod_problems.get("trainer", ())))
+        components = (
+            workload("Deployment", run.rollout, "rollout"),
+            workload("StatefulSet", run.learner, "learner"),
+            environment,
+        )
+        queued: str | None = None
+        deactivated = False
+        admitted_condition: tuple[bool, str, str] | None = None
+        if queue is not None:
+            idle = trainer.active == 0 and not any(w.ready for w in components)
+            every_pod_ready = (trainer.ready > 0 or trainer.complete) and all(
+                w.desired > 0 and w.ready >= w.desired for w in components
+            )
+            try:
+                queued, deactivated = await self._sync_workload(
+                    run,
+                    workload_manifest,
+                    workload_live,
+                    admission,
+                    reshaped=reshaped,
+                    suspended=spec.suspend,
+                    ended=trainer if finished and not kept else None,
+                    idle=idle,
+                    pods_ready=every_pod_ready,
+                    actions=actions,
+                )
+            except ApiRejectedError as exc:  # the run stays held; Degraded says why
+                problems.append(("ChildRejected", f"Workload {run.workload}: {exc}"))
+                queued = None if spec.suspend else f"the Workload was refused: {exc}"
+            admitted_condition = _admitted_condition(
+                admission,
+                admitted=admitted,
+                queued=queued,
+                deactivated=deactivated,
+                suspended=spec.suspend,
+                ended=finished and not kept,
+            )
         observed = status.Observation(
             spec=spec,
             rejection=rejection,
             suspended=spec.suspend,
             queued=queued,
-            rollout=workload("Deployment", run.rollout, "rollout"),
-            learner=workload("StatefulSet", run.learner, "learner"),
-            environment=environment,
+            rollout=components[0],
+            learner=components[1],
+            environment=components[2],
             trainer=trainer,
             unschedulable=tuple(unschedulable),
             apply_problems=tuple(problems),
-            evicted=admission.evicted,
+            evicted=queued is not None and admission.evicted,
+            deactivated=deactivated,
+            admission=admitted_condition,
             kept=kept,
-            last_error=status.last_error(run_pods, trainer, previous_error),
+            last_error=status.last_error(
+                run_pods, trainer, (previous_status or {}).get("lastError")
+            ),
         )
-        idle = trainer.active == 0 and not any(
-            w.ready for w in (observed.rollout, observed.learner, observed.environment)
-        )
-        # Held and every pod gone: release the quota and queue again with a new Workload.
-        if admission.evicted and idle and await remove(self.api, run, "Workload", run.workload):
-            self._record(actions, "Workload", run.workload, "deleted")
         return observed
 
-    async def _flavor_labels(self, admitted: kueue.Admission) -> dict[str, dict[str, str]]:
-        """Per pod set, the node labels of the ResourceFlavors Kueue admitted it on."""
+    async def _placement(self, admitted: kueue.Admission) -> dict[str, kueue.Placement]:
+        """Per pod set, what its admission adds to its pods (:func:`kueue.placement`)."""
+        version = await self._kueue_version()
         objects: dict[str, JsonDict] = {}
         for name in {f for flavors in admitted.flavors.values() for f in flavors.values()}:
             try:
-                found = await self.api.get("ResourceFlavor", None, name)
+                found = await self.api.get("ResourceFlavor", None, name, api_version=version)
             except ApiRejectedError as exc:  # no RBAC for flavors: pods keep their placement
                 logger.warning("cannot read ResourceFlavor %s: %s", name, exc)
                 found = None
             if found is not None:
                 objects[name] = found
-        return {
-            pod_set: kueue.node_labels(flavors, objects)
-            for pod_set, flavors in admitted.flavors.items()
-        }
+        return kueue.placement(admitted, objects)
+
+    async def _priority(
+        self, spec: RunSpec, workload_class: str | None, version: str
+    ) -> kueue.Priority | None:
+        """The run's priority as Kueue's integrations resolve it: the WorkloadPriorityClass
+        its ``kueue.x-k8s.io/priority-class`` label names, else the pods' PriorityClass
+        (``scheduling.priorityClassName``), with that class's value."""
+        if workload_class:
+            kind, name, api_version = kueue.WORKLOAD_PRIORITY_CLASS, workload_class, version
+        elif spec.scheduling.priority_class_name:
+            kind, name = kueue.PRIORITY_CLASS, spec.scheduling.priority_class_name
+            api_version = "scheduling.k8s.io/v1"
+        else:
+            return None
+        try:
+            found = await self.api.get(kind, None, name, api_version=api_version)
+        except ApiRejectedError as exc:  # no RBAC: as if the class were missing
+            logger.warning("cannot read %s %s: %s", kind, name, exc)
+            found = None
+        value = (found or {}).get("value")
+        if value is None and (kind, name) not in self._warned_priority:
+            self._warned_priority.add((kind, name))
+            logger.warning(
+                "%s %s is missing or has no value: the run queues at the default priority",
+                kind,
+                name,
+            )
+        return kueue.Priority(name=name, kind=kind, value=int(value) if value is not None else None)
+
+    async def _patch_workload(
+        self, run: RunRef, live: JsonDict, patch: JsonDict, *, subresource: str = ""
+    ) -> JsonDict | None:
+        """Merge-patch the run's Workload; None when Kueue changed it meanwhile (HTTP 409: the
+        next pass, which its change triggers, tries again) or it is gone."""
+        try:
+            return await self.api.patch(
+                "Workload",
+                run.namespace,
+                run.workload,
+                patch,
+                subresource=subresource,
+                api_version=live["apiVersion"],
+            )
+        except ApiRejectedError as exc:
+            if exc.status != 409:
+                raise
+            logger.info("Workload %s/%s changed meanwhile: %s", run.namespace, run.workload, exc)
+            return None
 
     async def _sync_workload(
         self,
@@ -461,32 +571,124 @@ class Reconciler:
         live: JsonDict | None,
         admitted: kueue.Admission,
         *,
-        wanted: bool,
+        reshaped: bool,
+        suspended: bool,
+        ended: status.TrainerJob | None,
+        idle: bool,
+        pods_ready: bool,
         actions: list[str],
-    ) -> str | None:
-        """Keep the run's Kueue Workload; returns why the run is held, or None when admitted.
+    ) -> tuple[str | None, bool]:
+        """Keep the run's one Kueue Workload as Kueue's own job integrations keep theirs.
 
-        A suspended or finished run gives its quota back (its Workload is deleted); a Workload
-        whose pod sets no longer match the spec is replaced (Kueue refuses to change one).
+        Returns why the run is held (None when it is not) and whether Kueue deactivated it.
+        The Workload is created once; it is replaced only when its pod sets no longer match
+        the spec (Kueue does not let them change), and then only while no pod runs. A finished
+        run marks it ``Finished``; ``spec.suspend`` sets ``spec.active`` false (and back);
+        an evicted run gives its quota back once idle (:func:`kueue.release`); ``PodsReady``
+        follows the pods.
         """
-        if not wanted:
-            if live is not None and await remove(self.api, run, "Workload", run.workload):
-                self._record(actions, "Workload", run.workload, "deleted")
-            return None
+        version = manifest["apiVersion"]
         queue = manifest["spec"]["queueName"]
-        if live is not None and _annotation(live, PODSETS_HASH) != _annotation(
-            manifest, PODSETS_HASH
-        ):
-            if await remove(self.api, run, "Workload", run.workload):
+        now = _now()
+        if ended is not None:
+            patch = None
+            if live is not None:
+                patch = kueue.finished(live, ended.complete, ended.failure_message, now)
+            if (
+                live is not None
+                and patch is not None
+                and await self._patch_workload(run, live, patch, subresource="status")
+            ):
+                self._record(actions, "Workload", run.workload, "finished")
+            return None, False
+        if live is not None and reshaped and (not admitted.reserved or idle):
+            if await remove(self.api, run, "Workload", run.workload, api_version=version):
                 self._record(actions, "Workload", run.workload, "deleted")
             live = None
         if live is None:
+            if suspended:
+                return None, False  # nothing to queue until the run resumes
             _, action = await ensure(self.api, run, manifest)
             self._record(actions, "Workload", run.workload, action)
-            return f"waiting for Kueue to admit the run (queue {queue})"
-        if admitted.admitted:
-            return None
+            return f"waiting for Kueue to admit the run (queue {queue})", False
+        if not admitted.reserved and not reshaped:
+            # Kueue refuses changes to a Workload holding quota; before, keep it in step.
+            live, action = await ensure(self.api, run, manifest)
+            if action != "unchanged":
+                self._record(actions, "Workload", run.workload, action)
+        ours = _annotation(live, kueue.SUSPENDED_BY) is not None
+        if suspended and admitted.active:
+            patch = {
+                "metadata": {"annotations": {kueue.SUSPENDED_BY: "true"}},
+                "spec": {"active": False},
+            }
+            live = await self._patch_workload(run, live, patch) or live
+            self._record(actions, "Workload", run.workload, "deactivated")
+        elif not suspended and not admitted.active and ours:
+            patch = {
+                "metadata": {"annotations": {kueue.SUSPENDED_BY: None}},
+                "spec": {"active": True},
+            }
+            live = await self._patch_workload(run, live, patch) or live
+            self._record(actions, "Workload", run.workload, "activated")
+        if admitted.evicted and idle:
+            release = kueue.release(live, now)
+            if release is not None:
+                released = await self._patch_workload(run, live, release, subresource="status")
+                if released is not None:
+                    live = released
+                    self._record(actions, "Workload", run.workload, "released")
+                    why = f" ({admitted.reason})" if admitted.reason else ""
+                    await self._event(
+                        run,
+                        "Normal",
+                        "Requeued",
+                        f"every pod stopped after the eviction{why}: the quota is given back "
+                        f"and Kueue requeues Workload {run.workload}",
+                    )
+        ready = kueue.pods_ready(live, pods_ready, now)
+        if ready is not None:
+            await self._patch_workload(run, live, ready, subresource="status")
         why = f": {admitted.message}" if admitted.message else ""
+        if suspended:
+            return None, False
+        if reshaped:
+            return (
+                "the run's pod sets changed: its Workload is replaced once its pods stop",
+                False,
+            )
+        if not admitted.active and not ours:
+            return f"deactivated by Kueue (spec.active is false){why}", True
+        if admitted.admitted:
+            return None, False
         if admitted.evicted:
-            return f"evicted by Kueue{why}; the run is held and queues again once its pods stop"
-        return f"waiting for Kueue to admit the run (queue {queue}){why}"
+            cause = f" ({admitted.reason})" if admitted.reason else ""
+            return f"evicted by Kueue{cause}{why}; the run is held until Kueue readmits it", False
+        return f"waiting for Kueue to admit the run (queue {queue}){why}", False
+
+
+def _admitted_condition(
+    admission: kueue.Admission,
+    *,
+    admitted: bool,
+    queued: str | None,
+    deactivated: bool,
+    suspended: bool,
+    ended: bool,
+) -> tuple[bool, str, str]:
+    """The run's ``Admitted`` condition under Kueue: (status, reason, message); its changes
+    are the Events of admission, eviction, deactivation and requeue."""
+    if ended:
+        return False, "Finished", "the run has finished: its Workload is Finished, no quota held"
+    if suspended:
+        return False, "Suspended", "spec.suspend is true: its Workload is inactive, no quota held"
+    if admitted:
+        flavors = sorted({f for by in admission.flavors.values() for f in by.values()})
+        on = f" on flavors {', '.join(flavors)}" if flavors else ""
+        return True, "Admitted", f"admitted by Kueue{on}: the run runs"
+    message = queued or "waiting for Kueue"
+    if deactivated:
+        return False, "Deactivated", message
+    if admission.evicted:
+        return False, "Evicted", message
+    return False, "Queued", message

@@ -59,7 +59,9 @@ _DEGRADED_PRIORITY = (
     *_BAD_WAITING,
     "ReplicasUnavailable",
 )
-_WARNING_REASONS = frozenset({*_DEGRADED_PRIORITY, "TrainerFailed", "Failed", "Evicted"})
+_WARNING_REASONS = frozenset(
+    {*_DEGRADED_PRIORITY, "TrainerFailed", "Failed", "Evicted", "Deactivated"}
+)
 """Condition reasons that report a problem (their Events are Warnings)."""
 _MAX_LAST_ERROR = 4096
 """Longest ``lastError.message`` kept (its end: the log's last lines)."""
@@ -111,7 +113,10 @@ class Observation:
     ``rejection`` why the current spec is not applied; ``environment`` folds in the served
     executor; ``unschedulable`` lists GPU requests no node can meet; ``apply_problems`` children
     the operator could not write (name conflicts, API rejections); ``queued`` why Kueue holds
-    the run (None when it is not queued), ``evicted`` whether Kueue took back its admission;
+    the run (None when it is not queued), ``evicted`` whether Kueue took back its admission,
+    ``deactivated`` whether Kueue deactivated its Workload (``spec.active: false``),
+    ``admission`` the ``Admitted`` condition (status, reason, message) of a queued run (None:
+    not queued);
     ``kept`` whether the services keep running after the end (``trainer.keepPodsAfterEnd``);
     ``last_error`` the run's ``status.lastError`` (:func:`last_error`).
     """
@@ -127,6 +132,8 @@ class Observation:
     unschedulable: tuple[str, ...] = ()
     apply_problems: tuple[Problem, ...] = ()
     evicted: bool = False
+    deactivated: bool = False
+    admission: tuple[bool, str, str] | None = None
     kept: bool = False
     last_error: JsonDict | None = None
 
@@ -353,6 +360,9 @@ def compute(
     elif obs.suspended:
         ready = (False, "Suspended", "spec.suspend is true: every component is scaled to zero")
         progressing = (False, "Suspended", "spec.suspend is true")
+    elif obs.queued is not None and obs.deactivated:
+        ready = (False, "Deactivated", obs.queued)
+        progressing = (False, "Deactivated", obs.queued)
     elif obs.queued is not None and obs.evicted:
         ready = (False, "Evicted", obs.queued)
         progressing = (True, "Evicted", obs.queued)
@@ -368,6 +378,11 @@ def compute(
         progressing = (True, "ComponentsStarting", "; ".join(waiting))
     conds["Ready"] = ready
     conds["Progressing"] = progressing
+    conds["Admitted"] = obs.admission or (
+        True,
+        "NotQueued",
+        "not queued through Kueue (no kueue.x-k8s.io/queue-name label)",
+    )
     conds["Succeeded"] = (
         (True, "TrainingComplete", f"training finished ({progress})")
         if job.complete
@@ -518,6 +533,8 @@ def _is_problem(cond: JsonDict) -> bool:
         return bool(cond["status"] == "True")
     if cond["type"] == "Succeeded":
         return False  # its False is the Failed condition's True, reported there
+    if cond["type"] == "Admitted":
+        return False  # Kueue's decisions are Normal Events; Ready reports an eviction's Warning
     return cond["status"] == "False" and cond["reason"] in _WARNING_REASONS
 
 

@@ -111,6 +111,10 @@ written with server-side apply (patch, which also creates) and watched (list, wa
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# PodsReady, the quota given back after an eviction, Finished (as Kueue's job controllers).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["get", "patch"]
 {{- end }}
 {{- if include "aflow-rl.peering" . }}
 - apiGroups: ["kopf.dev"]

@@ -23,8 +23,10 @@ CONDITION_TYPES: tuple[str, ...] = (
     "LearnerReady",
     "EnvironmentReady",
     "TrainerRunning",
+    "Admitted",
 )
-"""Every condition type a TrainingRun reports."""
+"""Every condition type a TrainingRun reports (``Admitted``: Kueue's admission of a queued run;
+True with reason ``NotQueued`` for a run that is not queued)."""
 
 
 class Condition(SpecModel):
@@ -32,7 +34,7 @@ class Condition(SpecModel):
 
     type: str = Field(min_length=1, max_length=316)
     """Condition type, one of Ready, Progressing, Degraded, Succeeded, Failed, RolloutReady,
-    LearnerReady, EnvironmentReady, TrainerRunning."""
+    LearnerReady, EnvironmentReady, TrainerRunning, Admitted."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)

@@ -69,10 +69,20 @@ RESOURCES: dict[str, tuple[str, bool, bool]] = {
     "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True, False),
 }
 MONITORING = {"monitoring.coreos.com/v1/podmonitors": ("PodMonitor", True, False)}
-KUEUE = {
+KUEUE_V1BETA1 = {
     "kueue.x-k8s.io/v1beta1/workloads": ("Workload", True, True),
     "kueue.x-k8s.io/v1beta1/resourceflavors": ("ResourceFlavor", False, False),
+    "kueue.x-k8s.io/v1beta1/workloadpriorityclasses": ("WorkloadPriorityClass", False, False),
+    "scheduling.k8s.io/v1/priorityclasses": ("PriorityClass", False, False),
 }
+"""Kueue before v0.15 (only ``v1beta1``), with the core PriorityClass API."""
+KUEUE = {
+    "kueue.x-k8s.io/v1beta2/workloads": ("Workload", True, True),
+    "kueue.x-k8s.io/v1beta2/resourceflavors": ("ResourceFlavor", False, False),
+    "kueue.x-k8s.io/v1beta2/workloadpriorityclasses": ("WorkloadPriorityClass", False, False),
+    "scheduling.k8s.io/v1/priorityclasses": ("PriorityClass", False, False),
+}
+"""Kueue serving ``v1beta2`` (the emulator stores each version apart: declare one of the two)."""
 COSCHEDULING = {"scheduling.x-k8s.io/v1alpha1/podgroups": ("PodGroup", True, True)}
 PEERING = {
     "kopf.dev/v1/clusterkopfpeerings": ("ClusterKopfPeering", False, False),
@@ -351,6 +361,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if key not in self.objects or self.objects[key].deleted:
             raise kmock.KubernetesObjectNotFoundError()
         old = copy.deepcopy(self.objects[key].raw)
+        meta_patch = patch.get("metadata") if isinstance(patch, dict) else None
+        expected = (meta_patch or {}).get("resourceVersion")
+        if expected is not None and expected != old["metadata"].get("resourceVersion"):
+            raise kmock.KubernetesError(  # optimistic concurrency, as the API server does
+                status=409, reason="Conflict", message=f"{name}: the object has been modified"
+            )
         try:
             patched = dict(dicts.patch_dict(old, patch))
         except (jsonpatch.JsonPatchConflict, jsonpatch.JsonPatchTestFailed) as exc:

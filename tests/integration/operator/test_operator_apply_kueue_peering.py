@@ -1,5 +1,5 @@
 """The operator against the emulated API server: server-side apply semantics (field managers,
-conflicts, force), Kueue admission of a whole run, gang scheduling, and two peering replicas."""
+conflicts, force), gang scheduling, and two peering replicas (Kueue: test_operator_kueue.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ pytestmark = pytest.mark.timeout(120)
 DEPLOYMENTS = "apps/v1/deployments"
 STATEFULSETS = "apps/v1/statefulsets"
 JOBS = "batch/v1/jobs"
-WORKLOADS = "kueue.x-k8s.io/v1beta1/workloads"
 PODGROUPS = "scheduling.x-k8s.io/v1alpha1/podgroups"
 TINY: dict = {"environment": {"replicas": {"min": 2, "max": 4}}}
 GPU: dict = {
@@ -115,102 +114,6 @@ async def test_the_operator_owns_its_fields_and_leaves_the_hpa_its_count(cluster
     assert cluster.child(DEPLOYMENTS, "demo-env")["spec"]["replicas"] == 3
     env_owners = cluster.emulator.managers(DEPLOYMENTS, NAMESPACE, "demo-env")
     assert ("spec", "replicas") not in env_owners["aflowrl-operator"]
-
-
-async def test_kueue_holds_the_run_until_it_is_admitted_then_evicted(cluster: Cluster):
-    await cluster.emulator.put_object(
-        "kueue.x-k8s.io/v1beta1/resourceflavors",
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta1",
-            "kind": "ResourceFlavor",
-            "metadata": {"name": "h100"},
-            "spec": {"nodeLabels": {"cloud.example.com/pool": "h100"}},
-        },
-    )
-    await cluster.create_run("demo", TINY, labels={"kueue.x-k8s.io/queue-name": "team-a"})
-    workload = await cluster.eventually(
-        lambda: cluster.child(WORKLOADS, "demo-kueue"), what="the Workload"
-    )
-    assert workload["spec"]["queueName"] == "team-a"
-    assert [ps["name"] for ps in workload["spec"]["podSets"]] == [
-        "rollout",
-        "learner",
-        "environment",
-        "trainer",
-    ]
-    # Created suspended: nothing runs before Kueue admits the run.
-    await cluster.eventually(lambda: cluster.child(JOBS, "demo-trainer"), what="the Job")
-    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
-    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0
-    assert cluster.child(STATEFULSETS, "demo-learner")["spec"]["replicas"] == 0
-    ready = await cluster.wait_condition("demo", "Ready", reason="Queued")
-    assert "waiting for Kueue to admit the run (queue team-a)" in ready["message"]
-    assert cluster.condition("demo", "Degraded")["status"] == "False"
-
-    admitted = {
-        "conditions": [
-            {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
-            {"type": "Admitted", "status": "True", "reason": "Admitted"},
-        ],
-        "admission": {
-            "clusterQueue": "gpu",
-            "podSetAssignments": [
-                {"name": name, "flavors": {"cpu": "h100"}, "count": 1}
-                for name in ("rollout", "learner", "environment", "trainer")
-            ],
-        },
-    }
-    await cluster.emulator.set_status(WORKLOADS, NAMESPACE, "demo-kueue", admitted)
-    await cluster.eventually(
-        lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is False, what="admission"
-    )
-    await cluster.wait_condition("demo", "Ready", reason="ComponentsStarting")
-    rollout = cluster.child(DEPLOYMENTS, "demo-rollout")
-    assert rollout["spec"]["replicas"] == 1
-    node_selector = rollout["spec"]["template"]["spec"]["nodeSelector"]
-    assert node_selector == {"cloud.example.com/pool": "h100"}  # the admitted flavor's nodes
-    workload_uid = cluster.child(WORKLOADS, "demo-kueue")["metadata"]["uid"]
-    await cluster.emulator.set_status(JOBS, NAMESPACE, "demo-trainer", {"active": 1, "ready": 1})
-    await cluster.emulator.set_status(DEPLOYMENTS, NAMESPACE, "demo-rollout", {"readyReplicas": 1})
-
-    evicted = {
-        **admitted,
-        "conditions": [
-            *admitted["conditions"],
-            {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "preempted"},
-        ],
-    }
-    await cluster.emulator.set_status(WORKLOADS, NAMESPACE, "demo-kueue", evicted)
-    ready = await cluster.wait_condition("demo", "Ready", reason="Evicted")
-    assert "evicted by Kueue: preempted" in ready["message"]
-    evictions = await cluster.eventually(
-        lambda: [
-            e
-            for e in cluster.emulator.all("v1/events", NAMESPACE)
-            if (e["type"], e["reason"]) == ("Warning", "Evicted")
-        ],
-        what="an eviction Event",
-    )
-    assert "preempted" in evictions[0]["message"]  # kubectl describe says so
-    await cluster.eventually(
-        lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True, what="held"
-    )
-    assert cluster.child(WORKLOADS, "demo-kueue")["metadata"]["uid"] == workload_uid
-    # Once its pods are gone, the run queues again with a new Workload.
-    await cluster.emulator.set_status(JOBS, NAMESPACE, "demo-trainer", {"active": 0})
-    await cluster.emulator.set_status(DEPLOYMENTS, NAMESPACE, "demo-rollout", {"readyReplicas": 0})
-    await cluster.eventually(
-        lambda: (
-            (cluster.child(WORKLOADS, "demo-kueue") or {}).get("metadata", {}).get("uid")
-            not in (None, workload_uid)
-        ),
-        what="a new Workload",
-    )
-    # Suspending the run gives its quota back.
-    await cluster.patch_spec("demo", {"suspend": True})
-    await cluster.eventually(
-        lambda: cluster.child(WORKLOADS, "demo-kueue") is None, what="the quota released"
-    )
 
 
 async def test_gang_scheduling_groups_the_gpu_pods(cluster: Cluster):

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from aflowrl.config import RunSpec
-from aflowrl_operator import children
+from aflowrl_operator import children, kueue
 from aflowrl_operator.names import RunRef
 from aflowrl_operator.validation import validate
 from crd_admission import admit
@@ -77,7 +77,11 @@ def test_the_kueue_example_queues_the_whole_run():
         spec,
         desired,
         queue="gpu-queue",
-        priority=doc["metadata"]["labels"].get("kueue.x-k8s.io/priority-class"),
+        priority=kueue.Priority(
+            doc["metadata"]["labels"]["kueue.x-k8s.io/priority-class"],
+            kueue.WORKLOAD_PRIORITY_CLASS,
+            None,
+        ),
     )
     counts = {ps["name"]: ps["count"] for ps in workload["spec"]["podSets"]}
     assert counts == {"rollout": 4, "learner": 1, "environment": 8, "trainer": 1}

@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 
 from aflowrl.config import RunSpec
-from aflowrl_operator import children, workloads
+from aflowrl_operator import children, kueue, workloads
 from aflowrl_operator.names import RunRef
 
 K8S_VERSION = "1.30.0"
@@ -459,14 +459,36 @@ def test_gang_scheduling_groups_every_gpu_pod():
     assert not any(m["kind"] == "PodGroup" for m in _manifests(RunSpec()))
 
 
+TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
 def test_the_kueue_workload_has_one_pod_set_per_component():
     spec = RunSpec.from_document(SPECS["gpu-cluster"])
     desired = children.build(RUN, spec, RUNNING, monitoring_api=False)
-    workload = children.kueue_workload(RUN, spec, desired, queue="team-a", priority="high")
-    assert workload["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+    high = kueue.Priority("high", kueue.WORKLOAD_PRIORITY_CLASS, 1000)
+    workload = children.kueue_workload(RUN, spec, desired, queue="team-a", priority=high)
+    assert workload["apiVersion"] == "kueue.x-k8s.io/v1beta2"
     assert workload["metadata"]["ownerReferences"] == [RUN.owner_reference()]
     assert workload["spec"]["queueName"] == "team-a"
-    assert workload["spec"]["priorityClassName"] == "high"
+    assert workload["spec"]["priorityClassRef"] == {
+        "group": "kueue.x-k8s.io",
+        "kind": "WorkloadPriorityClass",
+        "name": "high",
+    }
+    assert workload["spec"]["priority"] == 1000
+    old_api = children.kueue_workload(
+        RUN,
+        spec,
+        desired,
+        queue="team-a",
+        priority=kueue.Priority("training", kueue.PRIORITY_CLASS, 10),
+        api_version="kueue.x-k8s.io/v1beta1",
+    )
+    assert {k: old_api["spec"][k] for k in ("priorityClassName", "priorityClassSource")} == {
+        "priorityClassName": "training",
+        "priorityClassSource": "scheduling.k8s.io/priorityclass",
+    }
+    assert old_api["spec"]["priority"] == 10 and "priorityClassRef" not in old_api["spec"]
     sets = {ps["name"]: ps for ps in workload["spec"]["podSets"]}
     assert {name: ps["count"] for name, ps in sets.items()} == {
         "rollout": 2,
@@ -481,14 +503,25 @@ def test_the_kueue_workload_has_one_pod_set_per_component():
         services=True,
         environment_replicas=2,
         trainer_suspended=False,
-        node_labels={"learner": {"cloud.example.com/pool": "h100-reserved"}},
+        placement={
+            "learner": kueue.Placement(
+                node_selector={"cloud.example.com/pool": "h100-reserved"},
+                tolerations=[TAINT],
+                labels={"team": "a"},
+            ),
+            "trainer": kueue.Placement(tolerations=[TAINT]),
+        },
     )
-    learner = _pod(
-        children.full_manifests(RUN, spec, admitted, monitoring_api=False),
-        "StatefulSet",
-        "demo-learner",
-    )
+    manifests = children.full_manifests(RUN, spec, admitted, monitoring_api=False)
+    learner = _pod(manifests, "StatefulSet", "demo-learner")
     assert learner["spec"]["nodeSelector"]["cloud.example.com/pool"] == "h100-reserved"
+    assert TAINT in learner["spec"]["tolerations"]
+    assert learner["metadata"]["labels"]["team"] == "a"
+    # The trainer Job's template hash covers its placement (a new template replaces the Job).
+    job = next(m for m in manifests if m["kind"] == "Job")
+    assert TAINT in job["spec"]["template"]["spec"]["tolerations"]
+    unplaced = children.build(RUN, spec, RUNNING, monitoring_api=False).trainer_job
+    assert job["metadata"]["annotations"] != unplaced["metadata"]["annotations"]
     # A change of shape gives a new hash (the operator replaces the Workload).
     bigger = RunSpec.from_document(
         {**SPECS["gpu-cluster"], "rollout": {**SPECS["gpu-cluster"]["rollout"], "replicas": 3}}

@@ -354,6 +354,35 @@ def test_a_kueue_eviction_is_its_own_reason_and_a_warning():
     assert _conds(queued)["Ready"]["reason"] == "Queued"
 
 
+def test_the_admitted_condition_reports_kueue_and_only_ready_warns():
+    plain = status.compute(_ok(), None, 1, NOW)
+    assert (_conds(plain)["Admitted"]["status"], _conds(plain)["Admitted"]["reason"]) == (
+        "True",
+        "NotQueued",
+    )
+    queued = status.compute(
+        _ok(queued="waiting", admission=(False, "Queued", "waiting")), None, 1, NOW
+    )
+    admitted = status.compute(
+        _ok(admission=(True, "Admitted", "admitted by Kueue on flavors h100")), queued, 1, LATER
+    )
+    assert ("Normal", "Admitted") in {(t, r) for t, r, _ in status.transitions(queued, admitted)}
+    deactivated = status.compute(
+        _ok(
+            queued="deactivated by Kueue",
+            deactivated=True,
+            admission=(False, "Deactivated", "deactivated by Kueue"),
+        ),
+        admitted,
+        1,
+        LATER,
+    )
+    assert _conds(deactivated)["Ready"]["reason"] == "Deactivated"
+    events = [(t, r, m) for t, r, m in status.transitions(admitted, deactivated)]
+    kinds = {(t, m.split(" ", 1)[0]) for t, r, m in events if r == "Deactivated"}
+    assert kinds == {("Warning", "Ready"), ("Warning", "Progressing"), ("Normal", "Admitted")}
+
+
 def test_a_pod_stopped_by_a_scale_down_is_no_error():
     pod = _failed_pod("demo-learner-0", "learner", NOW)
     pod["metadata"]["deletionTimestamp"] = NOW

@@ -1,0 +1,419 @@
+"""The operator as a Kueue job integration, against the emulated API server.
+
+The tests play Kueue's part (its scheduler and workload controller) by writing the Workload's
+status and ``spec.active`` the way Kueue does; the operator's part is the real one: a queued run
+is created suspended and starts on admission, an eviction suspends it and gives the quota back
+on the same Workload, which Kueue's requeue readmits; ``PodsReady``, priority, flavors'
+tolerations and pod set updates, deactivation, ``spec.suspend`` and both Workload versions.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from operator_harness import NAMESPACE, Cluster
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "charts"))
+import build_manifests
+
+pytestmark = pytest.mark.timeout(180)
+
+DEPLOYMENTS = "apps/v1/deployments"
+STATEFULSETS = "apps/v1/statefulsets"
+JOBS = "batch/v1/jobs"
+V1BETA2 = "kueue.x-k8s.io/v1beta2"
+V1BETA1 = "kueue.x-k8s.io/v1beta1"
+TINY: dict = {"environment": {"replicas": {"min": 2, "max": 4}}}
+POD_SETS = ("rollout", "learner", "environment", "trainer")
+QUEUE = {"kueue.x-k8s.io/queue-name": "team-a"}
+KUEUE_GROUPS = {"kueue.x-k8s.io", "scheduling.k8s.io"}
+TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def _workload(cluster: Cluster, version: str = V1BETA2) -> dict[str, Any] | None:
+    return cluster.child(f"{version}/workloads", "demo-kueue")
+
+
+def _cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == type_), {})
+
+
+def _admitted(flavor: str = "h100", **extra: Any) -> dict[str, Any]:
+    return {
+        "conditions": [
+            {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+            {"type": "Admitted", "status": "True", "reason": "Admitted"},
+        ],
+        "admission": {
+            "clusterQueue": "gpu",
+            "podSetAssignments": [
+                {"name": name, "flavors": {"cpu": flavor}, "count": 1} for name in POD_SETS
+            ],
+        },
+        **extra,
+    }
+
+
+async def _flavor(cluster: Cluster, version: str = V1BETA2) -> None:
+    await cluster.emulator.put_object(
+        f"{version}/resourceflavors",
+        {
+            "apiVersion": version,
+            "kind": "ResourceFlavor",
+            "metadata": {"name": "h100"},
+            "spec": {"nodeLabels": {"cloud.example.com/pool": "h100"}, "tolerations": [TAINT]},
+        },
+    )
+
+
+async def _admit(cluster: Cluster, version: str = V1BETA2, **extra: Any) -> None:
+    await cluster.emulator.set_status(
+        f"{version}/workloads", NAMESPACE, "demo-kueue", _admitted(**extra)
+    )
+    await cluster.eventually(
+        lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is False, what="admission"
+    )
+
+
+async def _pods(cluster: Cluster, *, ready: bool) -> None:
+    """The kubelet's and controllers' part: every pod of the run ready (or every pod gone)."""
+    n = 1 if ready else 0
+    await cluster.emulator.set_status(JOBS, NAMESPACE, "demo-trainer", {"active": n, "ready": n})
+    for resource, name, count in (
+        (DEPLOYMENTS, "demo-rollout", 1),
+        (STATEFULSETS, "demo-learner", 1),
+        (DEPLOYMENTS, "demo-env", 2),
+    ):
+        await cluster.emulator.set_status(
+            resource, NAMESPACE, name, {"readyReplicas": count * n, "replicas": count * n}
+        )
+
+
+def _events(cluster: Cluster, reason: str) -> list[dict[str, Any]]:
+    return [e for e in cluster.emulator.all("v1/events", NAMESPACE) if e["reason"] == reason]
+
+
+async def test_a_queued_run_is_created_suspended_and_starts_only_on_admission(cluster: Cluster):
+    await _flavor(cluster)
+    await cluster.emulator.put_object(
+        f"{V1BETA2}/workloadpriorityclasses",
+        {
+            "apiVersion": V1BETA2,
+            "kind": "WorkloadPriorityClass",
+            "metadata": {"name": "high"},
+            "value": 1000,
+        },
+    )
+    labels = {**QUEUE, "kueue.x-k8s.io/priority-class": "high"}
+    await cluster.create_run("demo", TINY, labels=labels)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    assert workload["apiVersion"] == V1BETA2  # the version the cluster serves
+    assert workload["spec"]["queueName"] == "team-a"
+    assert [ps["name"] for ps in workload["spec"]["podSets"]] == list(POD_SETS)
+    # The priority Kueue orders by, and the class it came from.
+    assert workload["spec"]["priority"] == 1000
+    assert workload["spec"]["priorityClassRef"] == {
+        "group": "kueue.x-k8s.io",
+        "kind": "WorkloadPriorityClass",
+        "name": "high",
+    }
+    # Created suspended: nothing runs before Kueue admits the run.
+    await cluster.eventually(lambda: cluster.child(JOBS, "demo-trainer"), what="the Job")
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0
+    assert cluster.child(STATEFULSETS, "demo-learner")["spec"]["replicas"] == 0
+    ready = await cluster.wait_condition("demo", "Ready", reason="Queued")
+    assert "waiting for Kueue to admit the run (queue team-a)" in ready["message"]
+    assert cluster.condition("demo", "Admitted")["reason"] == "Queued"
+    pods_ready = await cluster.eventually(
+        lambda: _cond(_workload(cluster), "PodsReady"), what="PodsReady"
+    )
+    assert (pods_ready["status"], pods_ready["reason"]) == ("False", "WaitForStart")
+    # Still queued after more passes.
+    await cluster.settle()
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+
+    # Admission, with an admission check's pod set update for the trainer.
+    update = {
+        "name": "trainer",
+        "labels": {"team": "a"},
+        "annotations": {"checked-by": "provisioning"},
+        "nodeSelector": {"zone": "z1"},
+        "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    checks = [{"name": "prov", "state": "Ready", "message": "", "podSetUpdates": [update]}]
+    await _admit(cluster, admissionChecks=checks)
+    await cluster.wait_condition("demo", "Ready", reason="ComponentsStarting")
+    rollout = cluster.child(DEPLOYMENTS, "demo-rollout")
+    assert rollout["spec"]["replicas"] == 1
+    pod = rollout["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"cloud.example.com/pool": "h100"}  # the flavor's nodes
+    assert TAINT in pod["tolerations"]  # and its tolerations
+    trainer = cluster.child(JOBS, "demo-trainer")["spec"]["template"]
+    assert trainer["spec"]["nodeSelector"] == {"cloud.example.com/pool": "h100", "zone": "z1"}
+    assert {"key": "spot", "operator": "Exists", "effect": "NoSchedule"} in trainer["spec"][
+        "tolerations"
+    ]
+    assert trainer["metadata"]["labels"]["team"] == "a"
+    assert trainer["metadata"]["annotations"]["checked-by"] == "provisioning"
+    # The Workload's pod sets stay as created: Kueue's placement is not written back.
+    assert _workload(cluster)["spec"]["podSets"] == workload["spec"]["podSets"]
+    assert cluster.condition("demo", "Admitted")["status"] == "True"
+    admitted = await cluster.eventually(lambda: _events(cluster, "Admitted"), what="an Event")
+    assert "h100" in admitted[0]["message"] and admitted[0]["type"] == "Normal"
+
+    # PodsReady once every pod of the run is ready (what waitForPodsReady waits for).
+    await _pods(cluster, ready=True)
+    await cluster.eventually(
+        lambda: _cond(_workload(cluster), "PodsReady").get("status") == "True", what="PodsReady"
+    )
+    assert _cond(_workload(cluster), "PodsReady")["reason"] == "Started"
+    # A pod lost: False, waiting for recovery.
+    await cluster.emulator.set_status(
+        DEPLOYMENTS, NAMESPACE, "demo-env", {"readyReplicas": 1, "replicas": 2}
+    )
+    await cluster.eventually(
+        lambda: _cond(_workload(cluster), "PodsReady").get("reason") == "WaitForRecovery",
+        what="PodsReady False",
+    )
+    assert cluster.emulator.count_created("workloads") == 1
+
+
+async def test_an_eviction_suspends_the_run_and_kueue_requeues_the_same_workload(
+    cluster: Cluster,
+):
+    await _flavor(cluster)
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    uid = workload["metadata"]["uid"]
+    await _admit(cluster)
+    await _pods(cluster, ready=True)
+    await cluster.wait_condition("demo", "Ready", status="True")
+
+    # Kueue preempts the run.
+    evicted = _admitted()
+    evicted["conditions"].append(
+        {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "preempted"}
+    )
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", evicted)
+    ready = await cluster.wait_condition("demo", "Ready", reason="Evicted")
+    assert "evicted by Kueue (Preempted): preempted" in ready["message"]
+    assert cluster.condition("demo", "Admitted")["reason"] == "Evicted"
+    warnings = await cluster.eventually(
+        lambda: [e for e in _events(cluster, "Evicted") if e["type"] == "Warning"],
+        what="an eviction Event",
+    )
+    assert "(Preempted): preempted" in warnings[0]["message"]  # Kueue's reason and message
+    await cluster.eventually(
+        lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True, what="suspended"
+    )
+    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0
+    # While pods still run, the quota stays reserved.
+    await cluster.settle()
+    assert _workload(cluster)["status"].get("admission") is not None
+
+    # Every pod gone: the quota is given back on the same Workload, which Kueue requeues.
+    await _pods(cluster, ready=False)
+    released = await cluster.eventually(
+        lambda: (w := _workload(cluster)) and "admission" not in w["status"] and w,
+        what="the quota released",
+    )
+    assert released["metadata"]["uid"] == uid
+    assert _cond(released, "QuotaReserved")["status"] == "False"
+    assert _cond(released, "Admitted")["status"] == "False"
+    assert (_cond(released, "Requeued")["status"], _cond(released, "Requeued")["reason"]) == (
+        "True",
+        "Preempted",
+    )
+    await cluster.eventually(lambda: _events(cluster, "Requeued"), what="a Requeued Event")
+
+    # Kueue readmits the same Workload (its scheduler clears Evicted): the run resumes.
+    await _admit(cluster)
+    await cluster.wait_condition("demo", "Ready", reason="ComponentsStarting")
+    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 1
+    assert _workload(cluster)["metadata"]["uid"] == uid
+    assert cluster.emulator.count_created("workloads") == 1
+    assert cluster.emulator.count_writes("DELETE", "workloads") == 0
+
+    # The run finishes: its Workload is marked Finished (Kueue frees the quota), not deleted.
+    complete = {"conditions": [{"type": "Complete", "status": "True"}], "active": 0}
+    await cluster.emulator.set_status(JOBS, NAMESPACE, "demo-trainer", complete)
+    await cluster.eventually(
+        lambda: _cond(_workload(cluster), "Finished").get("reason") == "Succeeded",
+        what="Finished",
+    )
+    await cluster.wait_condition("demo", "Admitted", reason="Finished")
+    assert _workload(cluster)["metadata"]["uid"] == uid
+
+
+async def test_a_deactivated_workload_keeps_the_run_suspended(cluster: Cluster):
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await _admit(cluster)
+    # Kueue's backoff limit is reached: it deactivates the Workload and evicts it.
+    await cluster.emulator.patch_object(
+        f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", {"spec": {"active": False}}
+    )
+    evicted = _admitted()
+    evicted["conditions"].append(
+        {
+            "type": "Evicted",
+            "status": "True",
+            "reason": "Deactivated",
+            "message": "The workload is deactivated due to exceeding the maximum number of "
+            "re-queuing retries",
+        }
+    )
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", evicted)
+    ready = await cluster.wait_condition("demo", "Ready", reason="Deactivated")
+    assert "deactivated by Kueue" in ready["message"]
+    assert cluster.condition("demo", "Progressing")["reason"] == "Deactivated"
+    assert cluster.condition("demo", "Admitted")["reason"] == "Deactivated"
+    await cluster.eventually(
+        lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True, what="suspended"
+    )
+    await cluster.eventually(
+        lambda: "admission" not in _workload(cluster)["status"], what="the quota released"
+    )
+    # The operator never turns a deactivation by Kueue back on.
+    await cluster.settle()
+    assert _workload(cluster)["spec"]["active"] is False
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+    assert cluster.emulator.count_created("workloads") == 1
+
+
+async def test_spec_suspend_deactivates_the_workload_and_resuming_reactivates_it(
+    cluster: Cluster,
+):
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await _admit(cluster)
+    await cluster.patch_spec("demo", {"suspend": True})
+    await cluster.eventually(
+        lambda: _workload(cluster)["spec"].get("active") is False, what="deactivated"
+    )
+    await cluster.wait_condition("demo", "Ready", reason="Suspended")
+    assert cluster.condition("demo", "Admitted")["reason"] == "Suspended"
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+    await cluster.patch_spec("demo", {"suspend": False})
+    await cluster.eventually(
+        lambda: _workload(cluster)["spec"].get("active") is True, what="reactivated"
+    )
+    assert "aflowrl.io/deactivated-for-suspend" not in (
+        _workload(cluster)["metadata"].get("annotations") or {}
+    )
+    assert _workload(cluster)["metadata"]["uid"] == workload["metadata"]["uid"]
+
+
+async def test_a_refused_workload_keeps_the_run_held_and_says_why(cluster: Cluster):
+    cluster.emulator.fail_next("PATCH", "workloads", 422, times=10_000)
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    degraded = await cluster.wait_condition("demo", "Degraded", reason="ChildRejected")
+    assert "Workload demo-kueue" in degraded["message"]
+    assert "the Workload was refused" in cluster.condition("demo", "Ready")["message"]
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+    cluster.emulator.clear_failures()
+    await cluster.patch_spec("demo", {"trainer": {"iterations": 7}})  # any change: a new pass
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await cluster.wait_condition("demo", "Ready", reason="Queued")
+
+
+async def test_a_cluster_with_kueue_v1beta1_only_gets_v1beta1_workloads(
+    cluster_kueue_v1beta1: Cluster,
+):
+    cluster = cluster_kueue_v1beta1
+    await _flavor(cluster, V1BETA1)
+    await cluster.emulator.put_object(
+        "scheduling.k8s.io/v1/priorityclasses",
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": "training"},
+            "value": 500,
+        },
+    )
+    spec = {**TINY, "scheduling": {"priorityClassName": "training"}}
+    await cluster.create_run("demo", spec, labels=QUEUE)
+    workload = await cluster.eventually(lambda: _workload(cluster, V1BETA1), what="Workload")
+    assert workload["apiVersion"] == V1BETA1
+    assert workload["spec"]["priorityClassName"] == "training"
+    assert workload["spec"]["priorityClassSource"] == "scheduling.k8s.io/priorityclass"
+    assert workload["spec"]["priority"] == 500
+    await _admit(cluster, V1BETA1)
+    rollout = cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["template"]["spec"]
+    assert rollout["nodeSelector"] == {"cloud.example.com/pool": "h100"}
+    assert TAINT in rollout["tolerations"]
+    await _pods(cluster, ready=True)
+    await cluster.eventually(
+        lambda: _cond(_workload(cluster, V1BETA1), "PodsReady").get("status") == "True",
+        what="PodsReady",
+    )
+
+
+async def test_the_chart_grants_every_kueue_request_the_operator_makes(cluster: Cluster):
+    """Drive every Kueue path (priority, flavors, PodsReady, eviction, requeue, suspend,
+    Finished), then check each request against the chart's default RBAC."""
+    await _flavor(cluster)
+    await cluster.emulator.put_object(
+        "scheduling.k8s.io/v1/priorityclasses",
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": "training"},
+            "value": 5,
+        },
+    )
+    spec = {**TINY, "scheduling": {"priorityClassName": "training"}}
+    await cluster.create_run("demo", spec, labels=QUEUE)
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await _admit(cluster)
+    await _pods(cluster, ready=True)
+    await cluster.eventually(
+        lambda: _cond(_workload(cluster), "PodsReady").get("status") == "True", what="PodsReady"
+    )
+    evicted = _admitted()
+    evicted["conditions"].append({"type": "Evicted", "status": "True", "reason": "Preempted"})
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", evicted)
+    await _pods(cluster, ready=False)
+    await cluster.eventually(
+        lambda: "admission" not in _workload(cluster)["status"], what="the quota released"
+    )
+    await cluster.patch_spec("demo", {"suspend": True})
+    await cluster.eventually(
+        lambda: _workload(cluster)["spec"].get("active") is False, what="deactivated"
+    )
+    await cluster.patch_spec("demo", {"suspend": False})
+    await _admit(cluster)
+    complete = {"conditions": [{"type": "Complete", "status": "True"}]}
+    await cluster.emulator.set_status(JOBS, NAMESPACE, "demo-trainer", complete)
+    await cluster.eventually(lambda: _cond(_workload(cluster), "Finished"), what="Finished")
+
+    rules = [
+        rule
+        for _, text in build_manifests.rendered_documents()
+        for doc in [yaml.safe_load(text)]
+        if doc["kind"] == "ClusterRole"
+        for rule in doc["rules"]
+    ]
+    made = {r for r in cluster.emulator.operator_requests() if r[1] in KUEUE_GROUPS}
+    assert {
+        ("get", "kueue.x-k8s.io", "resourceflavors"),
+        ("get", "scheduling.k8s.io", "priorityclasses"),
+        ("patch", "kueue.x-k8s.io", "workloads"),
+        ("patch", "kueue.x-k8s.io", "workloads/status"),
+        ("watch", "kueue.x-k8s.io", "workloads"),
+    } <= made
+    denied = sorted(
+        (verb, group, resource)
+        for verb, group, resource in made
+        if not any(
+            group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+            for rule in rules
+        )
+    )
+    assert denied == [], f"the chart's RBAC refuses requests the operator makes: {denied}"
