@@ -23,7 +23,8 @@ local runs from the shell.
 | AFLOWRL_SANDBOX | sandbox isolation: "auto" (bubblewrap where it runs), "bwrap" or "rlimits" |
 | MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ | glibc's malloc settings: when set, kept |
 | GLIBC_TUNABLES | with a ``glibc.malloc.`` setting, malloc is left alone (``GLIBC_MALLOC_SET``) |
-| RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT | set by torchrun for learner ranks |
+| RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT | set by torchrun for learner ranks |
+| AFLOWRL_GROUP_LEADER / _SIZE / _RANK / _PORT | a pod of a multi-node group (LeaderWorkerSet): the leader's address, the group's pod count, this pod's index (0: the leader), the port where the group meets |
 
 Third-party libraries that read their own variables at import (vLLM) get defaults through
 :func:`set_default`, so a value the operator or the user set always wins.
@@ -58,6 +59,11 @@ if TYPE_CHECKING:
     RANK: int
     LOCAL_RANK: int
     WORLD_SIZE: int
+    LOCAL_WORLD_SIZE: int
+    AFLOWRL_GROUP_LEADER: str | None
+    AFLOWRL_GROUP_SIZE: int
+    AFLOWRL_GROUP_RANK: int
+    AFLOWRL_GROUP_PORT: int | None
     MASTER_ADDR: str | None
     MASTER_PORT: int | None
 
@@ -106,6 +112,13 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "RANK": lambda: _int("RANK", 0),
     "LOCAL_RANK": lambda: _int("LOCAL_RANK", 0),
     "WORLD_SIZE": lambda: _int("WORLD_SIZE", 1),
+    "LOCAL_WORLD_SIZE": lambda: _int("LOCAL_WORLD_SIZE", _int("WORLD_SIZE", 1)),
+    "AFLOWRL_GROUP_LEADER": lambda: os.environ.get("AFLOWRL_GROUP_LEADER") or None,
+    "AFLOWRL_GROUP_SIZE": lambda: _int("AFLOWRL_GROUP_SIZE", 1),
+    "AFLOWRL_GROUP_RANK": lambda: _int("AFLOWRL_GROUP_RANK", 0),
+    "AFLOWRL_GROUP_PORT": lambda: (
+        int(os.environ["AFLOWRL_GROUP_PORT"]) if os.environ.get("AFLOWRL_GROUP_PORT") else None
+    ),
     "MASTER_ADDR": lambda: os.environ.get("MASTER_ADDR") or None,
     "MASTER_PORT": lambda: (
         int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else None

@@ -69,6 +69,9 @@ KUEUE = {
     "kueue.x-k8s.io/v1beta1/workloads": ("Workload", True, True),
     "kueue.x-k8s.io/v1beta1/resourceflavors": ("ResourceFlavor", False, False),
 }
+GROUPS = {
+    "leaderworkerset.x-k8s.io/v1/leaderworkersets": ("LeaderWorkerSet", True, True),
+}
 COSCHEDULING = {"scheduling.x-k8s.io/v1alpha1/podgroups": ("PodGroup", True, True)}
 PEERING = {
     "kopf.dev/v1/clusterkopfpeerings": ("ClusterKopfPeering", False, False),

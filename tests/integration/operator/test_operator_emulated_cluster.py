@@ -16,7 +16,15 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from kube_emulator import COSCHEDULING, KUEUE, MONITORING, PEERING, RESOURCES, KubeEmulator
+from kube_emulator import (
+    COSCHEDULING,
+    GROUPS,
+    KUEUE,
+    MONITORING,
+    PEERING,
+    RESOURCES,
+    KubeEmulator,
+)
 from operator_harness import NAMESPACE, RESYNC_S, RUNS, Cluster
 
 from aflowrl.common.run_status import RunStatusReporter
@@ -551,7 +559,7 @@ def test_the_emulator_declares_every_kind_the_operator_uses():
 
     declared = {
         kind
-        for table in (RESOURCES, MONITORING, KUEUE, COSCHEDULING, PEERING)
+        for table in (RESOURCES, MONITORING, KUEUE, COSCHEDULING, PEERING, GROUPS)
         for kind, _, _ in table.values()
     }
     assert set(KINDS) <= declared

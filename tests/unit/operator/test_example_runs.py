@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+import leaderworkerset
 from aflowrl.config import RunSpec
 from aflowrl_operator import children
 from aflowrl_operator.names import RunRef
@@ -43,7 +44,9 @@ def test_an_example_is_accepted_everywhere(path):
         services=True, environment_replicas=spec.environment.replicas.min, trainer_suspended=False
     )
     for manifest in children.full_manifests(run, spec, scale, monitoring_api=True):
-        if manifest["kind"] not in {"PodMonitor", "PodGroup"}:  # CRDs: no schema ships
+        if manifest["kind"] == "LeaderWorkerSet":  # its CRD's schema, pod templates strict
+            leaderworkerset.validate(copy.deepcopy(manifest), K8S_VERSION)
+        elif manifest["kind"] not in {"PodMonitor", "PodGroup"}:  # CRDs: no schema ships
             kubernetes_validate.validate(copy.deepcopy(manifest), K8S_VERSION, strict=True)
 
 
@@ -109,5 +112,7 @@ def test_the_readme_shows_kueue_and_gang_runs_that_validate():
         run = RunRef(name=doc["metadata"]["name"], namespace="default", uid="uid")
         scale = children.Scale(services=True, environment_replicas=1, trainer_suspended=False)
         for manifest in children.full_manifests(run, accepted, scale, monitoring_api=False):
-            if manifest["kind"] != "PodGroup":
+            if manifest["kind"] == "LeaderWorkerSet":
+                leaderworkerset.validate(copy.deepcopy(manifest), K8S_VERSION)
+            elif manifest["kind"] != "PodGroup":
                 kubernetes_validate.validate(copy.deepcopy(manifest), K8S_VERSION, strict=True)

@@ -8,8 +8,9 @@ import datetime
 import kubernetes_validate
 import pytest
 
+import leaderworkerset
 from aflowrl.config import RunSpec
-from aflowrl_operator import children, workloads
+from aflowrl_operator import children, groups, workloads
 from aflowrl_operator.names import RunRef
 
 K8S_VERSION = "1.30.0"
@@ -113,8 +114,10 @@ SPECS: dict[str, dict] = {
 }
 
 
-def _manifests(spec: RunSpec, scale: children.Scale = RUNNING) -> list[dict]:
-    return children.full_manifests(RUN, spec, scale, monitoring_api=True)
+def _manifests(
+    spec: RunSpec, scale: children.Scale = RUNNING, *, group_api: bool = True
+) -> list[dict]:
+    return children.full_manifests(RUN, spec, scale, monitoring_api=True, group_api=group_api)
 
 
 def _by(manifests: list[dict], kind: str, name: str) -> dict:
@@ -123,9 +126,12 @@ def _by(manifests: list[dict], kind: str, name: str) -> dict:
 
 def _containers(manifests: list[dict]):
     for m in manifests:
-        template = m.get("spec", {}).get("template")
+        template = m.get("spec", {}).get("template") or groups.pod_template_of(m)
         if template:
             yield m, template["spec"], template["spec"]["containers"]
+        if m["kind"] == groups.KIND:
+            worker = m["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+            yield m, worker["spec"], worker["spec"]["containers"]
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
@@ -140,7 +146,10 @@ def test_every_child_is_a_valid_kubernetes_object(name):
                 "scheduling.x-k8s.io/v1alpha1",
             }
             continue
-        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+        if manifest["kind"] == "LeaderWorkerSet":
+            leaderworkerset.validate(manifest, K8S_VERSION)
+        else:
+            kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
         assert manifest["metadata"]["ownerReferences"] == [RUN.owner_reference()]
 
 
@@ -178,12 +187,14 @@ def test_commands_are_the_contracted_entry_points():
     manifests = _manifests(spec)
 
     def command(kind: str, name: str) -> list[str]:
-        return _by(manifests, kind, name)["spec"]["template"]["spec"]["containers"][0]["command"]
+        template = groups.pod_template_of(_by(manifests, kind, name))
+        assert template is not None
+        return template["spec"]["containers"][0]["command"]
 
     spec_args = ["--spec", "/etc/aflowrl/spec.yaml", "--host", "0.0.0.0"]
     assert command("Deployment", "demo-env") == ["aflowrl", "serve", "env", *spec_args]
     assert command("Deployment", "demo-rollout") == ["aflowrl", "serve", "rollout", *spec_args]
-    assert command("StatefulSet", "demo-learner") == [
+    assert command("LeaderWorkerSet", "demo-learner") == [
         "torchrun", "--nnodes", "4", "--nproc-per-node", "8",
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", "demo-learner-0.demo-learner.team-a.svc:29500",
@@ -209,7 +220,8 @@ def test_commands_are_the_contracted_entry_points():
 
 
 def test_gpu_pods_get_gpus_placement_and_shared_memory():
-    manifests = _manifests(RunSpec.from_document(SPECS["multi-node"]))
+    # Without the LeaderWorkerSet API a multi-node learner is a StatefulSet.
+    manifests = _manifests(RunSpec.from_document(SPECS["multi-node"]), group_api=False)
     learner = _by(manifests, "StatefulSet", "demo-learner")
     pod = learner["spec"]["template"]["spec"]
     main = pod["containers"][0]
@@ -309,6 +321,8 @@ def test_optional_children_appear_and_disappear_with_the_spec():
         ("PodMonitor", "demo"),
         ("PodGroup", "demo-gpu"),  # no gang scheduling: a PodGroup left from before goes
         ("PodDisruptionBudget", "demo-env"),
+        ("LeaderWorkerSet", "demo-rollout-group"),  # one pod per replica: no groups
+        ("LeaderWorkerSet", "demo-executor-group"),
     }
     full = children.build(
         RUN, RunSpec.from_document(SPECS["multi-node"]), RUNNING, monitoring_api=True
@@ -355,7 +369,9 @@ def test_the_config_map_holds_the_resolved_spec():
 
 
 def _pod(manifests: list[dict], kind: str, name: str) -> dict:
-    return _by(manifests, kind, name)["spec"]["template"]
+    template = groups.pod_template_of(_by(manifests, kind, name))
+    assert template is not None
+    return template
 
 
 def test_pod_overrides_are_merged_per_component():
@@ -372,7 +388,7 @@ def test_pod_overrides_are_merged_per_component():
     assert rollout["spec"]["priorityClassName"] == "training"  # scheduling's, not overridden
     assert rollout["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
 
-    learner = _pod(manifests, "StatefulSet", "demo-learner")["spec"]
+    learner = _pod(manifests, "LeaderWorkerSet", "demo-learner")["spec"]
     assert learner["priorityClassName"] == "training-high"  # the override replaces it
     assert learner["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     term = learner["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
@@ -387,7 +403,7 @@ def test_pod_overrides_are_merged_per_component():
 
 def test_gpu_pods_get_nccl_shared_memory_and_rdma():
     manifests = _manifests(RunSpec.from_document(SPECS["gpu-cluster"]))
-    learner = _pod(manifests, "StatefulSet", "demo-learner")["spec"]
+    learner = _pod(manifests, "LeaderWorkerSet", "demo-learner")["spec"]
     main = learner["containers"][0]
     env = {e["name"]: e.get("value") for e in main["env"]}
     assert env["NCCL_DEBUG"] == "WARN"
@@ -413,7 +429,7 @@ def test_gang_scheduling_groups_every_gpu_pod():
     manifests = _manifests(RunSpec.from_document(SPECS["gpu-cluster"]))
     group = _by(manifests, "PodGroup", "demo-gpu")
     assert group["spec"] == {"minMember": 2 + 2, "scheduleTimeoutSeconds": 900}
-    for kind, name in (("Deployment", "demo-rollout"), ("StatefulSet", "demo-learner")):
+    for kind, name in (("Deployment", "demo-rollout"), ("LeaderWorkerSet", "demo-learner")):
         pod = _pod(manifests, kind, name)
         assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "demo-gpu"
         assert pod["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
@@ -449,7 +465,7 @@ def test_the_kueue_workload_has_one_pod_set_per_component():
     )
     learner = _pod(
         children.full_manifests(RUN, spec, admitted, monitoring_api=False),
-        "StatefulSet",
+        "LeaderWorkerSet",
         "demo-learner",
     )
     assert learner["spec"]["nodeSelector"]["cloud.example.com/pool"] == "h100-reserved"
