@@ -23,8 +23,11 @@ local runs from the shell.
 | AFLOWRL_SANDBOX | sandbox isolation: "auto" (bubblewrap where it runs), "bwrap" or "rlimits" |
 | MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ | glibc's malloc settings: when set, kept |
 | GLIBC_TUNABLES | with a ``glibc.malloc.`` setting, malloc is left alone (``GLIBC_MALLOC_SET``) |
-| RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT | set by torchrun for learner ranks |
-| AFLOWRL_GROUP_LEADER / _SIZE / _RANK / _PORT | a pod of a multi-node group (LeaderWorkerSet): the leader's address, the group's pod count, this pod's index (0: the leader), the port where the group meets |
+| RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT | set by torchrun for learner ranks |
+| LOCAL_WORLD_SIZE | ranks per node (torchrun): fewer than WORLD_SIZE makes the mesh HSDP |
+| AFLOWRL_GROUP_LEADER | a pod of a multi-node group (LeaderWorkerSet): the leader's address |
+| AFLOWRL_GROUP_SIZE / _RANK | pods of the group; this pod's index in it (0: the leader) |
+| AFLOWRL_GROUP_PORT | the leader's port where the group's engine meets (mp master or Ray) |
 
 Third-party libraries that read their own variables at import (vLLM) get defaults through
 :func:`set_default`, so a value the operator or the user set always wins.
