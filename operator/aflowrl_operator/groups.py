@@ -63,9 +63,9 @@ LEADERS = {WORKER_INDEX_LABEL: "0"}
 """Selector of group leaders."""
 RESTART_POLICY = "RecreateGroupOnPodRestart"
 """Any pod's failure (a container restart or a deleted pod) recreates its whole group."""
-GROUP_PORT = 29600
+GROUP_PORT = 29610
 """Port on the leader where a group's engine meets: vLLM's torch.distributed master (``mp``) or
-the Ray head's GCS (``ray``)."""
+the Ray head's GCS (``ray``); not 29600, the nccl weight transport's default port."""
 UNAVAILABLE = "MultiNodeUnavailable"
 """Condition reason of a run that needs LeaderWorkerSets on a cluster without the API."""
 

@@ -25,6 +25,7 @@ local runs from the shell.
 | GLIBC_TUNABLES | with a ``glibc.malloc.`` setting, malloc is left alone (``GLIBC_MALLOC_SET``) |
 | RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT | set by torchrun for learner ranks |
 | LOCAL_WORLD_SIZE | ranks per node (torchrun): fewer than WORLD_SIZE makes the mesh HSDP |
+| AFLOWRL_RDMA_DEVICES | RDMA devices the pod asked for (resources.rdma): serve checks they exist |
 | AFLOWRL_GROUP_LEADER | a pod of a multi-node group (LeaderWorkerSet): the leader's address |
 | AFLOWRL_GROUP_SIZE / _RANK | pods of the group; this pod's index in it (0: the leader) |
 | AFLOWRL_GROUP_PORT | the leader's port where the group's engine meets (mp master or Ray) |
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     LOCAL_RANK: int
     WORLD_SIZE: int
     LOCAL_WORLD_SIZE: int
+    AFLOWRL_RDMA_DEVICES: int
     AFLOWRL_GROUP_LEADER: str | None
     AFLOWRL_GROUP_SIZE: int
     AFLOWRL_GROUP_RANK: int
@@ -116,6 +118,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "LOCAL_RANK": lambda: _int("LOCAL_RANK", 0),
     "WORLD_SIZE": lambda: _int("WORLD_SIZE", 1),
     "LOCAL_WORLD_SIZE": lambda: _int("LOCAL_WORLD_SIZE", _int("WORLD_SIZE", 1)),
+    "AFLOWRL_RDMA_DEVICES": lambda: _int("AFLOWRL_RDMA_DEVICES", 0),
     "AFLOWRL_GROUP_LEADER": lambda: os.environ.get("AFLOWRL_GROUP_LEADER") or None,
     "AFLOWRL_GROUP_SIZE": lambda: _int("AFLOWRL_GROUP_SIZE", 1),
     "AFLOWRL_GROUP_RANK": lambda: _int("AFLOWRL_GROUP_RANK", 0),

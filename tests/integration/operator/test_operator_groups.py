@@ -137,7 +137,7 @@ async def test_a_multi_node_replica_is_a_leader_worker_set_group(lws_cluster: Cl
     assert {p["name"]: p["containerPort"] for p in leader["ports"]} == {
         "grpc": 50052,
         "metrics": 9090,
-        "group": 29600,
+        "group": 29610,
     }
     assert leader["readinessProbe"]["grpc"]["port"] == 50052
     assert "exec" in worker["readinessProbe"] and "exec" in worker["livenessProbe"]
@@ -146,7 +146,7 @@ async def test_a_multi_node_replica_is_a_leader_worker_set_group(lws_cluster: Cl
         assert env["AFLOWRL_GROUP_LEADER"] == "$(LWS_LEADER_ADDRESS)"
         assert env["AFLOWRL_GROUP_RANK"] == "$(LWS_WORKER_INDEX)"
         assert env["AFLOWRL_GROUP_SIZE"] == "$(LWS_GROUP_SIZE)"
-        assert env["AFLOWRL_GROUP_PORT"] == "29600"
+        assert env["AFLOWRL_GROUP_PORT"] == "29610"
         assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
         assert container["resources"]["limits"]["rdma/ib"] == "1"
     # The trainer's Service selects the leaders only.
@@ -163,11 +163,11 @@ async def test_a_multi_node_replica_is_a_leader_worker_set_group(lws_cluster: Cl
     leader = lwt["leaderTemplate"]["spec"]["containers"][0]
     worker = lwt["workerTemplate"]["spec"]["containers"][0]
     assert leader["command"][:2] == ["sh", "-c"]
-    assert leader["command"][2].startswith("ray start --head --port 29600")
+    assert leader["command"][2].startswith("ray start --head --port 29610")
     assert "--distributed-executor-backend ray" in leader["command"][2]
     assert "--tensor-parallel-size 8 --pipeline-parallel-size 2" in leader["command"][2]
     assert worker["command"] == [
-        "ray", "start", "--address", "$(LWS_LEADER_ADDRESS):29600", "--block",
+        "ray", "start", "--address", "$(LWS_LEADER_ADDRESS):29610", "--block",
     ]  # fmt: skip
     assert leader["readinessProbe"]["httpGet"]["path"] == "/health"
     service = cluster.child(SERVICES, "demo-executor")

@@ -409,6 +409,9 @@ def test_gpu_pods_get_nccl_shared_memory_and_rdma():
     assert env["NCCL_DEBUG"] == "WARN"
     assert (env["NCCL_SOCKET_IFNAME"], env["NCCL_IB_HCA"]) == ("eth0", "mlx5")
     assert env["NCCL_IB_GID_INDEX"] == "3"
+    # RDMA asked for: InfiniBand without a quiet fall-back, and checked at start-up.
+    assert (env["NCCL_NET"], env["NCCL_IB_DISABLE"]) == ("IB", "0")
+    assert env["AFLOWRL_RDMA_DEVICES"] == "1"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert main["resources"]["limits"]["rdma/ib"] == "1"
     assert main["resources"]["requests"]["rdma/ib"] == "1"
@@ -420,6 +423,7 @@ def test_gpu_pods_get_nccl_shared_memory_and_rdma():
     rollout_env = {e["name"] for e in rollout["containers"][0]["env"]}
     # vLLM's memory pool refuses expandable segments: its pods do not get them.
     assert "NCCL_DEBUG" in rollout_env and "PYTORCH_CUDA_ALLOC_CONF" not in rollout_env
+    assert "NCCL_NET" not in rollout_env and "AFLOWRL_RDMA_DEVICES" not in rollout_env
     assert "add" not in rollout["containers"][0]["securityContext"]["capabilities"]
     env_pod = _pod(manifests, "Deployment", "demo-env")["spec"]
     assert "NCCL_DEBUG" not in {e["name"] for e in env_pod["containers"][0]["env"]}
