@@ -36,9 +36,10 @@ Third-party libraries that read their own variables at import (vLLM) get default
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -147,6 +148,20 @@ def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra or {})
     return env
+
+
+@contextlib.contextmanager
+def overridden(name: str, value: str) -> Iterator[None]:
+    """``name`` set to ``value`` for this process during the block, then as it was."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def set_default(name: str, value: str) -> str:

@@ -28,10 +28,13 @@ import dataclasses
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from aflowrl import envs
@@ -112,8 +115,10 @@ def _wait_for_port(host: str, port: int, process: subprocess.Popen[bytes], timeo
 
 
 def ray_command() -> str:
-    """The ``ray`` executable (the ``ray`` extra of aflow-rl; the GPU image has it)."""
-    found = shutil.which("ray")
+    """The ``ray`` executable of this Python environment, else of ``PATH`` (the ``ray`` extra of
+    aflow-rl; the GPU image has it)."""
+    beside = Path(sys.executable).parent / "ray"
+    found = str(beside) if beside.is_file() else shutil.which("ray")
     if found is None:
         raise FailedPreconditionError(
             "vllm.distributedBackend ray needs Ray: pip install 'aflow-rl[ray]' (the GPU image "
@@ -128,22 +133,29 @@ def ray_head(port: int, *, timeout: float = RAY_START_TIMEOUT_S) -> Iterator[str
     ``RAY_ADDRESS`` for this process, so vLLM's Ray executor attaches to it. The head runs in
     the foreground of a child process (``--block``) and is stopped on exit."""
     command = [ray_command(), "start", "--head", "--port", str(port)]
-    command += ["--disable-usage-stats", "--block"]
+    command += ["--include-dashboard", "false", "--disable-usage-stats", "--block"]
     logger.info("starting the group's Ray head: %s", " ".join(command))
     process = subprocess.Popen(command, env=envs.child_environment(), start_new_session=True)
     try:
         _wait_for_port("127.0.0.1", port, process, timeout)
         address = f"127.0.0.1:{port}"
-        os.environ["RAY_ADDRESS"] = address
-        yield address
+        with envs.overridden("RAY_ADDRESS", address):  # vLLM's Ray executor attaches to it
+            yield address
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process_group(process)
+
+
+def stop_process_group(process: subprocess.Popen[bytes], *, grace_s: float = 30.0) -> None:
+    """Stop a process started with ``start_new_session`` and everything it started (a Ray
+    node's GCS, raylet and workers share its process group): SIGTERM, then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            continue
+        break
 
 
 def worker_command(spec: RunSpec, topology: GroupTopology) -> list[str] | None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from aflowrl import group
@@ -115,8 +113,9 @@ def test_a_worker_pod_checks_where_it_runs(tmp_path, monkeypatch, capsys):
     assert "AFLOWRL_GROUP_SIZE=3 differs" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(shutil.which("ray") is not None, reason="Ray is installed here")
-def test_ray_workers_without_ray_say_how_to_get_it():
+def test_ray_workers_without_ray_say_how_to_get_it(monkeypatch):
+    monkeypatch.setattr(group.sys, "executable", "/nonexistent/python")
+    monkeypatch.setenv("PATH", "/nonexistent")
     topology = group.GroupTopology(leader="leader.ns", size=2, rank=1, port=29610)
     with pytest.raises(FailedPreconditionError, match=r"aflow-rl\[ray\]"):
         group.worker_command(_spec("ray"), topology)

@@ -21,10 +21,11 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "manifests" / "examples
 K8S_VERSION = "1.30.0"
 
 
-def test_there_are_the_six_examples():
+def test_there_are_the_seven_examples():
     assert [p.name for p in EXAMPLES] == [
         "gang-multi-node.yaml",
         "kueue-gsm8k.yaml",
+        "multi-node-70b.yaml",
         "multi-node.yaml",
         "qwen2.5-7b-gsm8k-8gpu.yaml",
         "qwen2.5-7b-mixed-transfer-8gpu.yaml",
