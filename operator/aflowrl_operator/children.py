@@ -340,7 +340,9 @@ def build(
         group, service = groups.learner(
             run, spec, spec_hash_=spec_digest, node_labels=labels.get("learner")
         )
-        children += [Child(group, 1 if services else 0), Child(service)]
+        # The Service first: the LWS controller creates one of the group's name when it finds
+        # none, and the run could then not own it.
+        children += [Child(service), Child(group, 1 if services else 0)]
     else:
         statefulset, service = learner(
             run, spec, spec_hash_=spec_digest, node_labels=labels.get("learner")

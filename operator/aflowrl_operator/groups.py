@@ -36,6 +36,7 @@ Called by :mod:`aflowrl_operator.children`.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from aflowrl.config import OpenAIExecutorSpec, RunSpec
@@ -305,7 +306,7 @@ def executor(
         # container holds); the leader's server places the engine's workers on the group. The
         # head is started before the server and the server is exec'd, so either's failure is
         # the container's exit status (no shell left waiting).
-        server = " ".join([*VLLM_SERVER, *args, "--distributed-executor-backend", "ray"])
+        server = shlex.join([*VLLM_SERVER, *args, "--distributed-executor-backend", "ray"])
         leader_cmd = [
             "sh",
             "-c",

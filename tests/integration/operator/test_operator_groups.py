@@ -183,6 +183,12 @@ async def test_a_multi_node_replica_is_a_leader_worker_set_group(lws_cluster: Cl
     assert "29500" in worker["livenessProbe"]["exec"]["command"][-1]
     service = cluster.child(SERVICES, "demo-learner")
     assert service["spec"]["publishNotReadyAddresses"] is True
+    # The run's Service exists before the group, so the LWS controller reuses it (as the
+    # pods' subdomain) rather than creating one of that name the run could not own.
+    created = [(plural, name) for plural, _, name in cluster.emulator.created]
+    assert created.index(("services", "demo-learner")) < created.index(
+        ("leaderworkersets", "demo-learner")
+    )
 
 
 async def test_a_group_that_restarts_makes_the_run_degraded_until_it_is_back(

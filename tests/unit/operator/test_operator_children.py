@@ -562,3 +562,41 @@ def test_the_environment_gets_a_disruption_budget_only_when_asked():
     other = _by(manifests, "Deployment", "demo-rollout")["spec"]["template"]["metadata"]["labels"]
     assert not budget["spec"]["selector"]["matchLabels"].items() <= other.items()
     assert children.spec_hash(spec) == children.spec_hash(RunSpec())  # no pod restarts
+
+
+def test_a_multi_node_executor_over_mp_runs_vllm_headless_on_its_workers():
+    spec = RunSpec.from_document(
+        {
+            "environment": {
+                "executor": {
+                    "type": "openai",
+                    "model": "exec",
+                    "serve": {
+                        "model": "/models/exec",
+                        "nodesPerReplica": 2,
+                        "resources": {"gpus": 8},
+                    },
+                }
+            }
+        }
+    )
+    manifests = _manifests(spec)
+    group = _by(manifests, "LeaderWorkerSet", "demo-executor-group")
+    lwt = group["spec"]["leaderWorkerTemplate"]
+    leader = lwt["leaderTemplate"]["spec"]["containers"][0]["command"]
+    worker = lwt["workerTemplate"]["spec"]["containers"][0]["command"]
+    multinode = ["--nnodes", "2", "--master-addr", "$(LWS_LEADER_ADDRESS)"]
+    assert leader[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert worker[:5] == ["python3", "-m", "vllm.entrypoints.cli.main", "serve", "/models/exec"]
+    for command in (leader, worker):
+        text = " ".join(command)
+        assert "--tensor-parallel-size 16 --pipeline-parallel-size 1" in text
+        assert "--distributed-executor-backend mp" in text and " ".join(multinode) in text
+    assert leader[-2:] == ["--node-rank", "0"]
+    assert worker[-3:] == ["--node-rank", "$(LWS_WORKER_INDEX)", "--headless"]
+    assert not any(
+        m["kind"] == "Deployment" and m["metadata"]["name"] == "demo-executor" for m in manifests
+    )
+    service = _by(manifests, "Service", "demo-executor")
+    assert service["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    assert "clusterIP" not in service["spec"]  # a ClusterIP Service, as for one pod per replica
