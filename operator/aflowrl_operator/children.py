@@ -343,11 +343,14 @@ def build(
         # The Service first: the LWS controller creates one of the group's name when it finds
         # none, and the run could then not own it.
         children += [Child(service), Child(group, 1 if services else 0)]
+        absent.append(("StatefulSet", run.learner))  # from an operator before groups
     else:
         statefulset, service = learner(
             run, spec, spec_hash_=spec_digest, node_labels=labels.get("learner")
         )
         children += [Child(statefulset, spec.learner.nodes if services else 0), Child(service)]
+        if group_api:
+            absent.append((lws, run.learner))
     deployment, *others = environment(
         run, spec, spec_hash_=spec_digest, node_labels=labels.get("environment")
     )

@@ -323,6 +323,7 @@ def test_optional_children_appear_and_disappear_with_the_spec():
         ("PodDisruptionBudget", "demo-env"),
         ("LeaderWorkerSet", "demo-rollout-group"),  # one pod per replica: no groups
         ("LeaderWorkerSet", "demo-executor-group"),
+        ("LeaderWorkerSet", "demo-learner"),
     }
     full = children.build(
         RUN, RunSpec.from_document(SPECS["multi-node"]), RUNNING, monitoring_api=True
