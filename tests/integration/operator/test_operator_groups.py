@@ -13,7 +13,7 @@ import kmock
 import kubernetes_validate
 import pytest
 from kube_emulator import COSCHEDULING, GROUPS, KUEUE, MONITORING, PEERING, RESOURCES, KubeEmulator
-from operator_harness import NAMESPACE, Cluster
+from operator_harness import NAMESPACE, Cluster, chart_denies
 
 import leaderworkerset
 
@@ -253,6 +253,15 @@ async def test_a_group_that_restarts_makes_the_run_degraded_until_it_is_back(
     assert deployment["spec"]["replicas"] == 2
     service = cluster.child(SERVICES, "demo-rollout")
     assert "leaderworkerset.sigs.k8s.io/worker-index" not in service["spec"]["selector"]
+
+    # The chart's least-privilege RBAC grants what the groups took.
+    made = cluster.emulator.operator_requests()
+    assert {
+        ("get", "leaderworkerset.x-k8s.io", "leaderworkersets"),
+        ("patch", "leaderworkerset.x-k8s.io", "leaderworkersets"),  # server-side apply
+        ("delete", "leaderworkerset.x-k8s.io", "leaderworkersets"),
+    } <= made
+    assert chart_denies(made) == []
 
 
 async def test_without_the_leader_worker_set_api_the_run_says_so(plain_cluster: Cluster):
