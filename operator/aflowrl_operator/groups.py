@@ -44,6 +44,7 @@ from aflowrl_operator import pods
 from aflowrl_operator.names import RunRef
 from aflowrl_operator.workloads import (
     VLLM_SERVER,
+    component_service,
     executor_args,
     executor_service,
     executor_template,
@@ -209,11 +210,6 @@ def leader_worker_set(
     }
 
 
-def _command(container: JsonDict, command: list[str]) -> JsonDict:
-    container["command"] = command
-    return container
-
-
 def rollout(
     run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
 ) -> list[JsonDict]:
@@ -264,31 +260,11 @@ def rollout(
         leader=template(True),
         worker=template(False),
     )
-    service: JsonDict = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": run.metadata(run.rollout, "rollout"),
-        "spec": {
-            "clusterIP": "None",
-            "selector": {**run.selector("rollout"), **LEADERS},
-            "ports": [
-                {
-                    "name": "grpc",
-                    "port": ro.port,
-                    "targetPort": "grpc",
-                    "protocol": "TCP",
-                    "appProtocol": "grpc",
-                },
-                {
-                    "name": "metrics",
-                    "port": metrics,
-                    "targetPort": "metrics",
-                    "protocol": "TCP",
-                    "appProtocol": "http",
-                },
-            ],
-        },
-    }
+    ports: list[tuple[str, int, str | None]] = [
+        ("grpc", ro.port, "grpc"),
+        ("metrics", metrics, "http"),
+    ]
+    service = component_service(run, run.rollout, "rollout", ports, headless=True, only=LEADERS)
     return [lws, service]
 
 

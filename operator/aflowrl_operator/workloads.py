@@ -31,7 +31,7 @@ def executor_base_url(run: RunRef) -> str:
     return f"http://{run.executor}.{run.namespace}.svc:{EXECUTOR_PORT}/v1"
 
 
-def _service(
+def component_service(
     run: RunRef,
     name: str,
     component: str,
@@ -39,9 +39,12 @@ def _service(
     *,
     headless: bool,
     publish_not_ready: bool = False,
+    only: dict[str, str] | None = None,
 ) -> JsonDict:
+    """A Service of the component's pods (those with the labels ``only`` too, e.g. a group's
+    leaders) on the named ports (name, port, appProtocol)."""
     spec: JsonDict = {
-        "selector": run.selector(component),
+        "selector": {**run.selector(component), **(only or {})},
         "ports": [
             {
                 "name": port_name,
@@ -151,7 +154,7 @@ def _grpc_service(
     ]
     return [
         _deployment(run, name, component, template, _gpu_strategy(res.gpus)),
-        _service(run, name, component, ports, headless=True),
+        component_service(run, name, component, ports, headless=True),
     ]
 
 
@@ -283,7 +286,7 @@ def learner_service(run: RunRef, ports: list[tuple[str, int]]) -> JsonDict:
     service_ports: list[tuple[str, int, str | None]] = [
         (name, port, "grpc" if name == "grpc" else None) for name, port in ports
     ]
-    return _service(
+    return component_service(
         run, run.learner, "learner", service_ports, headless=True, publish_not_ready=True
     )
 
@@ -551,11 +554,10 @@ VLLM_SERVER = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 def executor_service(run: RunRef, *, leaders_only: dict[str, str] | None = None) -> JsonDict:
     """The served executor's ClusterIP Service on port 8000 (of group leaders only, when
     ``leaders_only`` names the label that marks them)."""
-    service = _service(
-        run, run.executor, "executor", [("http", EXECUTOR_PORT, "http")], headless=False
+    ports: list[tuple[str, int, str | None]] = [("http", EXECUTOR_PORT, "http")]
+    return component_service(
+        run, run.executor, "executor", ports, headless=False, only=leaders_only
     )
-    service["spec"]["selector"].update(leaders_only or {})
-    return service
 
 
 def executor(
