@@ -8,6 +8,9 @@ One call of :func:`build` gives every child of a run, in the order they are appl
 - ``<run>-executor`` Deployment + Service when the spec asks to serve the executor with vLLM;
 - ``<run>-rollout`` Deployment + headless Service (GPU resources, gRPC health probes);
 - ``<run>-learner`` StatefulSet + headless Service (torchrun ranks, c10d rendezvous on pod 0);
+- instead, LeaderWorkerSets for replicas larger than a node (:mod:`aflowrl_operator.groups`):
+  ``<run>-rollout-group`` / ``<run>-executor-group`` when ``nodesPerReplica`` is above 1, and
+  ``<run>-learner`` as one group when the learner has several nodes;
 - ``<run>-env`` Deployment + headless Service + HorizontalPodAutoscaler, the
   ``<run>-env-egress`` NetworkPolicy (DNS and the executor only), and a PodDisruptionBudget
   when ``environment.podDisruptionBudget`` is set;
@@ -42,7 +45,7 @@ from typing import Any
 import yaml
 
 from aflowrl.config import API_GROUP, PLURAL, OpenAIExecutorSpec, RunSpec
-from aflowrl_operator import kueue
+from aflowrl_operator import groups, kueue
 from aflowrl_operator.names import (
     COMPONENT_LABEL,
     PODSETS_HASH,
@@ -227,12 +230,12 @@ def gpu_pods(spec: RunSpec) -> dict[str, int]:
     """Pods per GPU component when the run is running (what a gang must place at once)."""
     counts = {}
     if spec.rollout.resources.gpus:
-        counts["rollout"] = spec.rollout.replicas
+        counts["rollout"] = spec.rollout.replicas * spec.rollout.nodes_per_replica
     if spec.learner.resources.gpus:
         counts["learner"] = spec.learner.nodes
     exe = spec.environment.executor
     if isinstance(exe, OpenAIExecutorSpec) and exe.serve is not None and exe.serve.resources.gpus:
-        counts["executor"] = exe.serve.replicas
+        counts["executor"] = exe.serve.replicas * exe.serve.nodes_per_replica
     return counts
 
 
@@ -267,16 +270,16 @@ def kueue_workload(
     replaced only when the shape changes while it holds no quota.
     """
     counts = {
-        "executor": _serve_replicas(spec),
-        "rollout": spec.rollout.replicas,
+        "executor": _serve_replicas(spec) * groups.pods_per_replica(spec, "executor"),
+        "rollout": spec.rollout.replicas * groups.pods_per_replica(spec, "rollout"),
         "learner": spec.learner.nodes,
         "environment": spec.environment.replicas.max,
     }
     pod_sets = []
     for child in desired.children:
         component = child.manifest["metadata"]["labels"].get(COMPONENT_LABEL, "")
-        if child.kind in {"Deployment", "StatefulSet"} and counts.get(component):
-            template = child.manifest["spec"]["template"]
+        template = groups.pod_template_of(child.manifest)
+        if template is not None and counts.get(component):
             pod_sets.append({"name": component, "count": counts[component], "template": template})
     pod_sets.append(
         {"name": "trainer", "count": 1, "template": desired.trainer_job["spec"]["template"]}
@@ -304,8 +307,14 @@ def _serve_replicas(spec: RunSpec) -> int:
     return exe.serve.replicas if isinstance(exe, OpenAIExecutorSpec) and exe.serve else 0
 
 
-def build(run: RunRef, spec: RunSpec, scale: Scale, *, monitoring_api: bool) -> Desired:
-    """Every child of the run for this spec and scale (see the module docstring)."""
+def build(
+    run: RunRef, spec: RunSpec, scale: Scale, *, monitoring_api: bool, group_api: bool = True
+) -> Desired:
+    """Every child of the run for this spec and scale (see the module docstring).
+
+    ``group_api``: the cluster serves LeaderWorkerSets; without it, groups that need them are
+    left out (the reconciler reports ``MultiNodeUnavailable``) and the learner is a
+    StatefulSet."""
     spec_digest = spec_hash(spec)
     services = scale.services
     labels = {component: where.node_selector for component, where in scale.placement.items()}
@@ -315,21 +324,54 @@ def build(run: RunRef, spec: RunSpec, scale: Scale, *, monitoring_api: bool) -> 
     if spec.storage.size is not None:
         children.append(Child(checkpoint_claim(run, spec)))
     exe = spec.environment.executor
-    if isinstance(exe, OpenAIExecutorSpec) and exe.serve is not None:
+    serve = exe.serve if isinstance(exe, OpenAIExecutorSpec) else None
+    lws = groups.KIND
+    if serve is not None and groups.executor_grouped(spec):
+        if group_api:
+            group, service = groups.executor(
+                run, spec, spec_hash_=spec_digest, node_labels=labels.get("executor")
+            )
+            children += [Child(group, serve.replicas if services else 0), Child(service)]
+        absent.append(("Deployment", run.executor))
+    elif serve is not None:
         deployment, service = executor(
             run, spec, spec_hash_=spec_digest, node_labels=labels.get("executor")
         )
-        children += [Child(deployment, exe.serve.replicas if services else 0), Child(service)]
+        children += [Child(deployment, serve.replicas if services else 0), Child(service)]
     else:
         absent += [("Deployment", run.executor), ("Service", run.executor)]
-    deployment, service = rollout(
-        run, spec, spec_hash_=spec_digest, node_labels=labels.get("rollout")
-    )
-    children += [Child(deployment, spec.rollout.replicas if services else 0), Child(service)]
-    statefulset, service = learner(
-        run, spec, spec_hash_=spec_digest, node_labels=labels.get("learner")
-    )
-    children += [Child(statefulset, spec.learner.nodes if services else 0), Child(service)]
+    if group_api and not groups.executor_grouped(spec):
+        absent.append((lws, groups.executor_group_name(run)))
+    if groups.rollout_grouped(spec):
+        if group_api:
+            group, service = groups.rollout(
+                run, spec, spec_hash_=spec_digest, node_labels=labels.get("rollout")
+            )
+            children += [Child(group, spec.rollout.replicas if services else 0), Child(service)]
+        absent.append(("Deployment", run.rollout))
+    else:
+        deployment, service = rollout(
+            run, spec, spec_hash_=spec_digest, node_labels=labels.get("rollout")
+        )
+        children += [Child(deployment, spec.rollout.replicas if services else 0), Child(service)]
+        if group_api:
+            absent.append((lws, groups.rollout_group_name(run)))
+    # The learner's kind never changes in a run (learner.nodes is immutable).
+    if groups.learner_grouped(spec) and group_api:
+        group, service = groups.learner(
+            run, spec, spec_hash_=spec_digest, node_labels=labels.get("learner")
+        )
+        # The Service first: the LWS controller creates one of the group's name when it finds
+        # none, and the run could then not own it.
+        children += [Child(service), Child(group, 1 if services else 0)]
+        absent.append(("StatefulSet", run.learner))  # from an operator before groups
+    else:
+        statefulset, service = learner(
+            run, spec, spec_hash_=spec_digest, node_labels=labels.get("learner")
+        )
+        children += [Child(statefulset, spec.learner.nodes if services else 0), Child(service)]
+        if group_api:
+            absent.append((lws, run.learner))
     deployment, *others = environment(
         run, spec, spec_hash_=spec_digest, node_labels=labels.get("environment")
     )
@@ -368,6 +410,11 @@ def build(run: RunRef, spec: RunSpec, scale: Scale, *, monitoring_api: bool) -> 
             component = child.manifest["metadata"]["labels"].get(COMPONENT_LABEL, "")
             if child.kind in {"Deployment", "StatefulSet"}:
                 kueue.place(child.manifest["spec"]["template"], scale.placement.get(component))
+            elif child.kind == "LeaderWorkerSet":  # every pod of the group: leader and workers
+                roles = child.manifest["spec"]["leaderWorkerTemplate"]
+                for role in ("leaderTemplate", "workerTemplate"):
+                    if role in roles:
+                        kueue.place(roles[role], scale.placement.get(component))
         if "trainer" in scale.placement:
             kueue.place(job["spec"]["template"], scale.placement["trainer"])
             job["metadata"]["annotations"][TEMPLATE_HASH] = digest(job["spec"]["template"])
@@ -400,10 +447,10 @@ def environment_replicas(spec: RunSpec, live_replicas: int | None) -> int:
 
 
 def full_manifests(
-    run: RunRef, spec: RunSpec, scale: Scale, *, monitoring_api: bool
+    run: RunRef, spec: RunSpec, scale: Scale, *, monitoring_api: bool, group_api: bool = True
 ) -> list[JsonDict]:
     """Every manifest as it is created (replica counts filled in): for validation and docs."""
-    desired = build(run, spec, scale, monitoring_api=monitoring_api)
+    desired = build(run, spec, scale, monitoring_api=monitoring_api, group_api=group_api)
     out = []
     for child in desired.children:
         manifest = json.loads(json.dumps(child.manifest))

@@ -75,6 +75,7 @@ KINDS: dict[str, Kind] = {
         ),
         Kind("apps/v1", "Deployment", "deployments"),
         Kind("apps/v1", "StatefulSet", "statefulsets"),
+        Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets"),
         Kind("batch/v1", "Job", "jobs"),
         Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
         Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),

@@ -89,6 +89,18 @@ def accelerator_env(
         env.append({"name": "NCCL_SOCKET_IFNAME", "value": nccl.socket_ifname})
     if nccl.ib_hca is not None:
         env.append({"name": "NCCL_IB_HCA", "value": nccl.ib_hca})
+    if res.rdma:
+        # InfiniBand / RoCE, and no quiet fall-back to sockets: `aflowrl serve` stops when no
+        # device is there (AFLOWRL_RDMA_DEVICES), and NCCL fails rather than use TCP
+        # (NCCL_NET=IB). nccl.env overrides any of these (e.g. NCCL_IB_GID_INDEX for RoCE).
+        defaults = {
+            "AFLOWRL_RDMA_DEVICES": str(res.rdma),
+            "NCCL_IB_DISABLE": "0",
+            "NCCL_NET": "IB",
+        }
+        env += [
+            {"name": key, "value": value} for key, value in defaults.items() if key not in nccl.env
+        ]
     env += [{"name": key, "value": value} for key, value in sorted(nccl.env.items())]
     if res.gpus and engine != "vllm":
         env.append({"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"})

@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from aflowrl.config import API_GROUP, API_VERSION, KIND, ConfigError, RunSpec
-from aflowrl_operator import capacity, children, kueue, status
+from aflowrl_operator import capacity, children, groups, kueue, status
 from aflowrl_operator.apply import FIELD_MANAGER, controlled_by, ensure, remove
 from aflowrl_operator.errors import ApiRejectedError, ApiUnavailableError, ChildConflictError
 from aflowrl_operator.kube import KubeApi
@@ -112,6 +112,7 @@ class Reconciler:
         self.metrics = metrics if metrics is not None else OperatorMetrics()
         self._cache_s = cluster_cache_s
         self._monitoring: tuple[float, bool] | None = None
+        self._groups: tuple[float, bool] | None = None
         self._warned_no_monitoring: set[str] = set()
         self._nodes: tuple[float, list[JsonDict]] | None = None
         self._kueue: tuple[float, str] | None = None
@@ -140,6 +141,13 @@ class Reconciler:
                     break
             self._kueue = (now, f"{kueue.GROUP}/{chosen}")
         return self._kueue[1]
+
+    async def _has_groups(self) -> bool:
+        """Whether the cluster serves LeaderWorkerSets (cached like the monitoring API)."""
+        now = time.monotonic()
+        if self._groups is None or now - self._groups[0] > self._cache_s:
+            self._groups = (now, await self.api.has_api(groups.LWS_API))
+        return self._groups[1]
 
     async def _cluster_nodes(self) -> list[JsonDict]:
         now = time.monotonic()
@@ -380,9 +388,14 @@ class Reconciler:
                 run.name,
                 MONITORING_API,
             )
-        desired = children.build(run, spec, scale, monitoring_api=monitoring_api)
+        group_api = await self._has_groups()
+        desired = children.build(
+            run, spec, scale, monitoring_api=monitoring_api, group_api=group_api
+        )
 
         problems: list[status.Problem] = []
+        if not group_api and groups.needs_api(spec):
+            problems.append((groups.UNAVAILABLE, groups.unavailable_message(spec)))
         live: dict[tuple[str, str], JsonDict] = {}
         for child in desired.children:
             autoscaled = (child.kind, child.name) == ("Deployment", run.environment)
@@ -427,26 +440,38 @@ class Reconciler:
             component = ((pod.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL, "")
             pod_problems.setdefault(component, []).extend(status.pod_problems(pod))
 
-        def workload(kind: str, name: str, component: str) -> status.Workload:
-            replicas = next(
-                (c.replicas for c in desired.children if (c.kind, c.name) == (kind, name)), 0
+        def workload(component: str) -> status.Workload:
+            """The component's workload (a Deployment, StatefulSet or LeaderWorkerSet)."""
+            child = next(
+                (
+                    c
+                    for c in desired.children
+                    if c.replicas is not None
+                    and c.manifest["metadata"]["labels"].get(COMPONENT_LABEL) == component
+                ),
+                None,
             )
+            key = (child.kind, child.name) if child is not None else ("", "")
             return status.workload_state(
-                live.get((kind, name)), replicas or 0, tuple(pod_problems.get(component, ()))
+                live.get(key),
+                (child.replicas or 0) if child is not None else 0,
+                tuple(pod_problems.get(component, ())),
             )
 
-        environment = workload("Deployment", run.environment, "environment")
-        if ("Deployment", run.executor) in {(c.kind, c.name) for c in desired.children}:
-            environment = status.combine(
-                environment, workload("Deployment", run.executor, "executor")
-            )
+        environment = workload("environment")
+        if any(
+            c.manifest["metadata"]["labels"].get(COMPONENT_LABEL) == "executor"
+            and c.replicas is not None
+            for c in desired.children
+        ):
+            environment = status.combine(environment, workload("executor"))
         unschedulable = (
             capacity.unschedulable(spec, await self._cluster_nodes()) if services else []
         )
         trainer = status.job_state(job_live, tuple(pod_problems.get("trainer", ())))
         components = (
-            workload("Deployment", run.rollout, "rollout"),
-            workload("StatefulSet", run.learner, "learner"),
+            workload("rollout"),
+            workload("learner"),
             environment,
         )
         queued: str | None = None

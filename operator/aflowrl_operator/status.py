@@ -55,6 +55,7 @@ _DEGRADED_PRIORITY = (
     "ImmutableFieldChanged",
     "ChildConflict",
     "ChildRejected",
+    "MultiNodeUnavailable",
     "Unschedulable",
     *_BAD_WAITING,
     "ReplicasUnavailable",

@@ -32,7 +32,7 @@ def executor_base_url(run: RunRef) -> str:
     return f"http://{run.executor}.{run.namespace}.svc:{EXECUTOR_PORT}/v1"
 
 
-def _service(
+def component_service(
     run: RunRef,
     name: str,
     component: str,
@@ -40,9 +40,12 @@ def _service(
     *,
     headless: bool,
     publish_not_ready: bool = False,
+    only: dict[str, str] | None = None,
 ) -> JsonDict:
+    """A Service of the component's pods (those with the labels ``only`` too, e.g. a group's
+    leaders) on the named ports (name, port, appProtocol)."""
     spec: JsonDict = {
-        "selector": run.selector(component),
+        "selector": {**run.selector(component), **(only or {})},
         "ports": [
             {
                 "name": port_name,
@@ -153,14 +156,13 @@ def _grpc_service(
     ]
     return [
         _deployment(run, name, component, template, _gpu_strategy(res.gpus)),
-        _service(run, name, component, ports, headless=True),
+        component_service(run, name, component, ports, headless=True),
     ]
 
 
-def rollout(
-    run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
-) -> list[JsonDict]:
-    """Rollout Deployment + headless Service: ``aflowrl serve rollout``."""
+def rollout_volumes(run: RunRef, spec: RunSpec) -> tuple[list[JsonDict], list[JsonDict]]:
+    """(volumes, mounts) of a rollout pod: the base ones, ``/dev/shm``, the policy's model claim
+    and, with the filesystem transport, the weights' volume."""
     volumes, mounts = pods.base_volumes(run, spec)
     shm, shm_mount = pods.shm_volume(spec.rollout.resources)
     model_vols, model_mounts = _model_mount(spec)
@@ -172,6 +174,21 @@ def rollout(
         weight_vols, weight_mounts = _weights_mount(run, spec)
         volumes += weight_vols
         mounts += weight_mounts
+    return volumes, mounts
+
+
+def rollout_env(spec: RunSpec) -> list[JsonDict]:
+    """Environment of a rollout container."""
+    return pods.base_env(spec) + pods.accelerator_env(
+        spec, spec.rollout.resources, engine=spec.rollout.engine
+    )
+
+
+def rollout(
+    run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
+) -> list[JsonDict]:
+    """Rollout Deployment + headless Service: ``aflowrl serve rollout``."""
+    volumes, mounts = rollout_volumes(run, spec)
     return _grpc_service(
         run,
         spec,
@@ -181,8 +198,7 @@ def rollout(
         image=spec.images.gpu,
         res=spec.rollout.resources,
         port=spec.rollout.port,
-        env=pods.base_env(spec)
-        + pods.accelerator_env(spec, spec.rollout.resources, engine=spec.rollout.engine),
+        env=rollout_env(spec),
         volumes=volumes,
         mounts=mounts,
         spec_hash_=spec_hash_,
@@ -220,17 +236,17 @@ def learner_command(run: RunRef, spec: RunSpec) -> list[str]:
     ]
 
 
-def learner(
-    run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
-) -> list[JsonDict]:
-    """Learner StatefulSet + headless Service: one pod per node, ``procsPerNode`` ranks each.
-
-    Pods start in parallel (torchrun waits for all nodes) and the Service publishes not-ready
-    addresses so the rendezvous host resolves before anything is ready. With one node, rank 0
-    serves gRPC and is probed; with several, only pod 0 serves it, so pods are not probed and
-    "ready" means running. Template changes apply when the pods next restart (``OnDelete``), so
-    an edit never kills a training step: suspend and resume the run to apply one at once.
-    """
+def learner_template(
+    run: RunRef,
+    spec: RunSpec,
+    *,
+    spec_hash_: str,
+    node_labels: dict[str, str] | None,
+    probed: bool,
+    extra_env: list[JsonDict] | None = None,
+) -> tuple[JsonDict, list[tuple[str, int]]]:
+    """The pod template of a learner node (``probed``: with gRPC health probes, for the pod
+    that runs rank 0) and its named ports."""
     ln = spec.learner
     volumes, mounts = pods.base_volumes(run, spec)
     shm, shm_mount = pods.shm_volume(ln.resources)
@@ -248,10 +264,10 @@ def learner(
         spec.images.gpu,
         command=learner_command(run, spec),
         res=ln.resources,
-        env=pods.base_env(spec) + pods.accelerator_env(spec, ln.resources),
+        env=pods.base_env(spec) + pods.accelerator_env(spec, ln.resources) + (extra_env or []),
         mounts=mounts,
         ports=ports,
-        probes=pods.grpc_probes(spec, ln.port) if ln.nodes == 1 else None,
+        probes=pods.grpc_probes(spec, ln.port) if probed else None,
     )
     template = pods.pod_template(
         run,
@@ -264,6 +280,37 @@ def learner(
         metrics_port=metrics,
         overrides=ln.pod,
         admitted_node_labels=node_labels,
+    )
+    return template, ports
+
+
+def learner_service(run: RunRef, ports: list[tuple[str, int]]) -> JsonDict:
+    """The learner's headless Service: every pod, ready or not (the rendezvous host must
+    resolve before anything is ready)."""
+    service_ports: list[tuple[str, int, str | None]] = [
+        (name, port, "grpc" if name == "grpc" else None) for name, port in ports
+    ]
+    return component_service(
+        run, run.learner, "learner", service_ports, headless=True, publish_not_ready=True
+    )
+
+
+def learner(
+    run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
+) -> list[JsonDict]:
+    """Learner StatefulSet + headless Service: one pod per node, ``procsPerNode`` ranks each.
+
+    Pods start in parallel (torchrun waits for all nodes) and the Service publishes not-ready
+    addresses so the rendezvous host resolves before anything is ready. With one node, rank 0
+    serves gRPC and is probed. A learner of several nodes is a LeaderWorkerSet instead
+    (:mod:`aflowrl_operator.groups`: one rank's death restarts every rank, every pod probed);
+    only on a cluster without that API does it fall back to this StatefulSet, whose pods but
+    pod 0 serve nothing and are not probed. Template changes apply when the pods next restart
+    (``OnDelete``), so an edit never kills a training step: suspend and resume the run to apply
+    one at once.
+    """
+    template, ports = learner_template(
+        run, spec, spec_hash_=spec_hash_, node_labels=node_labels, probed=spec.learner.nodes == 1
     )
     statefulset = {
         "apiVersion": "apps/v1",
@@ -278,13 +325,7 @@ def learner(
             "template": template,
         },
     }
-    service_ports: list[tuple[str, int, str | None]] = [
-        (name, port, "grpc" if name == "grpc" else None) for name, port in ports
-    ]
-    return [
-        statefulset,
-        _service(run, run.learner, "learner", service_ports, headless=True, publish_not_ready=True),
-    ]
+    return [statefulset, learner_service(run, ports)]
 
 
 def _executor_env(run: RunRef, spec: RunSpec) -> list[JsonDict]:
@@ -505,10 +546,18 @@ def run_egress(run: RunRef, spec: RunSpec) -> JsonDict:
     }
 
 
-def executor(
-    run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
-) -> list[JsonDict]:
-    """The served executor: vLLM's OpenAI-compatible server Deployment + Service on port 8000."""
+def executor_template(
+    run: RunRef,
+    spec: RunSpec,
+    *,
+    spec_hash_: str,
+    node_labels: dict[str, str] | None,
+    command: list[str],
+    probed: bool,
+    extra_env: list[JsonDict] | None = None,
+) -> JsonDict:
+    """The pod template of a served-executor pod running ``command`` (``probed``: the pod
+    serving the HTTP API, probed on ``/health``)."""
     exe = spec.environment.executor
     assert isinstance(exe, OpenAIExecutorSpec) and exe.serve is not None
     serve = exe.serve
@@ -520,41 +569,31 @@ def executor(
         volume, mount = pods.models_volume(serve.persistent_volume_claim)
         volumes.append(volume)
         mounts.append(mount)
-    args = [
-        "--model",
-        serve.model,
-        "--served-model-name",
-        exe.model,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(EXECUTOR_PORT),
-        "--tensor-parallel-size",
-        str(max(1, serve.resources.gpus)),
-        *serve.extra_args,
-    ]
     http_probe = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5}
     main = pods.container(
         spec,
         "vllm",
         serve.image,
-        command=["python3", "-m", "vllm.entrypoints.openai.api_server", *args],
+        command=command,
         res=serve.resources,
         env=[
             {"name": "HOME", "value": "/tmp"},
             {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
             {"name": "HF_HOME", "value": "/tmp/hf"},
             {"name": "HF_HUB_OFFLINE", "value": "1"},
+            *(extra_env or []),
         ],
         mounts=mounts,
-        ports=[("http", EXECUTOR_PORT)],
+        ports=[("http", EXECUTOR_PORT)] if probed else [],
         probes={
             "startupProbe": {**http_probe, "periodSeconds": 10, "failureThreshold": 180},
             "readinessProbe": {**http_probe, "periodSeconds": 10, "failureThreshold": 3},
             "livenessProbe": {**http_probe, "periodSeconds": 20, "failureThreshold": 6},
-        },
+        }
+        if probed
+        else None,
     )
-    template = pods.pod_template(
+    return pods.pod_template(
         run,
         spec,
         "executor",
@@ -565,10 +604,61 @@ def executor(
         metrics_port=None,
         admitted_node_labels=node_labels,
     )
-    ports: list[tuple[str, int, str | None]] = [("http", EXECUTOR_PORT, "http")]
+
+
+def executor_args(spec: RunSpec) -> list[str]:
+    """Arguments of vLLM's server for the served executor (model, name, port, parallelism)."""
+    exe = spec.environment.executor
+    assert isinstance(exe, OpenAIExecutorSpec) and exe.serve is not None
+    serve = exe.serve
     return [
-        _deployment(run, run.executor, "executor", template, _gpu_strategy(serve.resources.gpus)),
-        _service(run, run.executor, "executor", ports, headless=False),
+        "--model",
+        serve.model,
+        "--served-model-name",
+        exe.model,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(EXECUTOR_PORT),
+        "--tensor-parallel-size",
+        str(serve.tensor_parallel_size),
+        "--pipeline-parallel-size",
+        str(serve.pipeline_parallel_size),
+        *serve.extra_args,
+    ]
+
+
+VLLM_SERVER = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+"""vLLM's OpenAI-compatible server (the image's ``vllm`` console script may be missing)."""
+
+
+def executor_service(run: RunRef, *, leaders_only: dict[str, str] | None = None) -> JsonDict:
+    """The served executor's ClusterIP Service on port 8000 (of group leaders only, when
+    ``leaders_only`` names the label that marks them)."""
+    ports: list[tuple[str, int, str | None]] = [("http", EXECUTOR_PORT, "http")]
+    return component_service(
+        run, run.executor, "executor", ports, headless=False, only=leaders_only
+    )
+
+
+def executor(
+    run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
+) -> list[JsonDict]:
+    """The served executor: vLLM's OpenAI-compatible server Deployment + Service on port 8000."""
+    exe = spec.environment.executor
+    assert isinstance(exe, OpenAIExecutorSpec) and exe.serve is not None
+    template = executor_template(
+        run,
+        spec,
+        spec_hash_=spec_hash_,
+        node_labels=node_labels,
+        command=[*VLLM_SERVER, *executor_args(spec)],
+        probed=True,
+    )
+    strategy = _gpu_strategy(exe.serve.resources.gpus)
+    return [
+        _deployment(run, run.executor, "executor", template, strategy),
+        executor_service(run),
     ]
 
 

@@ -24,6 +24,11 @@ local runs from the shell.
 | MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ | glibc's malloc settings: when set, kept |
 | GLIBC_TUNABLES | with a ``glibc.malloc.`` setting, malloc is left alone (``GLIBC_MALLOC_SET``) |
 | RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT | set by torchrun for learner ranks |
+| LOCAL_WORLD_SIZE | ranks per node (torchrun): fewer than WORLD_SIZE makes the mesh HSDP |
+| AFLOWRL_RDMA_DEVICES | RDMA devices the pod asked for (resources.rdma): serve checks they exist |
+| AFLOWRL_GROUP_LEADER | a pod of a multi-node group (LeaderWorkerSet): the leader's address |
+| AFLOWRL_GROUP_SIZE / _RANK | pods of the group; this pod's index in it (0: the leader) |
+| AFLOWRL_GROUP_PORT | the leader's port where the group's engine meets (mp master or Ray) |
 
 Third-party libraries that read their own variables at import (vLLM) get defaults through
 :func:`set_default`, so a value the operator or the user set always wins.
@@ -31,9 +36,10 @@ Third-party libraries that read their own variables at import (vLLM) get default
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +64,12 @@ if TYPE_CHECKING:
     RANK: int
     LOCAL_RANK: int
     WORLD_SIZE: int
+    LOCAL_WORLD_SIZE: int
+    AFLOWRL_RDMA_DEVICES: int
+    AFLOWRL_GROUP_LEADER: str | None
+    AFLOWRL_GROUP_SIZE: int
+    AFLOWRL_GROUP_RANK: int
+    AFLOWRL_GROUP_PORT: int | None
     MASTER_ADDR: str | None
     MASTER_PORT: int | None
 
@@ -106,6 +118,14 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "RANK": lambda: _int("RANK", 0),
     "LOCAL_RANK": lambda: _int("LOCAL_RANK", 0),
     "WORLD_SIZE": lambda: _int("WORLD_SIZE", 1),
+    "LOCAL_WORLD_SIZE": lambda: _int("LOCAL_WORLD_SIZE", _int("WORLD_SIZE", 1)),
+    "AFLOWRL_RDMA_DEVICES": lambda: _int("AFLOWRL_RDMA_DEVICES", 0),
+    "AFLOWRL_GROUP_LEADER": lambda: os.environ.get("AFLOWRL_GROUP_LEADER") or None,
+    "AFLOWRL_GROUP_SIZE": lambda: _int("AFLOWRL_GROUP_SIZE", 1),
+    "AFLOWRL_GROUP_RANK": lambda: _int("AFLOWRL_GROUP_RANK", 0),
+    "AFLOWRL_GROUP_PORT": lambda: (
+        int(os.environ["AFLOWRL_GROUP_PORT"]) if os.environ.get("AFLOWRL_GROUP_PORT") else None
+    ),
     "MASTER_ADDR": lambda: os.environ.get("MASTER_ADDR") or None,
     "MASTER_PORT": lambda: (
         int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else None
@@ -128,6 +148,20 @@ def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra or {})
     return env
+
+
+@contextlib.contextmanager
+def overridden(name: str, value: str) -> Iterator[None]:
+    """``name`` set to ``value`` for this process during the block, then as it was."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def set_default(name: str, value: str) -> str:

@@ -102,6 +102,9 @@ written with server-side apply (patch, which also creates) and watched (list, wa
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
   verbs: ["get", "create", "patch", "delete"]
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "create", "patch", "delete"]
 {{- if .Values.rbac.gangScheduling }}
 - apiGroups: ["scheduling.x-k8s.io"]
   resources: ["podgroups"]

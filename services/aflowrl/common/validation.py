@@ -38,7 +38,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from aflowrl.config import RolloutSpec
-from aflowrl.config.rollout import VllmEngineSpec
+from aflowrl.config.resources import ResourceSpec
 from aflowrl.config.transport import NcclTransportSpec
 from aflowrl.errors import InvalidInputError
 
@@ -57,10 +57,11 @@ def _le(model: Any, name: str) -> int:
 
 
 MAX_WEIGHT_GROUP_WORLD: Final = 1 + _le(RolloutSpec, "replicas") * _le(
-    VllmEngineSpec, "tensor_parallel_size"
-)
+    RolloutSpec, "nodes_per_replica"
+) * _le(ResourceSpec, "gpus")
 """The largest weight group any run can form: learner rank 0 and every engine worker of the
-most replicas a spec allows, each of the widest tensor parallelism."""
+most replicas a spec allows, each spanning the most GPUs a replica may have (every GPU of the
+most pods per replica: an engine's tensor x pipeline ranks are at most those)."""
 MAX_TIMEOUT_S: Final = float(_le(NcclTransportSpec, "timeout_s"))
 """The longest wait a request may ask for (``weightTransport.timeoutS``'s bound); 0 = default."""
 MIN_CHUNK_BYTES: Final = 64 * 1024

@@ -65,14 +65,61 @@ class ServedExecutorSpec(SpecModel):
     """PVC holding the model weights, mounted read-only at /models."""
     replicas: int = Field(default=1, ge=1, le=64)
     """vLLM server replicas."""
+    nodes_per_replica: int = Field(default=1, ge=1, le=16)
+    """Pods (one per node) one server spans; above 1 (GPUs only) each replica is a
+    LeaderWorkerSet group whose leader serves the API, its engine spanning the group."""
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=16)
+    """Pipeline stages; the tensor-parallel size is every GPU of the replica divided by it
+    (nodesPerReplica x resources.gpus / pipelineParallelSize)."""
+    distributed_backend: Literal["mp", "ray"] = "mp"
+    """How a multi-node server starts its workers: "mp" (the other pods run vLLM headless) or
+    "ray" (a Ray head on the leader, the other pods join it)."""
     resources: ResourceSpec = Field(
         default_factory=lambda: ResourceSpec(cpu="4", memory="32Gi", gpus=1)
     )
-    """Resources of one executor server pod."""
+    """Resources of one executor server pod (of each pod of a multi-node replica)."""
     image: ImageRef = "vllm/vllm-openai:v0.11.0"
     """vLLM OpenAI-server image."""
     extra_args: list[ShortText] = Field(default_factory=list, max_length=64)
     """Extra command-line arguments of the vLLM server."""
+
+    cel_rules = (
+        CelRule(
+            "{nodesPerReplica} == 1 || {resources.gpus} > 0",
+            "nodesPerReplica above 1 needs resources.gpus above 0",
+            "nodesPerReplica",
+        ),
+        CelRule(
+            "{resources.gpus} == 0 ? {pipelineParallelSize} == 1 "
+            ": ({nodesPerReplica} * {resources.gpus}) % {pipelineParallelSize} == 0",
+            "pipelineParallelSize must divide nodesPerReplica x resources.gpus",
+            "pipelineParallelSize",
+        ),
+    )
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """Tensor-parallel ranks of one server: every GPU of its pods over the pipeline stages."""
+        return max(1, self.nodes_per_replica * self.resources.gpus // self.pipeline_parallel_size)
+
+    @model_validator(mode="after")
+    def _parallelism_fits(self) -> ServedExecutorSpec:
+        broken: list[tuple[str, str]] = []
+        nodes, gpus, pp = self.nodes_per_replica, self.resources.gpus, self.pipeline_parallel_size
+        if nodes > 1 and gpus == 0:
+            broken.append(
+                ("nodesPerReplica", f"nodesPerReplica={nodes} needs resources.gpus above 0")
+            )
+        if (gpus == 0 and pp != 1) or (gpus > 0 and (nodes * gpus) % pp):
+            broken.append(
+                (
+                    "pipelineParallelSize",
+                    f"pipelineParallelSize={pp} must divide nodesPerReplica={nodes} x "
+                    f"resources.gpus={gpus}",
+                )
+            )
+        FieldRuleError.raise_any(broken)
+        return self
 
 
 class OpenAIExecutorSpec(SpecModel):

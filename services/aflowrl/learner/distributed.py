@@ -7,6 +7,11 @@ default group is ``cpu:gloo,cuda:nccl``, since offloaded gradients are CPU tenso
 all-reduce (``clip_grad_norm_``) an NCCL-only group refuses. A second group, always gloo and
 with a timeout of weeks, carries the commands rank 0 broadcasts: waiting ranks block there, not
 in NCCL, whose watchdog would kill an idle learner.
+
+The FSDP mesh is 1-D (every rank holds a shard) while the ranks share a node, and 2-D when they
+span nodes (HSDP, :func:`mesh_shape`): parameters are sharded over the ranks of a node and
+replicated across nodes, so each layer's all-gather and reduce-scatter stay on the node's
+NVLink, and only one all-reduce of the sharded gradients per step crosses the network.
 """
 
 from __future__ import annotations
@@ -52,6 +57,14 @@ def compute_backend(*, cuda: bool, cpu_offload: bool) -> str:
     return "cpu:gloo,cuda:nccl" if cpu_offload else "nccl"
 
 
+def mesh_shape(world_size: int, local_world_size: int) -> tuple[int, ...]:
+    """The FSDP device mesh: ``(world,)`` on one node; ``(nodes, ranks per node)`` (replicate,
+    shard) when the ranks span several nodes of equal size (module docstring)."""
+    if 1 < local_world_size < world_size and world_size % local_world_size == 0:
+        return (world_size // local_world_size, local_world_size)
+    return (world_size,)
+
+
 def init_distributed(*, cpu_offload: bool = False) -> DistContext:
     """Join (or create) the learner's process group; idempotent per process."""
     cuda = torch.cuda.is_available()
@@ -69,8 +82,19 @@ def init_distributed(*, cpu_offload: bool = False) -> DistContext:
             dist.init_process_group(backend, timeout=timedelta(minutes=30))
     rank, world = dist.get_rank(), dist.get_world_size()
     control = dist.new_group(backend="gloo", timeout=_CONTROL_TIMEOUT)
-    mesh = init_device_mesh(device.type, (world,))
-    logger.info("learner rank %d of %d on %s (%s)", rank, world, device, backend)
+    shape = mesh_shape(world, envs.LOCAL_WORLD_SIZE)
+    if len(shape) == 2:
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(device.type, shape)
+    logger.info(
+        "learner rank %d of %d on %s (%s), FSDP mesh %s",
+        rank,
+        world,
+        device,
+        backend,
+        "x".join(map(str, shape)) + (" (HSDP: replicate x shard)" if len(shape) == 2 else ""),
+    )
     return DistContext(rank, world, device, backend, mesh, control)
 
 

@@ -83,6 +83,9 @@ KUEUE = {
     "scheduling.k8s.io/v1/priorityclasses": ("PriorityClass", False, False),
 }
 """Kueue serving ``v1beta2`` (the emulator stores each version apart: declare one of the two)."""
+GROUPS = {
+    "leaderworkerset.x-k8s.io/v1/leaderworkersets": ("LeaderWorkerSet", True, True),
+}
 COSCHEDULING = {"scheduling.x-k8s.io/v1alpha1/podgroups": ("PodGroup", True, True)}
 PEERING = {
     "kopf.dev/v1/clusterkopfpeerings": ("ClusterKopfPeering", False, False),

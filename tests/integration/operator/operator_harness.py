@@ -6,16 +6,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import sys
 import threading
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import kmock
 import kopf
 import kubernetes
+import yaml
 from kube_emulator import KubeEmulator
 
 from aflowrl_operator.handlers import OperatorConfig, build_registry
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "charts"))
+import build_manifests
 
 RUNS = "aflowrl.io/v1alpha1/trainingruns"
 NAMESPACE = "team-a"
@@ -215,3 +221,22 @@ class Cluster:
             if asyncio.get_running_loop().time() > deadline:
                 raise AssertionError(f"timed out waiting for {what or check}: last saw {last!r}")
             await asyncio.sleep(0.05)
+
+
+def chart_denies(requests: set[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """The (verb, group, resource) requests the chart's default ClusterRole does not grant."""
+    rules = [
+        rule
+        for _, text in build_manifests.rendered_documents()
+        for doc in [yaml.safe_load(text)]
+        if doc["kind"] == "ClusterRole"
+        for rule in doc["rules"]
+    ]
+
+    def allowed(verb: str, group: str, resource: str) -> bool:
+        return any(
+            group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+            for rule in rules
+        )
+
+    return sorted(request for request in requests if not allowed(*request))

@@ -16,14 +16,21 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from kube_emulator import COSCHEDULING, KUEUE, MONITORING, PEERING, RESOURCES, KubeEmulator
-from operator_harness import NAMESPACE, RESYNC_S, RUNS, Cluster
+from kube_emulator import (
+    COSCHEDULING,
+    GROUPS,
+    KUEUE,
+    MONITORING,
+    PEERING,
+    RESOURCES,
+    KubeEmulator,
+)
+from operator_harness import NAMESPACE, RESYNC_S, RUNS, Cluster, chart_denies
 
 from aflowrl.common.run_status import RunStatusReporter
 from aflowrl.config import CONDITION_TYPES, RunSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "charts"))
-import build_manifests
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -551,7 +558,7 @@ def test_the_emulator_declares_every_kind_the_operator_uses():
 
     declared = {
         kind
-        for table in (RESOURCES, MONITORING, KUEUE, COSCHEDULING, PEERING)
+        for table in (RESOURCES, MONITORING, KUEUE, COSCHEDULING, PEERING, GROUPS)
         for kind, _, _ in table.values()
     }
     assert set(KINDS) <= declared
@@ -595,20 +602,6 @@ async def test_the_chart_grants_every_request_the_operator_makes(cluster: Cluste
     await cluster.emulator.delete_object(RUNS, NAMESPACE, "demo")
     await cluster.eventually(lambda: cluster.emulator.read(RUNS, NAMESPACE, "demo") is None)
 
-    rules = [
-        rule
-        for _, text in build_manifests.rendered_documents()
-        for doc in [yaml.safe_load(text)]
-        if doc["kind"] == "ClusterRole"
-        for rule in doc["rules"]
-    ]
-
-    def allowed(verb: str, group: str, resource: str) -> bool:
-        return any(
-            group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
-            for rule in rules
-        )
-
     made = cluster.emulator.operator_requests()
     assert {
         ("create", "", "events"),
@@ -621,5 +614,5 @@ async def test_the_chart_grants_every_request_the_operator_makes(cluster: Cluste
         ("watch", "aflowrl.io", "trainingruns"),
         ("patch", "aflowrl.io", "trainingruns/status"),
     } <= made
-    denied = sorted(request for request in made if not allowed(*request))
+    denied = chart_denies(made)
     assert denied == [], f"the chart's RBAC refuses requests the operator makes: {denied}"

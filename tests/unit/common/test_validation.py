@@ -187,7 +187,7 @@ def test_each_range_admits_its_bounds_and_refuses_beyond_them(name):
 
 
 def test_the_largest_weight_group_is_the_largest_a_run_spec_allows():
-    assert validation.MAX_WEIGHT_GROUP_WORLD == 1 + 64 * 16
+    assert validation.MAX_WEIGHT_GROUP_WORLD == 1 + 64 * 16 * 16  # replicas x pods x GPUs
     with pytest.raises(InvalidInputError, match="world_size"):
         validation.check(learner_pb2.OpenWeightGroupRequest(group="g", world_size=2**31 - 1))
     with pytest.raises(InvalidInputError, match="chunk_bytes"):

@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+import leaderworkerset
 from aflowrl.config import RunSpec
 from aflowrl_operator import children, kueue
 from aflowrl_operator.names import RunRef
@@ -20,10 +21,11 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "manifests" / "examples
 K8S_VERSION = "1.30.0"
 
 
-def test_there_are_the_six_examples():
+def test_there_are_the_seven_examples():
     assert [p.name for p in EXAMPLES] == [
         "gang-multi-node.yaml",
         "kueue-gsm8k.yaml",
+        "multi-node-70b.yaml",
         "multi-node.yaml",
         "qwen2.5-7b-gsm8k-8gpu.yaml",
         "qwen2.5-7b-mixed-transfer-8gpu.yaml",
@@ -43,7 +45,9 @@ def test_an_example_is_accepted_everywhere(path):
         services=True, environment_replicas=spec.environment.replicas.min, trainer_suspended=False
     )
     for manifest in children.full_manifests(run, spec, scale, monitoring_api=True):
-        if manifest["kind"] not in {"PodMonitor", "PodGroup"}:  # CRDs: no schema ships
+        if manifest["kind"] == "LeaderWorkerSet":  # its CRD's schema, pod templates strict
+            leaderworkerset.validate(copy.deepcopy(manifest), K8S_VERSION)
+        elif manifest["kind"] not in {"PodMonitor", "PodGroup"}:  # CRDs: no schema ships
             kubernetes_validate.validate(copy.deepcopy(manifest), K8S_VERSION, strict=True)
 
 
@@ -113,5 +117,7 @@ def test_the_readme_shows_kueue_and_gang_runs_that_validate():
         run = RunRef(name=doc["metadata"]["name"], namespace="default", uid="uid")
         scale = children.Scale(services=True, environment_replicas=1, trainer_suspended=False)
         for manifest in children.full_manifests(run, accepted, scale, monitoring_api=False):
-            if manifest["kind"] != "PodGroup":
+            if manifest["kind"] == "LeaderWorkerSet":
+                leaderworkerset.validate(copy.deepcopy(manifest), K8S_VERSION)
+            elif manifest["kind"] != "PodGroup":
                 kubernetes_validate.validate(copy.deepcopy(manifest), K8S_VERSION, strict=True)

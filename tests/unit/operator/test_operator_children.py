@@ -8,8 +8,9 @@ import datetime
 import kubernetes_validate
 import pytest
 
+import leaderworkerset
 from aflowrl.config import RunSpec
-from aflowrl_operator import children, kueue, workloads
+from aflowrl_operator import children, groups, kueue, workloads
 from aflowrl_operator.names import RunRef
 
 K8S_VERSION = "1.30.0"
@@ -113,8 +114,10 @@ SPECS: dict[str, dict] = {
 }
 
 
-def _manifests(spec: RunSpec, scale: children.Scale = RUNNING) -> list[dict]:
-    return children.full_manifests(RUN, spec, scale, monitoring_api=True)
+def _manifests(
+    spec: RunSpec, scale: children.Scale = RUNNING, *, group_api: bool = True
+) -> list[dict]:
+    return children.full_manifests(RUN, spec, scale, monitoring_api=True, group_api=group_api)
 
 
 def _by(manifests: list[dict], kind: str, name: str) -> dict:
@@ -123,9 +126,12 @@ def _by(manifests: list[dict], kind: str, name: str) -> dict:
 
 def _containers(manifests: list[dict]):
     for m in manifests:
-        template = m.get("spec", {}).get("template")
+        template = m.get("spec", {}).get("template") or groups.pod_template_of(m)
         if template:
             yield m, template["spec"], template["spec"]["containers"]
+        if m["kind"] == groups.KIND:
+            worker = m["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+            yield m, worker["spec"], worker["spec"]["containers"]
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
@@ -140,7 +146,10 @@ def test_every_child_is_a_valid_kubernetes_object(name):
                 "scheduling.x-k8s.io/v1alpha1",
             }
             continue
-        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+        if manifest["kind"] == "LeaderWorkerSet":
+            leaderworkerset.validate(manifest, K8S_VERSION)
+        else:
+            kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
         assert manifest["metadata"]["ownerReferences"] == [RUN.owner_reference()]
 
 
@@ -178,12 +187,14 @@ def test_commands_are_the_contracted_entry_points():
     manifests = _manifests(spec)
 
     def command(kind: str, name: str) -> list[str]:
-        return _by(manifests, kind, name)["spec"]["template"]["spec"]["containers"][0]["command"]
+        template = groups.pod_template_of(_by(manifests, kind, name))
+        assert template is not None
+        return template["spec"]["containers"][0]["command"]
 
     spec_args = ["--spec", "/etc/aflowrl/spec.yaml", "--host", "0.0.0.0"]
     assert command("Deployment", "demo-env") == ["aflowrl", "serve", "env", *spec_args]
     assert command("Deployment", "demo-rollout") == ["aflowrl", "serve", "rollout", *spec_args]
-    assert command("StatefulSet", "demo-learner") == [
+    assert command("LeaderWorkerSet", "demo-learner") == [
         "torchrun", "--nnodes", "4", "--nproc-per-node", "8",
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", "demo-learner-0.demo-learner.team-a.svc:29500",
@@ -209,7 +220,8 @@ def test_commands_are_the_contracted_entry_points():
 
 
 def test_gpu_pods_get_gpus_placement_and_shared_memory():
-    manifests = _manifests(RunSpec.from_document(SPECS["multi-node"]))
+    # Without the LeaderWorkerSet API a multi-node learner is a StatefulSet.
+    manifests = _manifests(RunSpec.from_document(SPECS["multi-node"]), group_api=False)
     learner = _by(manifests, "StatefulSet", "demo-learner")
     pod = learner["spec"]["template"]["spec"]
     main = pod["containers"][0]
@@ -345,6 +357,9 @@ def test_optional_children_appear_and_disappear_with_the_spec():
         ("PodDisruptionBudget", "demo-env"),
         ("NetworkPolicy", "demo-ingress"),  # networkPolicy off: policies left from before go
         ("NetworkPolicy", "demo-egress"),
+        ("LeaderWorkerSet", "demo-rollout-group"),  # one pod per replica: no groups
+        ("LeaderWorkerSet", "demo-executor-group"),
+        ("LeaderWorkerSet", "demo-learner"),
     }
     full = children.build(
         RUN, RunSpec.from_document(SPECS["multi-node"]), RUNNING, monitoring_api=True
@@ -391,7 +406,9 @@ def test_the_config_map_holds_the_resolved_spec():
 
 
 def _pod(manifests: list[dict], kind: str, name: str) -> dict:
-    return _by(manifests, kind, name)["spec"]["template"]
+    template = groups.pod_template_of(_by(manifests, kind, name))
+    assert template is not None
+    return template
 
 
 def test_pod_overrides_are_merged_per_component():
@@ -408,7 +425,7 @@ def test_pod_overrides_are_merged_per_component():
     assert rollout["spec"]["priorityClassName"] == "training"  # scheduling's, not overridden
     assert rollout["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
 
-    learner = _pod(manifests, "StatefulSet", "demo-learner")["spec"]
+    learner = _pod(manifests, "LeaderWorkerSet", "demo-learner")["spec"]
     assert learner["priorityClassName"] == "training-high"  # the override replaces it
     assert learner["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     term = learner["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
@@ -423,12 +440,15 @@ def test_pod_overrides_are_merged_per_component():
 
 def test_gpu_pods_get_nccl_shared_memory_and_rdma():
     manifests = _manifests(RunSpec.from_document(SPECS["gpu-cluster"]))
-    learner = _pod(manifests, "StatefulSet", "demo-learner")["spec"]
+    learner = _pod(manifests, "LeaderWorkerSet", "demo-learner")["spec"]
     main = learner["containers"][0]
     env = {e["name"]: e.get("value") for e in main["env"]}
     assert env["NCCL_DEBUG"] == "WARN"
     assert (env["NCCL_SOCKET_IFNAME"], env["NCCL_IB_HCA"]) == ("eth0", "mlx5")
     assert env["NCCL_IB_GID_INDEX"] == "3"
+    # RDMA asked for: InfiniBand without a quiet fall-back, and checked at start-up.
+    assert (env["NCCL_NET"], env["NCCL_IB_DISABLE"]) == ("IB", "0")
+    assert env["AFLOWRL_RDMA_DEVICES"] == "1"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert main["resources"]["limits"]["rdma/ib"] == "1"
     assert main["resources"]["requests"]["rdma/ib"] == "1"
@@ -440,6 +460,7 @@ def test_gpu_pods_get_nccl_shared_memory_and_rdma():
     rollout_env = {e["name"] for e in rollout["containers"][0]["env"]}
     # vLLM's memory pool refuses expandable segments: its pods do not get them.
     assert "NCCL_DEBUG" in rollout_env and "PYTORCH_CUDA_ALLOC_CONF" not in rollout_env
+    assert "NCCL_NET" not in rollout_env and "AFLOWRL_RDMA_DEVICES" not in rollout_env
     assert "add" not in rollout["containers"][0]["securityContext"]["capabilities"]
     env_pod = _pod(manifests, "Deployment", "demo-env")["spec"]
     assert "NCCL_DEBUG" not in {e["name"] for e in env_pod["containers"][0]["env"]}
@@ -449,7 +470,7 @@ def test_gang_scheduling_groups_every_gpu_pod():
     manifests = _manifests(RunSpec.from_document(SPECS["gpu-cluster"]))
     group = _by(manifests, "PodGroup", "demo-gpu")
     assert group["spec"] == {"minMember": 2 + 2, "scheduleTimeoutSeconds": 900}
-    for kind, name in (("Deployment", "demo-rollout"), ("StatefulSet", "demo-learner")):
+    for kind, name in (("Deployment", "demo-rollout"), ("LeaderWorkerSet", "demo-learner")):
         pod = _pod(manifests, kind, name)
         assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "demo-gpu"
         assert pod["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
@@ -513,10 +534,15 @@ def test_the_kueue_workload_has_one_pod_set_per_component():
         },
     )
     manifests = children.full_manifests(RUN, spec, admitted, monitoring_api=False)
-    learner = _pod(manifests, "StatefulSet", "demo-learner")
+    learner = _pod(manifests, "LeaderWorkerSet", "demo-learner")
     assert learner["spec"]["nodeSelector"]["cloud.example.com/pool"] == "h100-reserved"
     assert TAINT in learner["spec"]["tolerations"]
     assert learner["metadata"]["labels"]["team"] == "a"
+    # Every pod of the learner's group is placed: its workers as well as its leader.
+    group = next(m for m in manifests if m["kind"] == "LeaderWorkerSet")
+    worker = group["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    assert worker["spec"]["nodeSelector"]["cloud.example.com/pool"] == "h100-reserved"
+    assert TAINT in worker["spec"]["tolerations"] and worker["metadata"]["labels"]["team"] == "a"
     # The trainer Job's template hash covers its placement (a new template replaces the Job).
     job = next(m for m in manifests if m["kind"] == "Job")
     assert TAINT in job["spec"]["template"]["spec"]["tolerations"]
@@ -611,3 +637,41 @@ def test_the_environment_gets_a_disruption_budget_only_when_asked():
     other = _by(manifests, "Deployment", "demo-rollout")["spec"]["template"]["metadata"]["labels"]
     assert not budget["spec"]["selector"]["matchLabels"].items() <= other.items()
     assert children.spec_hash(spec) == children.spec_hash(RunSpec())  # no pod restarts
+
+
+def test_a_multi_node_executor_over_mp_runs_vllm_headless_on_its_workers():
+    spec = RunSpec.from_document(
+        {
+            "environment": {
+                "executor": {
+                    "type": "openai",
+                    "model": "exec",
+                    "serve": {
+                        "model": "/models/exec",
+                        "nodesPerReplica": 2,
+                        "resources": {"gpus": 8},
+                    },
+                }
+            }
+        }
+    )
+    manifests = _manifests(spec)
+    group = _by(manifests, "LeaderWorkerSet", "demo-executor-group")
+    lwt = group["spec"]["leaderWorkerTemplate"]
+    leader = lwt["leaderTemplate"]["spec"]["containers"][0]["command"]
+    worker = lwt["workerTemplate"]["spec"]["containers"][0]["command"]
+    multinode = ["--nnodes", "2", "--master-addr", "$(LWS_LEADER_ADDRESS)"]
+    assert leader[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert worker[:5] == ["python3", "-m", "vllm.entrypoints.cli.main", "serve", "/models/exec"]
+    for command in (leader, worker):
+        text = " ".join(command)
+        assert "--tensor-parallel-size 16 --pipeline-parallel-size 1" in text
+        assert "--distributed-executor-backend mp" in text and " ".join(multinode) in text
+    assert leader[-2:] == ["--node-rank", "0"]
+    assert worker[-3:] == ["--node-rank", "$(LWS_WORKER_INDEX)", "--headless"]
+    assert not any(
+        m["kind"] == "Deployment" and m["metadata"]["name"] == "demo-executor" for m in manifests
+    )
+    service = _by(manifests, "Service", "demo-executor")
+    assert service["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    assert "clusterIP" not in service["spec"]  # a ClusterIP Service, as for one pod per replica

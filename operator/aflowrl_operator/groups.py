@@ -1,0 +1,362 @@
+"""Replicas larger than a node: LeaderWorkerSet children (pure builders).
+
+A rollout replica with ``rollout.nodesPerReplica`` above 1, a served executor with
+``serve.nodesPerReplica`` above 1, and a learner of several nodes are each run as a
+LeaderWorkerSet (``leaderworkerset.x-k8s.io/v1``, the kubernetes-sigs/lws controller): one group
+of ``size`` pods per replica, created together, with ``RecreateGroupOnPodRestart`` so that the
+failure of any pod of a group deletes and recreates the whole group (an engine or a torchrun job
+cannot lose one node and go on). One LeaderWorkerSet per component, whose ``replicas`` is the
+component's replica count (one group each): suspend, Kueue and finished runs scale it to zero
+like the Deployments. The LWS controller injects ``LWS_LEADER_ADDRESS``, ``LWS_GROUP_SIZE`` and
+``LWS_WORKER_INDEX`` first in every container's environment, so the ``AFLOWRL_GROUP_*``
+variables below refer to them (``$(VAR)`` expansion).
+
+- rollout (``<run>-rollout-group``): the leader (worker index 0) runs ``aflowrl serve rollout``
+  with gRPC health probes; its vLLM engine spans the group, with vLLM's ``mp`` executor (the
+  leader is the torch.distributed master on :data:`GROUP_PORT`, the other pods run ``aflowrl
+  serve rollout-worker``, which execs vLLM headless with ``--node-rank``) or with ``ray`` (a Ray
+  head started by the leader's process on :data:`GROUP_PORT`, the other pods ``ray start
+  --address --block``). The ``<run>-rollout`` Service selects the leaders only, so the
+  trainer's client balances over replicas, not pods, and a group is ready when its leader is
+  (the workers have no readiness of their own).
+- served executor (``<run>-executor-group``): the same with vLLM's own server image: the
+  leader ``python3 -m vllm.entrypoints.openai.api_server`` with ``--nnodes``/``--node-rank 0``
+  /``--master-addr``, the workers ``python3 -m vllm.entrypoints.cli.main serve --headless`` (mp),
+  or ``ray start`` on every pod and the server with ``--distributed-executor-backend ray``.
+- learner (``<run>-learner``): one group of ``learner.nodes`` pods running the torchrun command
+  of CONTRACTS.md; the leader pod ``<run>-learner-0`` (which c10d sorts first, so it gets rank
+  0) hosts the rendezvous and serves gRPC, probed; every pod joins the same headless Service
+  ``<run>-learner``, which the LWS controller reuses as the group's subdomain.
+
+Without the LeaderWorkerSet API the rollout and executor groups are not built and the run is
+``Degraded`` with reason ``MultiNodeUnavailable``; the learner falls back to its StatefulSet
+(:func:`aflowrl_operator.workloads.learner`), which runs but does not restart as a group.
+Called by :mod:`aflowrl_operator.children`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from aflowrl.config import OpenAIExecutorSpec, RunSpec
+from aflowrl_operator import pods
+from aflowrl_operator.names import RunRef
+from aflowrl_operator.workloads import (
+    VLLM_SERVER,
+    component_service,
+    executor_args,
+    executor_service,
+    executor_template,
+    learner_service,
+    learner_template,
+    rollout_env,
+    rollout_volumes,
+)
+
+JsonDict = dict[str, Any]
+
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+"""API group version of LeaderWorkerSet."""
+KIND = "LeaderWorkerSet"
+WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+"""Label the LWS controller puts on every pod of a group: "0" on the leader."""
+LEADERS = {WORKER_INDEX_LABEL: "0"}
+"""Selector of group leaders."""
+RESTART_POLICY = "RecreateGroupOnPodRestart"
+"""Any pod's failure (a container restart or a deleted pod) recreates its whole group."""
+GROUP_PORT = 29610
+"""Port on the leader where a group's engine meets: vLLM's torch.distributed master (``mp``) or
+the Ray head's GCS (``ray``); not 29600, the nccl weight transport's default port."""
+UNAVAILABLE = "MultiNodeUnavailable"
+"""Condition reason of a run that needs LeaderWorkerSets on a cluster without the API."""
+
+
+def rollout_group_name(run: RunRef) -> str:
+    return run.child("rollout-group")
+
+
+def executor_group_name(run: RunRef) -> str:
+    return run.child("executor-group")
+
+
+def _served(spec: RunSpec) -> Any:
+    exe = spec.environment.executor
+    return exe.serve if isinstance(exe, OpenAIExecutorSpec) else None
+
+
+def rollout_grouped(spec: RunSpec) -> bool:
+    return spec.rollout.nodes_per_replica > 1
+
+
+def executor_grouped(spec: RunSpec) -> bool:
+    serve = _served(spec)
+    return serve is not None and serve.nodes_per_replica > 1
+
+
+def learner_grouped(spec: RunSpec) -> bool:
+    return spec.learner.nodes > 1
+
+
+def needs_api(spec: RunSpec) -> list[str]:
+    """The components that cannot run without the LeaderWorkerSet API (the learner can)."""
+    return [
+        name
+        for name, grouped in (
+            ("rollout", rollout_grouped(spec)),
+            ("executor", executor_grouped(spec)),
+        )
+        if grouped
+    ]
+
+
+def unavailable_message(spec: RunSpec) -> str:
+    what = " and ".join(
+        f"{name} (nodesPerReplica={count})"
+        for name, count in (
+            ("rollout", spec.rollout.nodes_per_replica),
+            ("executor", getattr(_served(spec), "nodes_per_replica", 1)),
+        )
+        if count > 1
+    )
+    return (
+        f"the {what} spans several nodes per replica, which needs the LeaderWorkerSet API "
+        f"({LWS_API}); install the LeaderWorkerSet controller (kubernetes-sigs/lws) or set "
+        "nodesPerReplica to 1"
+    )
+
+
+def pods_per_replica(spec: RunSpec, component: str) -> int:
+    """Pods of one replica of a component (a group's size; 1 for plain pods)."""
+    if component == "rollout":
+        return spec.rollout.nodes_per_replica
+    if component == "executor":
+        return getattr(_served(spec), "nodes_per_replica", 1)
+    return 1
+
+
+def pod_template_of(workload: JsonDict) -> JsonDict | None:
+    """The pod template of a Deployment, StatefulSet, Job or LeaderWorkerSet (its leader's: a
+    group's pods request the same resources), None for objects without one."""
+    spec = workload.get("spec") or {}
+    if workload["kind"] == KIND:
+        template: JsonDict = spec["leaderWorkerTemplate"]["leaderTemplate"]
+        return template
+    found: JsonDict | None = spec.get("template") if isinstance(spec, dict) else None
+    return found
+
+
+def group_env(port: int) -> list[JsonDict]:
+    """``AFLOWRL_GROUP_*`` of every container of a group (aflowrl.envs reads them)."""
+    return [
+        {"name": "AFLOWRL_GROUP_LEADER", "value": "$(LWS_LEADER_ADDRESS)"},
+        {"name": "AFLOWRL_GROUP_SIZE", "value": "$(LWS_GROUP_SIZE)"},
+        {"name": "AFLOWRL_GROUP_RANK", "value": "$(LWS_WORKER_INDEX)"},
+        {"name": "AFLOWRL_GROUP_PORT", "value": str(port)},
+    ]
+
+
+def leader_probes(port: int) -> JsonDict:
+    """Probes of a worker pod: it can open a connection to its leader's ``port`` (where the
+    group meets). Startup allows 30 minutes (the leader loads the model first); after that a
+    worker that loses its leader for 2 minutes is restarted, which recreates the group."""
+    check = {
+        "exec": {
+            "command": [
+                "python3",
+                "-c",
+                "import os, socket; socket.create_connection("
+                f"(os.environ['AFLOWRL_GROUP_LEADER'], {port}), timeout=5).close()",
+            ]
+        },
+        "timeoutSeconds": 10,
+    }
+    return {
+        "startupProbe": {**check, "periodSeconds": 10, "failureThreshold": 180},
+        "readinessProbe": {**check, "periodSeconds": 10, "failureThreshold": 3},
+        "livenessProbe": {**check, "periodSeconds": 20, "failureThreshold": 6},
+    }
+
+
+def _role(template: JsonDict, role: str) -> JsonDict:
+    template["metadata"]["labels"]["aflowrl.io/group-role"] = role
+    return template
+
+
+def leader_worker_set(
+    run: RunRef, name: str, component: str, *, size: int, leader: JsonDict, worker: JsonDict
+) -> JsonDict:
+    """A run-owned LeaderWorkerSet of groups of ``size`` pods (``replicas`` is set apart, like
+    a Deployment's). Groups start their workers once the leader pod exists (``LeaderCreated``:
+    the leader waits for its workers, so waiting for it to be ready would deadlock) and roll one
+    group at a time without surging (no spare GPUs are assumed)."""
+    return {
+        "apiVersion": LWS_API,
+        "kind": KIND,
+        "metadata": run.metadata(name, component),
+        "spec": {
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0},
+            },
+            "leaderWorkerTemplate": {
+                "size": size,
+                "restartPolicy": RESTART_POLICY,
+                "leaderTemplate": _role(leader, "leader"),
+                "workerTemplate": _role(worker, "worker"),
+            },
+        },
+    }
+
+
+def rollout(
+    run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
+) -> list[JsonDict]:
+    """The rollout LeaderWorkerSet + the ``<run>-rollout`` headless Service of its leaders."""
+    ro = spec.rollout
+    metrics = spec.monitoring.metrics_port
+    volumes, mounts = rollout_volumes(run, spec)
+    env = rollout_env(spec) + group_env(GROUP_PORT)
+
+    def template(leader: bool) -> JsonDict:
+        if leader:
+            command = ["aflowrl", "serve", "rollout", "--spec", pods.SPEC_FILE]
+            command += ["--host", "0.0.0.0"]
+            ports = [("grpc", ro.port), ("metrics", metrics), ("group", GROUP_PORT)]
+            probes = pods.grpc_probes(spec, ro.port)
+        else:
+            command = ["aflowrl", "serve", "rollout-worker", "--spec", pods.SPEC_FILE]
+            ports, probes = [], leader_probes(GROUP_PORT)
+        main = pods.container(
+            spec,
+            "rollout",
+            spec.images.gpu,
+            command=command,
+            res=ro.resources,
+            env=env,
+            mounts=mounts,
+            ports=ports,
+            probes=probes,
+        )
+        return pods.pod_template(
+            run,
+            spec,
+            "rollout",
+            spec_hash=spec_hash_,
+            containers=[main],
+            volumes=volumes,
+            gpu=ro.resources.gpus > 0,
+            metrics_port=metrics if leader else None,
+            overrides=ro.pod,
+            admitted_node_labels=node_labels,
+        )
+
+    lws = leader_worker_set(
+        run,
+        rollout_group_name(run),
+        "rollout",
+        size=ro.nodes_per_replica,
+        leader=template(True),
+        worker=template(False),
+    )
+    ports: list[tuple[str, int, str | None]] = [
+        ("grpc", ro.port, "grpc"),
+        ("metrics", metrics, "http"),
+    ]
+    service = component_service(run, run.rollout, "rollout", ports, headless=True, only=LEADERS)
+    return [lws, service]
+
+
+def executor(
+    run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
+) -> list[JsonDict]:
+    """The served executor's LeaderWorkerSet + its ClusterIP Service of leaders."""
+    serve = _served(spec)
+    assert serve is not None
+    nodes = serve.nodes_per_replica
+    args = executor_args(spec)
+    env = group_env(GROUP_PORT)
+    if serve.distributed_backend == "ray":
+        # Every pod runs a Ray node in its main container (Ray's workers need the GPUs the
+        # container holds); the leader's server places the engine's workers on the group. The
+        # head is started before the server and the server is exec'd, so either's failure is
+        # the container's exit status (no shell left waiting).
+        server = shlex.join([*VLLM_SERVER, *args, "--distributed-executor-backend", "ray"])
+        leader_cmd = [
+            "sh",
+            "-c",
+            f"ray start --head --port {GROUP_PORT} --disable-usage-stats && exec {server}",
+        ]
+        worker_cmd = ["ray", "start", "--address", f"$(LWS_LEADER_ADDRESS):{GROUP_PORT}", "--block"]
+        env.append({"name": "RAY_ADDRESS", "value": f"$(LWS_LEADER_ADDRESS):{GROUP_PORT}"})
+    else:
+        multinode = [
+            "--distributed-executor-backend",
+            "mp",
+            "--nnodes",
+            str(nodes),
+            "--master-addr",
+            "$(LWS_LEADER_ADDRESS)",
+            "--master-port",
+            str(GROUP_PORT),
+        ]
+        leader_cmd = [*VLLM_SERVER, *args, *multinode, "--node-rank", "0"]
+        worker_cmd = [
+            "python3",
+            "-m",
+            "vllm.entrypoints.cli.main",
+            "serve",
+            *args[1:2],  # the model, positional in the CLI
+            *args[2:],
+            *multinode,
+            "--node-rank",
+            "$(LWS_WORKER_INDEX)",
+            "--headless",
+        ]
+
+    def template(leader: bool) -> JsonDict:
+        out = executor_template(
+            run,
+            spec,
+            spec_hash_=spec_hash_,
+            node_labels=node_labels,
+            command=leader_cmd if leader else worker_cmd,
+            probed=leader,
+            extra_env=env,
+        )
+        if not leader:
+            out["spec"]["containers"][0].update(leader_probes(GROUP_PORT))
+        return out
+
+    lws = leader_worker_set(
+        run,
+        executor_group_name(run),
+        "executor",
+        size=nodes,
+        leader=template(True),
+        worker=template(False),
+    )
+    return [lws, executor_service(run, leaders_only=LEADERS)]
+
+
+def learner(
+    run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
+) -> list[JsonDict]:
+    """The learner as one LeaderWorkerSet group of ``learner.nodes`` pods + its headless
+    Service. The leader pod is ``<run>-learner-0`` (rank 0: rendezvous host and gRPC server,
+    probed by gRPC health); every other pod is probed on its connection to the leader's
+    rendezvous store. A rank that dies ends torchrun on its pod, and that container's restart
+    recreates the group: every rank restarts and resumes from the last checkpoint."""
+    env = group_env(spec.learner.rendezvous_port)
+    leader, ports = learner_template(
+        run, spec, spec_hash_=spec_hash_, node_labels=node_labels, probed=True, extra_env=env
+    )
+    worker, _ = learner_template(
+        run, spec, spec_hash_=spec_hash_, node_labels=node_labels, probed=False, extra_env=env
+    )
+    worker["spec"]["containers"][0].update(leader_probes(spec.learner.rendezvous_port))
+    lws = leader_worker_set(
+        run, run.learner, "learner", size=spec.learner.nodes, leader=leader, worker=worker
+    )
+    return [lws, learner_service(run, ports)]

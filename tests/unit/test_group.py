@@ -1,0 +1,121 @@
+"""A vLLM engine spanning the pods of a group: parallelism per pod, a worker pod's checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from aflowrl import group
+from aflowrl.cli import main
+from aflowrl.config import RunSpec
+from aflowrl.errors import FailedPreconditionError
+
+GROUP_ENV = {
+    "AFLOWRL_GROUP_LEADER": "demo-rollout-group-0.demo-rollout-group.team-a",
+    "AFLOWRL_GROUP_SIZE": "2",
+    "AFLOWRL_GROUP_RANK": "1",
+    "AFLOWRL_GROUP_PORT": "29610",
+}
+MULTI = """
+rollout:
+  engine: vllm
+  nodesPerReplica: 2
+  resources: {gpus: 8}
+  vllm: {tensorParallelSize: 8, pipelineParallelSize: 2, distributedBackend: %s}
+"""
+
+
+def _spec(backend: str = "mp") -> RunSpec:
+    return RunSpec.from_yaml(MULTI % backend)
+
+
+def test_outside_a_group_there_is_no_topology(monkeypatch):
+    for name in GROUP_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert group.GroupTopology.from_env() is None
+
+
+def test_the_topology_comes_from_the_operator_s_variables(monkeypatch):
+    for name, value in GROUP_ENV.items():
+        monkeypatch.setenv(name, value)
+    topology = group.GroupTopology.from_env()
+    assert topology == group.GroupTopology(
+        leader=GROUP_ENV["AFLOWRL_GROUP_LEADER"], size=2, rank=1, port=29610
+    )
+    assert not topology.is_leader
+    monkeypatch.setenv("AFLOWRL_GROUP_RANK", "2")
+    with pytest.raises(FailedPreconditionError, match="AFLOWRL_GROUP_RANK=2"):
+        group.GroupTopology.from_env()
+
+
+def test_one_pod_runs_in_process_or_with_local_workers():
+    one = RunSpec().rollout.vllm
+    assert group.engine_parallel_args(one, None) == {
+        "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1,
+        "distributed_executor_backend": "uni",
+    }
+    four = RunSpec.from_yaml(
+        "rollout: {engine: vllm, resources: {gpus: 4}, vllm: {tensorParallelSize: 2, "
+        "pipelineParallelSize: 2}}"
+    ).rollout.vllm
+    assert group.engine_parallel_args(four, None)["distributed_executor_backend"] == "mp"
+
+
+def test_across_pods_mp_names_the_master_and_this_node_s_rank():
+    topology = group.GroupTopology(leader="leader.ns", size=2, rank=1, port=29610)
+    assert group.engine_parallel_args(_spec("mp").rollout.vllm, topology) == {
+        "tensor_parallel_size": 8,
+        "pipeline_parallel_size": 2,
+        "distributed_executor_backend": "mp",
+        "nnodes": 2,
+        "node_rank": 1,
+        "master_addr": "leader.ns",
+        "master_port": 29610,
+    }
+    # Ray places the workers itself: no node ranks.
+    assert group.engine_parallel_args(_spec("ray").rollout.vllm, topology) == {
+        "tensor_parallel_size": 8,
+        "pipeline_parallel_size": 2,
+        "distributed_executor_backend": "ray",
+    }
+
+
+def test_a_worker_is_configured_like_its_leader():
+    spec = RunSpec.from_yaml((MULTI % "mp") + "policy: {model: tiny, lora: {rank: 12}}\n")
+    args = group.engine_args(spec, "/models/p", cuda=True)
+    assert args["model"] == "/models/p" and args["dtype"] == "bfloat16"
+    assert (args["enable_lora"], args["max_lora_rank"]) == (True, 16)
+    assert args["max_model_len"] == spec.rollout.vllm.max_model_len
+    assert group.engine_args(spec, "/models/p", cuda=False)["enforce_eager"] is True
+
+
+def test_a_worker_pod_checks_where_it_runs(tmp_path, monkeypatch, capsys):
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("rollout: {engine: vllm}\n")
+    assert main(["serve", "rollout-worker", "--spec", str(plain)]) == 2
+    assert "rollout.nodesPerReplica > 1" in capsys.readouterr().err
+
+    multi = tmp_path / "multi.yaml"
+    multi.write_text(MULTI % "mp")
+    for name in GROUP_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert main(["serve", "rollout-worker", "--spec", str(multi)]) == 2
+    assert "AFLOWRL_GROUP_LEADER" in capsys.readouterr().err
+
+    for name, value in GROUP_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AFLOWRL_GROUP_RANK", "0")
+    assert main(["serve", "rollout-worker", "--spec", str(multi)]) == 2
+    assert "is the group's leader" in capsys.readouterr().err
+    monkeypatch.setenv("AFLOWRL_GROUP_RANK", "1")
+    monkeypatch.setenv("AFLOWRL_GROUP_SIZE", "3")
+    assert main(["serve", "rollout-worker", "--spec", str(multi)]) == 2
+    assert "AFLOWRL_GROUP_SIZE=3 differs" in capsys.readouterr().err
+
+
+def test_ray_workers_without_ray_say_how_to_get_it(monkeypatch):
+    monkeypatch.setattr(group.sys, "executable", "/nonexistent/python")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    topology = group.GroupTopology(leader="leader.ns", size=2, rank=1, port=29610)
+    with pytest.raises(FailedPreconditionError, match=r"aflow-rl\[ray\]"):
+        group.worker_command(_spec("ray"), topology)
