@@ -46,7 +46,9 @@ import random
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,7 +60,12 @@ from aflowrl.config.policy import LoraSpec
 from aflowrl.config.rollout import VLLM_LORA_RANKS, VllmEngineSpec
 from aflowrl.models import loading, weights
 from aflowrl.models.broadcast import BroadcastResult, Expectation, Rendezvous
-from aflowrl.models.errors import BroadcastBrokenError, StaleWeightsError, WeightMismatchError
+from aflowrl.models.errors import (
+    BroadcastBrokenError,
+    StaleWeightsError,
+    WeightLoadFailedError,
+    WeightMismatchError,
+)
 from aflowrl.models.logprobs import effective_temperature
 from aflowrl.rollout import vllm_worker
 from aflowrl.rollout.engine import (
@@ -75,6 +82,8 @@ from aflowrl.rollout.sampling import completion_seed
 _MIB = 1024 * 1024
 _MAX_PART = 1024 * _MIB
 """Largest byte string one RPC argument holds (a tensor above it travels in several)."""
+_WATCH_S = 1.0
+"""Seconds between two looks of the watchdog at the engine (dead core, overrun call)."""
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +121,8 @@ class _Call:
     fn: Callable[[Any], Any]
     future: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
+    limit_s: float
+    """Deadline of the call (seconds)."""
 
 
 @dataclass
@@ -151,8 +162,17 @@ class VllmEngine(RolloutEngine):
         self._engine: Any = None
         self._ids = itertools.count()
         self._closed = False
+        self._dead: str | None = None
+        """Why the engine died (watchdog), None while it lives."""
         self._shapes: dict[str, tuple[int, ...]] = {}
         self.tokenizer: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._busy_until: float | None = None
+        """While the engine thread is inside an engine call: when its deadline passes."""
+        self._waiting: set[asyncio.Future[Any]] = set()
+        """Futures of the calls awaiting the engine thread (failed at once if it dies)."""
+        self._watch: asyncio.Task[None] | None = None
+        self._group_timeout_s = self.engine_spec.engine_timeout_s
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -166,12 +186,13 @@ class VllmEngine(RolloutEngine):
         if self._lora is not None:
             self._adapter_root = Path(tempfile.mkdtemp(prefix="aflowrl-adapters-"))
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(
             target=self._run, args=(ready, loop), name="vllm-engine", daemon=True
         )
         self._thread.start()
         await ready
+        self._watch = asyncio.ensure_future(self._watchdog())
         prompt = self.tokenizer("warm up", add_special_tokens=False).input_ids or [0]
         await self.generate([prompt], SamplingOptions(temperature=0.0, max_tokens=2))
 
@@ -221,36 +242,69 @@ class VllmEngine(RolloutEngine):
             settle_threadsafe(ready, loop, error=exc)
             return
         settle_threadsafe(ready, loop)
+        from vllm.v1.engine.exceptions import EngineDeadError
+
         engine, state = self._engine, self._state
-        while True:
-            busy = engine.has_unfinished_requests()
-            items = []
-            try:
-                items.append(state.inbox.get(block=not busy))
-                while True:
-                    items.append(state.inbox.get_nowait())
-            except queue.Empty:
-                pass
-            for item in items:
-                if item is None:
-                    self._abandon(engine)
-                    return
-                self._accept(engine, item)
-            if engine.has_unfinished_requests():
-                self._step(engine)
+        try:
+            while True:
+                busy = engine.has_unfinished_requests()
+                items = []
+                try:
+                    items.append(state.inbox.get(block=not busy))
+                    while True:
+                        items.append(state.inbox.get_nowait())
+                except queue.Empty:
+                    pass
+                for item in items:
+                    if item is None:
+                        self._abandon(engine)
+                        return
+                    self._accept(engine, item)
+                if engine.has_unfinished_requests():
+                    self._step(engine)
+        except EngineDeadError as exc:
+            # Every later call would fail the same way: the replica is dead (watchdog).
+            loop.call_soon_threadsafe(self._declare_dead, f"vLLM's engine core died: {exc}")
+
+    @contextmanager
+    def _deadline(self, limit_s: float) -> Iterator[None]:
+        """Mark the engine thread as inside an engine call until ``limit_s`` from now."""
+        self._busy_until = time.monotonic() + limit_s
+        try:
+            yield
+        finally:
+            self._busy_until = None
 
     def _accept(self, engine: Any, item: _Submission | _Call) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
         if isinstance(item, _Call):
             try:
-                result = item.fn(engine)
+                with self._deadline(item.limit_s):
+                    result = item.fn(engine)
+            except EngineDeadError:
+                raise
             except Exception as exc:  # noqa: BLE001 - handed to the awaiting coroutine
                 settle_threadsafe(item.future, item.loop, error=exc)
             else:
                 settle_threadsafe(item.future, item.loop, result)
             return
-        for request_id, prompt, params in item.requests:
-            self._state.owners[request_id] = item.pending
-            engine.add_request(request_id, prompt, params, lora_request=self._lora_request)
+        added = []
+        try:
+            with self._deadline(self.engine_spec.engine_timeout_s):
+                for request_id, prompt, params in item.requests:
+                    self._state.owners[request_id] = item.pending
+                    added.append(request_id)
+                    engine.add_request(request_id, prompt, params, lora_request=self._lora_request)
+        except Exception as exc:
+            # The call fails alone (a dead core fails everything: raised to _run).
+            for request_id in added:
+                self._state.owners.pop(request_id, None)
+            settle_threadsafe(item.pending.future, item.pending.loop, error=exc)
+            if isinstance(exc, EngineDeadError):
+                raise
+            if added:
+                engine.abort_request(added)
 
     def _abandon(self, engine: Any) -> None:
         """On close: abort what is still running and fail the calls waiting for it."""
@@ -262,13 +316,18 @@ class VllmEngine(RolloutEngine):
             settle_threadsafe(owner.future, owner.loop, error=error)
 
     def _step(self, engine: Any) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
         try:
-            outputs = engine.step()
+            with self._deadline(self.engine_spec.engine_timeout_s):
+                outputs = engine.step()
         except Exception as exc:  # every waiting call fails with it
             logger.exception("vLLM engine step failed")
             owners, self._state.owners = self._state.owners, {}
             for owner in {id(p): p for p in owners.values()}.values():
                 settle_threadsafe(owner.future, owner.loop, error=exc)
+            if isinstance(exc, EngineDeadError):
+                raise
             return
         for output in outputs:
             if not output.finished:
@@ -284,13 +343,68 @@ class VllmEngine(RolloutEngine):
                 except Exception as exc:  # noqa: BLE001 - a malformed output fails only its call
                     settle_threadsafe(owner.future, owner.loop, error=exc)
 
+    # ---- the watchdog ----------------------------------------------------------------------------
+
+    def _death(self) -> str | None:
+        """Why the engine can serve no more, or None while it can."""
+        if self._dead is not None:
+            return self._dead
+        if self._thread is not None and not self._thread.is_alive() and not self._closed:
+            return "the vllm engine thread stopped"
+        client = getattr(self._engine, "engine_core", None)
+        if getattr(getattr(client, "resources", None), "engine_dead", False):
+            return "vLLM's engine-core process died"
+        until = self._busy_until
+        if until is not None and time.monotonic() > until:
+            return "an engine call ran past its deadline (rollout.vllm.engineTimeoutS)"
+        return None
+
+    async def _watchdog(self) -> None:
+        while not self._closed:
+            reason = self._death()
+            if reason is not None:
+                self._declare_dead(reason)
+                return
+            await asyncio.sleep(_WATCH_S)
+
+    def _declare_dead(self, reason: str) -> None:
+        """On the event loop: the engine is dead for good; fail every waiting call and report."""
+        if self._dead is not None or self._closed:
+            return
+        self._dead = reason
+        logger.error("the vllm engine is dead: %s; this replica serves no more", reason)
+        error = EngineUnavailableError(f"the vllm engine is dead ({reason})")
+        for future in list(self._waiting):
+            if not future.done():
+                future.set_exception(error)
+        self._waiting.clear()
+        if self.on_dead is not None:
+            self.on_dead(reason)
+
+    async def _wait(self, future: asyncio.Future[Any]) -> Any:
+        """Await the engine thread's answer; it fails at once if the engine dies meanwhile."""
+        self._waiting.add(future)
+        try:
+            if self._dead is not None:
+                raise EngineUnavailableError(f"the vllm engine is dead ({self._dead})")
+            return await future
+        finally:
+            self._waiting.discard(future)
+
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        if self._thread is not None:
+        if self._watch is not None:
+            self._watch.cancel()
+        if self._thread is not None and self._dead is None:
             self._state.inbox.put(None)
             await asyncio.to_thread(self._thread.join)
+        elif self._engine is not None:
+            # A dead engine's thread may be blocked for good: shut the client down from here.
+            shutdown = getattr(self._engine.engine_core, "shutdown", None)
+            if shutdown is not None:
+                await asyncio.to_thread(shutdown)
         self._engine = None
         if self._adapter_root is not None:
             shutil.rmtree(self._adapter_root, ignore_errors=True)
@@ -298,15 +412,19 @@ class VllmEngine(RolloutEngine):
     # ---- the engine interface ----------------------------------------------------------------
 
     def _check_running(self) -> None:
+        if self._dead is not None:
+            raise EngineUnavailableError(f"the vllm engine is dead ({self._dead})")
         if self._thread is None or self._closed or not self._thread.is_alive():
             raise EngineUnavailableError("the vllm engine is not running")
 
-    async def _call(self, fn: Callable[[Any], Any]) -> Any:
+    async def _call(self, fn: Callable[[Any], Any], *, limit_s: float | None = None) -> Any:
+        """Run ``fn(engine)`` on the engine thread, within ``limit_s`` (default: the engine's)."""
         self._check_running()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._state.inbox.put(_Call(fn, future, loop))
-        return await future
+        limit = self.engine_spec.engine_timeout_s if limit_s is None else limit_s
+        self._state.inbox.put(_Call(fn, future, loop, limit))
+        return await self._wait(future)
 
     async def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingOptions
@@ -352,7 +470,8 @@ class VllmEngine(RolloutEngine):
         future: asyncio.Future[list[PromptResult]] = loop.create_future()
         pending = _Pending(future, loop, len(requests), on_output, lambda: results)
         self._state.inbox.put(_Submission(requests, pending))
-        return await future
+        generated: list[PromptResult] = await self._wait(future)
+        return generated
 
     async def score(
         self, prompt: Sequence[int], candidates: Sequence[Sequence[int]], temperature: float
@@ -399,7 +518,8 @@ class VllmEngine(RolloutEngine):
         self._state.inbox.put(
             _Submission(requests, _Pending(future, loop, len(requests), on_output, lambda: scores))
         )
-        return await future
+        scored: list[list[float]] = await self._wait(future)
+        return scored
 
     def parameter_shapes(self) -> Mapping[str, tuple[int, ...]]:
         return self._shapes
@@ -409,8 +529,12 @@ class VllmEngine(RolloutEngine):
             return await self._load_adapters(tensors)
         bucket_bytes = self.engine_spec.weight_bucket_mib * _MIB
         tied = "lm_head.weight" not in self._shapes
+        # The deadline grows with the pieces: each may take up to engineTimeoutS (float32 bytes).
+        nbytes = 4 * sum(int(torch.Size(s).numel()) for s in self._shapes.values())
+        limit_s = self.engine_spec.engine_timeout_s * (2 + nbytes // bucket_bytes)
         pieces: int = await self._call(
-            lambda engine: reload_in_pieces(engine, tensors, bucket_bytes=bucket_bytes, tied=tied)
+            lambda engine: reload_in_pieces(engine, tensors, bucket_bytes=bucket_bytes, tied=tied),
+            limit_s=limit_s,
         )
         return pieces
 
@@ -454,6 +578,7 @@ class VllmEngine(RolloutEngine):
 
     async def join_weight_group(self, rendezvous: Rendezvous) -> None:
         fields = dataclasses.asdict(rendezvous)
+        self._group_timeout_s = rendezvous.timeout_s
         await self._call(
             lambda engine: engine.collective_rpc(vllm_worker.join_group, args=(fields,))
         )
@@ -481,7 +606,10 @@ class VllmEngine(RolloutEngine):
             return answers
 
         try:
-            answers = await self._call(run)
+            # A broadcast is bounded by its group's timeout (models.broadcast), plus the load.
+            answers = await self._call(
+                run, limit_s=self._group_timeout_s + self.engine_spec.engine_timeout_s
+            )
         except BaseException:
             if adapter is not None:
                 shutil.rmtree(adapter, ignore_errors=True)
@@ -521,6 +649,8 @@ def reload_in_pieces(
     finishes it; then the prefix cache is reset. The stream is consumed lazily: the host holds
     one piece at a time.
     """
+    from vllm.v1.engine.exceptions import EngineDeadError
+
     pieces = 0
     engine.collective_rpc(vllm_worker.start_update)
     try:
@@ -529,9 +659,19 @@ def reload_in_pieces(
             specs, parts = _rpc_piece(bucket)
             engine.collective_rpc(vllm_worker.load_piece, args=(specs, parts, tied))
             pieces += 1
-    finally:
-        # Even after a failure: finishing restores the layers that got nothing.
-        engine.collective_rpc(vllm_worker.finish_update)
+    except EngineDeadError:
+        raise
+    except Exception as exc:
+        # Finishing restores only the layers that got nothing: the others hold new weights, or
+        # half of them. The engine serves no more until a complete version is loaded.
+        try:
+            engine.collective_rpc(vllm_worker.finish_update)
+        finally:
+            engine.reset_prefix_cache()
+        raise WeightLoadFailedError(
+            f"loading new weights failed after {pieces} pieces: {exc}", intact=False
+        ) from exc
+    engine.collective_rpc(vllm_worker.finish_update)
     engine.reset_prefix_cache()
     return pieces
 
