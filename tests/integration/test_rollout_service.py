@@ -20,9 +20,8 @@ import grpc
 import pytest
 import torch
 from grpc import aio
-from safetensors.torch import load_file
-
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from safetensors.torch import load_file
 
 from aflowrl._proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from aflowrl.common.client import ChannelOptions, make_channel
@@ -519,9 +518,8 @@ async def test_a_load_failing_halfway_keeps_the_old_weights(reference_model, tmp
     engine = HfEngine(model_dir, dtype="float32")
     async with serve_engine(engine) as (servicer, stub, health):
         before = await _greedy(stub)
-        with failing_halfway(monkeypatch) as delivered:
-            with pytest.raises(aio.AioRpcError) as info:
-                await stub.LoadWeights(rollout_pb2.LoadWeightsRequest(path=str(path), version=1))
+        with failing_halfway(monkeypatch) as delivered, pytest.raises(aio.AioRpcError) as info:
+            await stub.LoadWeights(rollout_pb2.LoadWeightsRequest(path=str(path), version=1))
         assert delivered[0] > 0
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "failed midway" in info.value.details()
