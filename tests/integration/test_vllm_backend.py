@@ -9,20 +9,28 @@ push is refused and the previous weights keep serving.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib.util
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from aflowrl._proto.v1 import learner_pb2, rollout_pb2
+from aflowrl._proto.v1 import learner_pb2, rollout_pb2, rollout_pb2_grpc
+from aflowrl.common.client import ChannelOptions, make_channel
+from aflowrl.config.rollout import VllmEngineSpec
 from aflowrl.trainer import weight_sync
 
 sys.path.insert(0, str(Path(__file__).parent))
 from policy_services import SPEC, start_service
 from test_learner_service import TOL, _chat, _max_gap, _sample, _signed_samples, _stubs
+from test_rollout_service import _greedy, _version, failing_halfway, health_status, serve_engine
 
 pytestmark = [
     pytest.mark.vllm,
@@ -201,3 +209,113 @@ async def test_vllm_lora_engine_takes_pushed_adapters_alone(tmp_path):
     finally:
         for service in reversed(started):
             service.stop()
+
+
+def _engine_core(service) -> Any:
+    """The vLLM engine-core process under a rollout started in multi-process mode."""
+    import psutil
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for child in psutil.Process(service.process.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
+                    return child
+        time.sleep(0.5)
+    raise AssertionError(f"no engine-core process under the rollout:\n{service.log.read_text()}")
+
+
+async def test_a_killed_engine_core_turns_the_replica_not_serving(tmp_path):
+    """vLLM's engine core in its own process (its GPU default), killed while a Generate runs:
+    within 30 s the replica's health is NOT_SERVING (the liveness probe restarts the pod), the
+    running call and every later one fail with UNAVAILABLE, and nothing hangs."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(VLLM_SPEC)
+    service = start_service(
+        "rollout",
+        spec,
+        tmp_path,
+        name="vllm-dies",
+        timeout=300,
+        env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+    )
+    channel = make_channel(service.target, ChannelOptions(max_attempts=1, timeout_s=300))
+    try:
+        stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+        health = health_pb2_grpc.HealthStub(channel)
+        assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
+        core = _engine_core(service)
+        long = rollout_pb2.GenerateRequest(
+            prompts=[_chat("go on")],
+            sampling=rollout_pb2.SamplingParams(temperature=1.0, max_tokens=3000, n=64, seed=5),
+        )
+        running = asyncio.ensure_future(stub.Generate(long))
+        deadline = time.monotonic() + 120
+        while (await stub.Status(rollout_pb2.RolloutStatusRequest())).running_requests == 0:
+            assert time.monotonic() < deadline and not running.done(), "Generate never ran"
+            await asyncio.sleep(0.1)
+        core.kill()
+        with pytest.raises(aio.AioRpcError) as info:
+            await running
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value.details()
+        deadline = time.monotonic() + 30
+        while await health_status(health) != health_pb2.HealthCheckResponse.NOT_SERVING:
+            assert time.monotonic() < deadline, "still SERVING 30 s after the core died"
+            await asyncio.sleep(0.2)
+        with pytest.raises(aio.AioRpcError) as info:
+            await stub.Generate(
+                rollout_pb2.GenerateRequest(
+                    prompts=[_chat("anyone?")], sampling=rollout_pb2.SamplingParams(max_tokens=4)
+                )
+            )
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "dead" in info.value.details()
+    finally:
+        await channel.close()
+        service.stop()
+    assert "the vllm engine is dead" in service.log.read_text()
+
+
+@pytest.mark.filterwarnings("default")  # vLLM warns as it starts, in this process
+async def test_a_vllm_load_failing_halfway_serves_nothing_until_a_complete_load(
+    tmp_path, monkeypatch
+):
+    """An out-of-memory error halfway through a LoadWeights on the vllm engine: the version
+    label is unchanged, the replica is NOT_SERVING and answers UNAVAILABLE (its layers are a
+    mix), and a retry of the same version completes and serves it."""
+    import torch
+    from safetensors.torch import load_file
+
+    from aflowrl.models import builtin, weights
+    from aflowrl.rollout.vllm_engine import VllmEngine
+
+    model_dir = builtin.ensure("tiny")
+    base = load_file(str(model_dir / "model.safetensors"))
+    generator = torch.Generator().manual_seed(7)
+    new = {n: t + 0.3 * torch.randn(t.shape, generator=generator) for n, t in base.items()}
+    path = weights.version_dir(tmp_path, 1)
+    weights.write_weights_dir(path, new, version=1, model_dir=model_dir)
+    engine = VllmEngine(
+        model_dir,
+        dtype="float32",
+        engine_spec=VllmEngineSpec(
+            max_model_len=512, gpu_memory_utilization=0.05, enforce_eager=True
+        ),
+    )
+    async with serve_engine(engine) as (servicer, stub, health):
+        with failing_halfway(monkeypatch) as delivered, pytest.raises(aio.AioRpcError) as info:
+            await stub.LoadWeights(rollout_pb2.LoadWeightsRequest(path=str(path), version=1))
+        assert delivered[0] > 0
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "failed midway" in info.value.details()
+        assert await _version(stub) == 0 and servicer.needs_reload
+        assert await health_status(health) == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(aio.AioRpcError) as info:
+            await _greedy(stub)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        reply = await stub.LoadWeights(rollout_pb2.LoadWeightsRequest(path=str(path), version=1))
+        assert reply.weight_version == 1 and not servicer.needs_reload
+        assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
+        served = await _greedy(stub)
+        assert served.weight_version == 1
