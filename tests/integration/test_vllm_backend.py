@@ -111,7 +111,7 @@ async def test_vllm_rollout_matches_the_learner_and_takes_pushed_weights(service
     ]
 
     with pytest.raises(aio.AioRpcError) as info:
-        await rollout.LoadWeights(rollout_pb2.LoadWeightsRequest(path="/nonexistent", version=0))
+        await rollout.LoadWeights(rollout_pb2.LoadWeightsRequest(path="/nonexistent", version=1))
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     for channel in (*channels, *hf_channels):
         await channel.close()
