@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import random
 import sys
 import time
 from pathlib import Path
@@ -319,3 +320,47 @@ async def test_a_vllm_load_failing_halfway_serves_nothing_until_a_complete_load(
         assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
         served = await _greedy(stub)
         assert served.weight_version == 1
+
+
+@pytest.mark.filterwarnings("default")  # vLLM warns as it starts, in this process
+async def test_vllm_scoring_reads_the_prefix_cache_and_agrees_with_hf():
+    """Candidate scores with the prefix cache read (observations shared by the candidates, and
+    scored twice, as the search does) equal the hf backend's to 1e-4: for an observation that
+    ends inside a cache block and for one that ends on a block boundary (there the row that
+    predicts a candidate's first token is cached and computes nothing: scored again without
+    the cache)."""
+    from aflowrl.models import builtin
+    from aflowrl.rollout.hf_engine import HfEngine
+    from aflowrl.rollout.vllm_engine import VllmEngine
+
+    model_dir = builtin.ensure("tiny")
+    vllm_engine = VllmEngine(
+        model_dir,
+        dtype="float32",
+        engine_spec=VllmEngineSpec(
+            max_model_len=1024, gpu_memory_utilization=0.05, enforce_eager=True
+        ),
+    )
+    hf_engine = HfEngine(model_dir, dtype="float32")
+    await vllm_engine.start()
+    await hf_engine.start()
+    try:
+        block = vllm_engine._engine.vllm_config.cache_config.block_size
+        vocab = len(hf_engine.tokenizer)
+        generator = random.Random(3)
+        for length in (2 * block + 44, 2 * block):
+            observation = [generator.randrange(10, vocab) for _ in range(length)]
+            candidates = [[generator.randrange(10, vocab) for _ in range(n)] for n in (1, 5, 9, 16)]
+            expected = await hf_engine.score(observation, candidates, 1.0)
+            for _ in range(2):
+                got = await vllm_engine.score(observation, candidates, 1.0)
+                assert [len(g) for g in got] == [len(c) for c in candidates]
+                gap = max(
+                    abs(a - b)
+                    for x, y in zip(got, expected, strict=True)
+                    for a, b in zip(x, y, strict=True)
+                )
+                assert gap < TOL, (length, gap)
+    finally:
+        await vllm_engine.close()
+        await hf_engine.close()

@@ -41,8 +41,12 @@ Log-probabilities are vLLM's ``processed_logprobs`` (log-softmax after temperatu
 top-k/top-p when those truncate): with top-p = 1 and top-k off they are exactly log pi_T of
 :mod:`aflowrl.models.logprobs`, the learner's definition. Candidate scores come from prompt
 log-probabilities, which vLLM computes at temperature 1; scoring at another temperature is
-refused rather than reported wrongly. Each completion is its own engine request seeded like the
-hf backend's (so n > 1 never repeats a seed).
+refused rather than reported wrongly. Scoring reads the prefix cache (vLLM skips it for
+requests with prompt log-probabilities unless told otherwise): the candidates of one
+observation share its prefill, and only the rows vLLM computes get log-probabilities, so a
+candidate whose first token is predicted by a cached row (the observation ends on a block
+boundary) is scored again without the cache. Each completion is its own engine request seeded
+like the hf backend's (so n > 1 never repeats a seed).
 """
 
 from __future__ import annotations
@@ -495,39 +499,74 @@ class VllmEngine(RolloutEngine):
                 "use rollout.engine 'hf'",
                 field="rollout.sampling.temperature",
             )
-        call = next(self._ids)
-        scores: list[list[float]] = [[] for _ in candidates]
-        slots: dict[str, int] = {}
-        requests = []
-        for k, candidate in enumerate(candidates):
-            request_id = f"s{call}-{k}"
-            slots[request_id] = k
+        scores: list[list[float] | None] = [None] * len(candidates)
+        # With the prefix cache: the first candidate alone (it prefills the observation), then
+        # the others at once (they find it cached: requests of one step would each prefill it).
+        # A candidate whose first token was predicted by a cached row, which computes no
+        # log-probability, is scored again without reading the cache.
+        rounds = ([0], list(range(1, len(candidates))), None)
+        for round_ in rounds:
+            pending = [k for k, score in enumerate(scores) if score is None]
+            todo = pending if round_ is None else [k for k in round_ if k in pending]
+            if not todo:
+                continue
+            read_cache = round_ is not None
             params = SamplingParams(
                 max_tokens=1,
                 temperature=0.0,
                 prompt_logprobs=0,
+                skip_reading_prefix_cache=not read_cache,
+                detokenize=False,
                 output_kind=RequestOutputKind.FINAL_ONLY,
             )
+            found = await self._score_round(prompt, candidates, todo, params)
+            for k, score in found.items():
+                scores[k] = score
+        missing = [k for k, score in enumerate(scores) if score is None]
+        if missing:
+            raise EngineUnavailableError(f"vLLM scored no log-probabilities for {missing}")
+        return [score for score in scores if score is not None]
+
+    async def _score_round(
+        self,
+        prompt: Sequence[int],
+        candidates: Sequence[Sequence[int]],
+        todo: Sequence[int],
+        params: Any,
+    ) -> dict[int, list[float] | None]:
+        """One engine request per candidate in ``todo``: candidate index -> its per-token
+        log-probabilities, or None where the row predicting its first token came from the
+        prefix cache (vLLM computes prompt log-probabilities only for rows it computes)."""
+        call = next(self._ids)
+        found: dict[int, list[float] | None] = {}
+        slots: dict[str, int] = {}
+        requests = []
+        for k in todo:
+            request_id = f"s{call}-{k}"
+            slots[request_id] = k
             requests.append(
-                (request_id, {"prompt_token_ids": list(prompt) + list(candidate)}, params)
+                (request_id, {"prompt_token_ids": list(prompt) + list(candidates[k])}, params)
             )
 
         def on_output(request_id: str, output: Any) -> None:
             k = slots[request_id]
+            if int(output.num_cached_tokens or 0) > len(prompt) - 1:
+                found[k] = None
+                return
             count = len(candidates[k])
             positions = output.prompt_token_ids[-count:]
             entries = output.prompt_logprobs[-count:]
-            scores[k] = [
+            found[k] = [
                 float(entry[token].logprob) for entry, token in zip(entries, positions, strict=True)
             ]
 
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[list[float]]] = loop.create_future()
+        future: asyncio.Future[dict[int, list[float] | None]] = loop.create_future()
         self._state.inbox.put(
-            _Submission(requests, _Pending(future, loop, len(requests), on_output, lambda: scores))
+            _Submission(requests, _Pending(future, loop, len(requests), on_output, lambda: found))
         )
-        scored: list[list[float]] = await self._wait(future)
-        return scored
+        result: dict[int, list[float] | None] = await self._wait(future)
+        return result
 
     def parameter_shapes(self) -> Mapping[str, tuple[int, ...]]:
         return self._shapes
