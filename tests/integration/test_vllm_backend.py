@@ -23,7 +23,7 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from aflowrl._proto.v1 import learner_pb2, rollout_pb2, rollout_pb2_grpc
+from aflowrl._proto.v1 import common_pb2, learner_pb2, rollout_pb2, rollout_pb2_grpc
 from aflowrl.common.client import ChannelOptions, make_channel
 from aflowrl.config.rollout import VllmEngineSpec
 from aflowrl.trainer import weight_sync
@@ -322,45 +322,43 @@ async def test_a_vllm_load_failing_halfway_serves_nothing_until_a_complete_load(
         assert served.weight_version == 1
 
 
-@pytest.mark.filterwarnings("default")  # vLLM warns as it starts, in this process
-async def test_vllm_scoring_reads_the_prefix_cache_and_agrees_with_hf():
-    """Candidate scores with the prefix cache read (observations shared by the candidates, and
-    scored twice, as the search does) equal the hf backend's to 1e-4: for an observation that
-    ends inside a cache block and for one that ends on a block boundary (there the row that
-    predicts a candidate's first token is cached and computes nothing: scored again without
-    the cache)."""
-    from aflowrl.models import builtin
-    from aflowrl.rollout.hf_engine import HfEngine
-    from aflowrl.rollout.vllm_engine import VllmEngine
-
-    model_dir = builtin.ensure("tiny")
-    vllm_engine = VllmEngine(
-        model_dir,
-        dtype="float32",
-        engine_spec=VllmEngineSpec(
-            max_model_len=1024, gpu_memory_utilization=0.05, enforce_eager=True
-        ),
-    )
-    hf_engine = HfEngine(model_dir, dtype="float32")
-    await vllm_engine.start()
-    await hf_engine.start()
-    try:
-        block = vllm_engine._engine.vllm_config.cache_config.block_size
-        vocab = len(hf_engine.tokenizer)
-        generator = random.Random(3)
-        for length in (2 * block + 44, 2 * block):
-            observation = [generator.randrange(10, vocab) for _ in range(length)]
-            candidates = [[generator.randrange(10, vocab) for _ in range(n)] for n in (1, 5, 9, 16)]
-            expected = await hf_engine.score(observation, candidates, 1.0)
-            for _ in range(2):
-                got = await vllm_engine.score(observation, candidates, 1.0)
-                assert [len(g) for g in got] == [len(c) for c in candidates]
-                gap = max(
-                    abs(a - b)
-                    for x, y in zip(got, expected, strict=True)
-                    for a, b in zip(x, y, strict=True)
+async def test_vllm_scoring_reads_the_prefix_cache_and_agrees_with_hf(services):
+    """Candidate scores with the prefix cache read (the candidates share the observation, and
+    each observation is scored twice, as the search does) equal the hf backend's to 1e-4 (both
+    replicas serve the same weights): for observations that end inside a cache block and on a
+    block boundary (256 tokens: a multiple of vLLM's block size on CPU and GPU), where the row
+    that predicts a candidate's first token is cached and computes nothing, so it is scored
+    again without the cache."""
+    _, vllm_service, hf_service = services
+    channels, _, vllm_rollout = _stubs(services[0], vllm_service)
+    more, _, hf_rollout = _stubs(services[0], hf_service)
+    generator = random.Random(3)
+    for length in (300, 256, 255):
+        request = rollout_pb2.ScoreCandidatesRequest(
+            items=[
+                rollout_pb2.CandidateSet(
+                    prompt=common_pb2.Prompt(
+                        token_ids=common_pb2.TokenIds(
+                            ids=[generator.randrange(10, 500) for _ in range(length)]
+                        )
+                    ),
+                    candidates=[" Custom", " ScEnsemble then Programmer", "x" * 40, " ok"],
                 )
-                assert gap < TOL, (length, gap)
-    finally:
-        await vllm_engine.close()
-        await hf_engine.close()
+            ]
+        )
+        expected = await hf_rollout.ScoreCandidates(request)
+        for _ in range(2):
+            got = await vllm_rollout.ScoreCandidates(request)
+            assert got.weight_version == expected.weight_version
+            pairs = list(
+                zip(
+                    got.items[0].candidate_logprobs,
+                    expected.items[0].candidate_logprobs,
+                    strict=True,
+                )
+            )
+            assert all(len(a.values) == len(b.values) > 0 for a, b in pairs)
+            gap = max(abs(x - y) for a, b in pairs for x, y in zip(a.values, b.values, strict=True))
+            assert gap < TOL, (length, gap)
+    for channel in (*channels, *more):
+        await channel.close()
