@@ -694,8 +694,6 @@ def reload_in_pieces(
     finishes it; then the prefix cache is reset. The stream is consumed lazily: the host holds
     one piece at a time.
     """
-    from vllm.v1.engine.exceptions import EngineDeadError
-
     pieces = 0
     engine.collective_rpc("aflowrl_start_update")
     try:
@@ -704,9 +702,9 @@ def reload_in_pieces(
             specs, parts = _rpc_piece(bucket)
             engine.collective_rpc("aflowrl_load_piece", args=(specs, parts, tied))
             pieces += 1
-    except EngineDeadError:
-        raise
     except Exception as exc:
+        if _is_engine_dead(exc):
+            raise
         # Finishing restores only the layers that got nothing: the others hold new weights, or
         # half of them. The engine serves no more until a complete version is loaded.
         try:
@@ -719,6 +717,15 @@ def reload_in_pieces(
     engine.collective_rpc("aflowrl_finish_update")
     engine.reset_prefix_cache()
     return pieces
+
+
+def _is_engine_dead(exc: BaseException) -> bool:
+    """Whether ``exc`` is vLLM's ``EngineDeadError`` (imported here: vLLM is optional)."""
+    try:
+        from vllm.v1.engine.exceptions import EngineDeadError
+    except ImportError:
+        return False
+    return isinstance(exc, EngineDeadError)
 
 
 def _rpc_piece(
