@@ -278,12 +278,12 @@ async def test_a_killed_engine_core_turns_the_replica_not_serving(tmp_path):
 
 
 @pytest.mark.filterwarnings("default")  # vLLM warns as it starts, in this process
-async def test_a_vllm_load_failing_halfway_serves_nothing_until_a_complete_load(
-    tmp_path, monkeypatch
-):
-    """An out-of-memory error halfway through a LoadWeights on the vllm engine: the version
-    label is unchanged, the replica is NOT_SERVING and answers UNAVAILABLE (its layers are a
-    mix), and a retry of the same version completes and serves it."""
+async def test_a_vllm_load_failing_halfway_never_serves_a_mix(tmp_path, monkeypatch):
+    """An out-of-memory error halfway through a LoadWeights on the vllm engine. With
+    ``keepWeightsOnLoad`` (the default) the old weights are put back: the same greedy tokens
+    and log-probabilities, version unchanged, SERVING. Without it the version label is
+    unchanged, the replica is NOT_SERVING and answers UNAVAILABLE (its layers are a mix), and
+    a retry of the same version completes and serves it."""
     import torch
     from safetensors.torch import load_file
 
@@ -303,10 +303,29 @@ async def test_a_vllm_load_failing_halfway_serves_nothing_until_a_complete_load(
             max_model_len=512, gpu_memory_utilization=0.05, enforce_eager=True
         ),
     )
+    assert engine.engine_spec.keep_weights_on_load
+    load = rollout_pb2.LoadWeightsRequest(path=str(path), version=1)
     async with serve_engine(engine) as (servicer, stub, health):
+        before = await _greedy(stub)
         with failing_halfway(monkeypatch) as delivered, pytest.raises(aio.AioRpcError) as info:
-            await stub.LoadWeights(rollout_pb2.LoadWeightsRequest(path=str(path), version=1))
+            await stub.LoadWeights(load)
         assert delivered[0] > 0
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "old weights were put back" in info.value.details()
+        assert await _version(stub) == 0 and not servicer.needs_reload
+        assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
+        again = await _greedy(stub)
+        assert again.weight_version == 0
+        assert list(again.results[0].completions[0].token_ids) == list(
+            before.results[0].completions[0].token_ids
+        )
+        assert list(again.results[0].completions[0].logprobs) == list(
+            before.results[0].completions[0].logprobs
+        )
+
+        engine.engine_spec = engine.engine_spec.model_copy(update={"keep_weights_on_load": False})
+        with failing_halfway(monkeypatch) as delivered, pytest.raises(aio.AioRpcError) as info:
+            await stub.LoadWeights(load)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "failed midway" in info.value.details()
         assert await _version(stub) == 0 and servicer.needs_reload
@@ -315,11 +334,14 @@ async def test_a_vllm_load_failing_halfway_serves_nothing_until_a_complete_load(
             await _greedy(stub)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
 
-        reply = await stub.LoadWeights(rollout_pb2.LoadWeightsRequest(path=str(path), version=1))
+        reply = await stub.LoadWeights(load)
         assert reply.weight_version == 1 and not servicer.needs_reload
         assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
         served = await _greedy(stub)
         assert served.weight_version == 1
+        assert list(served.results[0].completions[0].logprobs) != list(
+            before.results[0].completions[0].logprobs
+        )
 
 
 async def test_vllm_scoring_reads_the_prefix_cache_and_agrees_with_hf(services):

@@ -34,8 +34,10 @@ core exited, a call overran, ``EngineDeadError``) fails every waiting call with 
 once and reports itself through :attr:`~aflowrl.rollout.engine.RolloutEngine.on_dead`: the
 replica's health turns NOT_SERVING for good and the liveness probe restarts the pod. A load
 that fails midway leaves layers half-written (vLLM's reload restores only the layers that got
-nothing): it raises :class:`~aflowrl.models.errors.WeightLoadFailedError` and the replica serves
-nothing until a complete version is loaded.
+nothing): with ``rollout.vllm.keepWeightsOnLoad`` the workers put back a host copy of the
+served weights taken before the load; otherwise it raises
+:class:`~aflowrl.models.errors.WeightLoadFailedError` and the replica serves nothing until a
+complete version is loaded.
 
 Log-probabilities are vLLM's ``processed_logprobs`` (log-softmax after temperature, and after
 top-k/top-p when those truncate): with top-p = 1 and top-k off they are exactly log pi_T of
@@ -580,7 +582,13 @@ class VllmEngine(RolloutEngine):
         nbytes = 4 * sum(int(torch.Size(s).numel()) for s in self._shapes.values())
         limit_s = self.engine_spec.engine_timeout_s * (2 + nbytes // bucket_bytes)
         pieces: int = await self._call(
-            lambda engine: reload_in_pieces(engine, tensors, bucket_bytes=bucket_bytes, tied=tied),
+            lambda engine: reload_in_pieces(
+                engine,
+                tensors,
+                bucket_bytes=bucket_bytes,
+                tied=tied,
+                keep=self.engine_spec.keep_weights_on_load,
+            ),
             limit_s=limit_s,
         )
         return pieces
@@ -686,8 +694,12 @@ def reload_in_pieces(
     *,
     bucket_bytes: int,
     tied: bool,
+    keep: bool = False,
 ) -> int:
     """Reload every weight of ``engine`` (an ``LLMEngine``) in pieces; returns the pieces.
+
+    ``keep``: first copy the served weights to host memory (one model's worth per worker), and
+    put them back if the reload fails midway (``WeightLoadFailedError(intact=True)``).
 
     One ``collective_rpc`` starts vLLM's layer-wise reload on every worker, one per piece of at
     most ``bucket_bytes`` carries (name, dtype, shape) triples and the tensors' bytes, one
@@ -695,6 +707,8 @@ def reload_in_pieces(
     one piece at a time.
     """
     pieces = 0
+    if keep:
+        engine.collective_rpc("aflowrl_keep_weights")
     engine.collective_rpc("aflowrl_start_update")
     try:
         stream = ((n, t.detach().cpu()) for n, t in tensors)
@@ -706,15 +720,22 @@ def reload_in_pieces(
         if _is_engine_dead(exc):
             raise
         # Finishing restores only the layers that got nothing: the others hold new weights, or
-        # half of them. The engine serves no more until a complete version is loaded.
+        # half of them. The kept copy, if any, puts the old ones back; without it the engine
+        # serves no more until a complete version is loaded.
+        intact = False
         try:
             engine.collective_rpc("aflowrl_finish_update")
+            if keep:
+                intact = all(engine.collective_rpc("aflowrl_restore_weights"))
         finally:
             engine.reset_prefix_cache()
+        restored = "; the old weights were put back" if intact else ""
         raise WeightLoadFailedError(
-            f"loading new weights failed after {pieces} pieces: {exc}", intact=False
+            f"loading new weights failed after {pieces} pieces: {exc}{restored}", intact=intact
         ) from exc
     engine.collective_rpc("aflowrl_finish_update")
+    if keep:
+        engine.collective_rpc("aflowrl_drop_kept_weights")
     engine.reset_prefix_cache()
     return pieces
 

@@ -117,6 +117,42 @@ def finish_update(worker: Any) -> None:
             getattr(runner, reset)()
 
 
+_KEPT = "_aflowrl_kept_weights"
+
+
+def keep_weights(worker: Any) -> int:
+    """Copy the model's weights as served (after vLLM's processing) to host memory, to put
+    back if the reload that follows fails midway; returns the bytes kept."""
+    kept = {
+        name: tensor.detach().to("cpu", copy=True)
+        for name, tensor in _model(worker).state_dict(keep_vars=False).items()
+    }
+    setattr(worker, _KEPT, kept)
+    return sum(t.numel() * t.element_size() for t in kept.values())
+
+
+def restore_weights(worker: Any) -> bool:
+    """Put the kept weights back into the model's tensors; False when none were kept or the
+    model's tensors no longer match them (then the replica must not serve)."""
+    kept = getattr(worker, _KEPT, None)
+    setattr(worker, _KEPT, None)
+    if kept is None:
+        return False
+    current = _model(worker).state_dict(keep_vars=False)
+    if set(current) != set(kept) or any(
+        current[n].shape != t.shape or current[n].dtype != t.dtype for n, t in kept.items()
+    ):
+        return False
+    with torch.no_grad():
+        for name, tensor in kept.items():
+            current[name].copy_(tensor)
+    return True
+
+
+def drop_kept_weights(worker: Any) -> None:
+    setattr(worker, _KEPT, None)
+
+
 def _device(worker: Any) -> torch.device:
     device = getattr(worker, "device", None)
     return device if isinstance(device, torch.device) else torch.device("cpu")
@@ -218,6 +254,15 @@ class AflowrlWorkerExtension:
 
     def aflowrl_finish_update(self) -> None:
         finish_update(self)
+
+    def aflowrl_keep_weights(self) -> int:
+        return keep_weights(self)
+
+    def aflowrl_restore_weights(self) -> bool:
+        return restore_weights(self)
+
+    def aflowrl_drop_kept_weights(self) -> None:
+        drop_kept_weights(self)
 
     def aflowrl_join_group(self, rendezvous: dict[str, Any]) -> int:
         return join_group(self, rendezvous)
