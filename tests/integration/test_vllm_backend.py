@@ -266,17 +266,27 @@ def _engine_core(service) -> Any:
     raise AssertionError(f"no engine-core process under the rollout:\n{service.log.read_text()}")
 
 
-async def test_a_killed_engine_core_turns_the_replica_not_serving(tmp_path):
-    """vLLM's engine core in its own process (its GPU default), killed while a Generate runs:
-    within 30 s the replica's health is NOT_SERVING (the liveness probe restarts the pod), the
-    running call and every later one fail with UNAVAILABLE, and nothing hangs."""
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("kill", "engine-core process died"),  # vLLM notices the process exit
+        ("stop", "ran past its deadline"),  # frozen: alive, silent; only the deadline sees it
+    ],
+)
+async def test_a_dead_or_frozen_engine_core_turns_the_replica_not_serving(tmp_path, fault, reason):
+    """vLLM's engine core in its own process (its GPU default), killed (SIGKILL) or frozen
+    (SIGSTOP) while a Generate runs: within 30 s the replica's health is NOT_SERVING (the
+    liveness probe restarts the pod), the running call and every later one fail with
+    UNAVAILABLE, and nothing hangs. The engine's deadline is 10 s here (engineTimeoutS)."""
     spec = tmp_path / "spec.yaml"
-    spec.write_text(VLLM_SPEC)
+    spec.write_text(
+        VLLM_SPEC.replace("enforceEager: true}", "enforceEager: true, engineTimeoutS: 10}")
+    )
     service = start_service(
         "rollout",
         spec,
         tmp_path,
-        name="vllm-dies",
+        name=f"vllm-{fault}",
         timeout=300,
         env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
     )
@@ -295,13 +305,13 @@ async def test_a_killed_engine_core_turns_the_replica_not_serving(tmp_path):
         while (await stub.Status(rollout_pb2.RolloutStatusRequest())).running_requests == 0:
             assert time.monotonic() < deadline and not running.done(), "Generate never ran"
             await asyncio.sleep(0.1)
-        core.kill()
+        core.kill() if fault == "kill" else core.suspend()
         with pytest.raises(aio.AioRpcError) as info:
             await running
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value.details()
         deadline = time.monotonic() + 30
         while await health_status(health) != health_pb2.HealthCheckResponse.NOT_SERVING:
-            assert time.monotonic() < deadline, "still SERVING 30 s after the core died"
+            assert time.monotonic() < deadline, f"still SERVING 30 s after the core's {fault}"
             await asyncio.sleep(0.2)
         with pytest.raises(aio.AioRpcError) as info:
             await stub.Generate(
@@ -310,9 +320,11 @@ async def test_a_killed_engine_core_turns_the_replica_not_serving(tmp_path):
                 )
             )
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "dead" in info.value.details()
+        assert "dead" in info.value.details() and reason in info.value.details()
     finally:
         await channel.close()
+        with contextlib.suppress(Exception):
+            core.kill()  # a frozen core would outlive the service
         service.stop()
     assert "the vllm engine is dead" in service.log.read_text()
 
