@@ -6,12 +6,19 @@ Both run in this process on the same engine, alternately, so they see the same m
 ratio service / direct is the cost of the service layer; the target is >= 0.9.
 
     python bench/rollout_throughput.py [--engine hf|vllm] [--batch 16] [--max-tokens 128]
+
+``--score``: candidate scoring instead (``engine.score``, the ScoreCandidates path): per round a
+new observation of ``--observation`` tokens and ``--batch`` candidates of 16 tokens, scored
+twice (the second time as the search re-scores an observation); prints candidates per second,
+the median over rounds, which is what prefix caching changes (each candidate re-prefilling the
+whole observation, or sharing its prefill).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import statistics
 import time
 
@@ -19,10 +26,34 @@ from aflowrl._proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from aflowrl.common.client import ChannelOptions, make_channel
 from aflowrl.common.server import GrpcServer, ServerOptions, ServiceRegistration
 from aflowrl.config import RunSpec
-from aflowrl.rollout.engine import SamplingOptions
+from aflowrl.rollout.engine import RolloutEngine, SamplingOptions
 from aflowrl.rollout.metrics import RolloutMetrics
 from aflowrl.rollout.server import build_engine, build_servicer
 from aflowrl.rollout.service import SERVICE_NAME
+
+
+async def score(args: argparse.Namespace, engine: RolloutEngine) -> None:
+    vocab = len(engine.tokenizer)
+    rates: list[float] = []
+    for round_ in range(args.warmup + args.rounds):
+        rng = random.Random(round_)
+        observation = [rng.randrange(10, vocab) for _ in range(args.observation)]
+        candidates = [[rng.randrange(10, vocab) for _ in range(16)] for _ in range(args.batch)]
+        started = time.perf_counter()
+        first = await engine.score(observation, candidates, 1.0)
+        again = await engine.score(observation, candidates, 1.0)
+        seconds = time.perf_counter() - started
+        gap = max(
+            abs(a - b) for x, y in zip(first, again, strict=True) for a, b in zip(x, y, strict=True)
+        )
+        assert gap < 1e-4, f"scores differ between the two passes by {gap}"
+        if round_ >= args.warmup:
+            rates.append(2 * len(candidates) / seconds)
+    print(
+        f"engine={args.engine} score: observation={args.observation} tokens, "
+        f"{args.batch} candidates x 16 tokens, rounds={args.rounds}"
+    )
+    print(f"scoring {statistics.median(rates):10.1f} candidates/s (median)")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -37,6 +68,12 @@ async def main(args: argparse.Namespace) -> None:
     )
     engine = build_engine(spec)
     await engine.start()
+    if args.score:
+        try:
+            await score(args, engine)
+        finally:
+            await engine.close()
+        return
     metrics = RolloutMetrics()
     servicer = build_servicer(spec, engine, metrics)
     options = ServerOptions(component="rollout", host="127.0.0.1", port=0)
@@ -111,4 +148,6 @@ if __name__ == "__main__":
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--score", action="store_true", help="candidate scoring instead")
+    parser.add_argument("--observation", type=int, default=1500, help="with --score: tokens")
     asyncio.run(main(parser.parse_args()))

@@ -167,3 +167,18 @@ def overridden(name: str, value: str) -> Iterator[None]:
 def set_default(name: str, value: str) -> str:
     """Set ``name`` for this process unless already set (third-party settings); returns it."""
     return os.environ.setdefault(name, value)
+
+
+@contextlib.contextmanager
+def scoped(name: str, value: str) -> Iterator[None]:
+    """Set ``name`` to ``value`` for the duration of the block (a third-party setting read when
+    an object is built, e.g. torch's NCCL error handling for one process group)."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous

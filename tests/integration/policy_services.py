@@ -104,9 +104,11 @@ def start_service(
     name: str | None = None,
     timeout: float = 120.0,
     env: dict[str, str] | None = None,
+    port: int | None = None,
 ) -> Service:
-    """Start ``aflowrl serve SERVICE`` (under torchrun when ``ranks`` > 1) and wait for it."""
-    port = free_port()
+    """Start ``aflowrl serve SERVICE`` (under torchrun when ``ranks`` > 1) and wait for it
+    (on ``port``, or a free one)."""
+    port = port or free_port()
     name = name or service
     log = log_dir / f"{name}.log"
     serve = ["-m", "aflowrl", "serve", service, "--spec", str(spec_file), "--host", "127.0.0.1"]

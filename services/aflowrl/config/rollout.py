@@ -62,6 +62,17 @@ class VllmEngineSpec(SpecModel):
     """New weights reach the engine's workers in pieces of at most this size (MiB), loaded
     layer by layer through vLLM's reload path: no message grows with the model (vLLM's
     msgpack channel refuses byte strings over 4 GiB) and host memory stays within one piece."""
+    keep_weights_on_load: bool = True
+    """Before a weight load (grpc and filesystem transports), copy the served weights to host
+    memory (one model's worth per worker, e.g. 15 GB for a 7B bf16 policy), so a load that
+    fails midway (an out-of-memory error) puts them back and the replica serves on. Off: such a
+    replica serves nothing until a complete version is loaded."""
+    engine_timeout_s: float = Field(default=300.0, ge=5.0, le=3600.0)
+    """Deadline of one call into the engine (a scheduler step, a weight piece, a control call),
+    in seconds. An engine that overruns it, or whose engine-core process died, is dead: the
+    replica's health turns NOT_SERVING, waiting calls fail with UNAVAILABLE and the liveness
+    probe restarts the pod. A broadcast's receive is bounded by the weight group's timeout
+    instead."""
 
     @model_validator(mode="after")
     def _batch_fits_sequences(self) -> VllmEngineSpec:

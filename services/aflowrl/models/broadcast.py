@@ -23,9 +23,16 @@ the old tensors back where nothing arrived). A receiver that refuses the manifes
 model, a stale version) still receives every bucket, drops them, and raises the refusal at the
 end, so the collective never waits for it.
 
-On CPU, gloo reports a member that died at the next collective ("Connection reset by peer"),
-and a sender that fails closes the group so the other members fail at once too; NCCL takes up
-to ``timeout_s`` to notice.
+**Failure costs one group, never the process.** Every collective is waited for on the host
+with a deadline of ``timeout_s`` (``work.wait(timeout)``); one that has not completed by then
+(a member died or stalled: NCCL never reports a dead peer, and its ``.wait()`` alone only makes
+the stream wait) aborts the communicator (``ProcessGroup.abort``) and raises
+:class:`~aflowrl.models.errors.BroadcastBrokenError`. The process group's own timeout is set
+beyond the deadline, and an NCCL group is built with ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``
+(clean up the communicator, do not tear the process down): torch's watchdog, whose default takes
+the whole process down (and with learner rank 0 the torchrun job), never acts first. On CPU,
+gloo reports a member that died at the next collective ("Connection reset by peer"), and a
+sender that fails closes the group so the other members fail at once too.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from aflowrl import envs
 from aflowrl.models.errors import (
     BroadcastBrokenError,
     NonFiniteWeightsError,
@@ -66,6 +74,13 @@ microseconds on NCCL and about a millisecond on gloo."""
 
 NamedBucket = list[tuple[str, torch.Tensor]]
 
+BACKEND_SLACK_S = 60.0
+"""The process group's own timeout exceeds the collectives' deadline by this much, so the
+deadline (which aborts the communicator) always acts before torch's watchdog."""
+NCCL_CLEANUP_ONLY = "2"
+"""``TORCH_NCCL_ASYNC_ERROR_HANDLING`` of weight groups: abort the communicator on an error or
+timeout, never the process (torch's default tears the process down)."""
+
 
 def group_backend(device: torch.device) -> str:
     """The collective a weight group on ``device`` uses: NCCL on CUDA, gloo elsewhere."""
@@ -85,6 +100,7 @@ class Rendezvous:
     rank: int
     world_size: int
     timeout_s: float
+    """Deadline of the join and of every collective (then the communicator is aborted)."""
 
 
 class GroupStore:
@@ -120,6 +136,7 @@ class WeightGroup:
     ) -> WeightGroup:
         """Join (rank 0: with its own ``store``); returns once every member has joined."""
         timeout = timedelta(seconds=rendezvous.timeout_s)
+        backend_timeout = timedelta(seconds=rendezvous.timeout_s + BACKEND_SLACK_S)
         if store is None:
             store = dist.TCPStore(  # type: ignore[attr-defined]
                 rendezvous.host, rendezvous.port, is_master=False, timeout=timeout
@@ -131,10 +148,12 @@ class WeightGroup:
         pg: Any
         if group_backend(device) == "nccl":
             options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timeout
-            pg = dist.ProcessGroupNCCL(prefixed, rank, size, options)
+            options._timeout = backend_timeout
+            # Read when the group is built: this group's errors abort its communicator only.
+            with envs.scoped("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_CLEANUP_ONLY):
+                pg = dist.ProcessGroupNCCL(prefixed, rank, size, options)
         else:
-            pg = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+            pg = dist.ProcessGroupGloo(prefixed, rank, size, backend_timeout)
             # gloo connects lazily per pair; one collective makes "joined" mean "connected".
         group = cls(pg, rendezvous, device)
         group.broadcast(torch.zeros(1, dtype=torch.int64, device=device))
@@ -142,11 +161,40 @@ class WeightGroup:
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0's ``tensor`` into every member's (in place); raises when a member is gone."""
-        if self._pg is None:
+        pg = self._pg
+        if pg is None:
             raise BroadcastBrokenError(f"weight group {self.name} is closed")
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        self._pg.broadcast([tensor], options).wait()
+        deadline = timedelta(seconds=self.rendezvous.timeout_s)
+        try:
+            work = pg.broadcast([tensor], options)
+            # On the host, with a deadline: NCCL's plain wait() only orders the stream.
+            completed = work.wait(deadline)
+        except RuntimeError as exc:
+            self.abort()
+            raise BroadcastBrokenError(
+                f"weight group {self.name}: a broadcast failed or did not complete within "
+                f"{self.rendezvous.timeout_s:.0f}s (communicator aborted): {exc}"
+            ) from exc
+        if completed is False:
+            self.abort()
+            raise BroadcastBrokenError(
+                f"weight group {self.name}: a broadcast did not complete within "
+                f"{self.rendezvous.timeout_s:.0f}s (communicator aborted)"
+            )
+
+    def abort(self) -> None:
+        """Abort the communicator (a collective still pending on it fails) and leave the group:
+        a dead or stalled member costs this group, never this process."""
+        pg, self._pg = self._pg, None
+        if pg is None:
+            return
+        try:
+            pg.abort()
+        except RuntimeError as exc:  # already torn down: nothing left to abort
+            logger.debug("weight group %s abort: %s", self.name, exc)
+        del pg
 
     def close(self) -> None:
         """Leave the group; members still waiting on it fail at once (gloo) or time out."""

@@ -49,3 +49,16 @@ class BroadcastBrokenError(UnavailableError):
 
 class IncompleteWeightsError(UnavailableError):
     """The replica's weights are incomplete after a broken broadcast; it waits for a reload."""
+
+
+class WeightLoadFailedError(UnavailableError):
+    """Loading a verified update failed midway (an out-of-memory error, an engine fault).
+
+    ``intact``: the engine put every old weight back and keeps serving the old version;
+    otherwise its weights are a mix of old and new and the replica serves nothing until a
+    complete version is loaded (the same version may be sent again).
+    """
+
+    def __init__(self, message: str, *, intact: bool) -> None:
+        self.intact = intact
+        super().__init__(message)

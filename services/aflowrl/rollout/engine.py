@@ -139,7 +139,9 @@ class RolloutEngine(abc.ABC):
     async def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Replace every weight in place from a verified stream; returns the pieces it took.
 
-        ``tensors`` is consumed lazily on the engine's thread, in manifest order.
+        ``tensors`` is consumed lazily on the engine's thread, in manifest order. A failure
+        midway raises :class:`~aflowrl.models.errors.WeightLoadFailedError`, saying whether
+        the old weights are intact.
         """
 
     async def adopt_weights(self, tensors: Mapping[str, torch.Tensor]) -> bool:
@@ -154,6 +156,12 @@ class RolloutEngine(abc.ABC):
 
     weight_group_ranks: int = 1
     """Members this engine contributes to a weight group (its workers)."""
+
+    on_dead: Callable[[str], None] | None = None
+    """Called once, on the event loop, with the reason when the engine dies for good (its
+    engine-core process exited, a call overran its deadline): the servicer turns the replica's
+    health NOT_SERVING, so the liveness probe restarts the pod. Waiting calls have already failed
+    with :class:`~aflowrl.rollout.errors.EngineUnavailableError`."""
 
     @abc.abstractmethod
     async def join_weight_group(self, rendezvous: Rendezvous) -> None:

@@ -35,7 +35,7 @@ import torch
 from aflowrl.config.policy import LoraSpec
 from aflowrl.models import broadcast, loading, logprobs
 from aflowrl.models.broadcast import BroadcastResult, Expectation, Rendezvous
-from aflowrl.models.errors import BroadcastBrokenError
+from aflowrl.models.errors import BroadcastBrokenError, WeightLoadFailedError
 from aflowrl.models.weights import parameter_shapes
 from aflowrl.rollout.engine import (
     CompletionResult,
@@ -358,9 +358,26 @@ class HfEngine(RolloutEngine):
         return self._shapes
 
     def _copy(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy every tensor into its weight; a failure midway (the stream, an out-of-memory
+        error) puts back the weights already overwritten, from copies kept as it goes (at most
+        one model's worth, on the model's device), and raises WeightLoadFailedError(intact)."""
         targets = self._targets
-        for name, tensor in tensors:
-            targets[name].copy_(tensor)
+        previous: list[tuple[torch.Tensor, torch.Tensor]] = []
+        try:
+            with torch.no_grad():
+                for name, tensor in tensors:
+                    target = targets[name]
+                    previous.append((target, target.detach().clone()))
+                    target.copy_(tensor)
+        except Exception as exc:
+            with torch.no_grad():
+                for target, old in previous:
+                    target.copy_(old)
+            raise WeightLoadFailedError(
+                f"loading new weights failed after {len(previous)} tensors ({exc}); the old "
+                "weights were put back",
+                intact=True,
+            ) from exc
 
     async def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         await self._submit_call(lambda: self._copy(tensors))

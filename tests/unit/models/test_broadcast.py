@@ -166,3 +166,49 @@ def test_a_member_that_dies_makes_the_sender_fail_rather_than_wait():
 
     sent, _ = _run([_sender(tensors, 2 * KIB), dies_at_once])
     assert isinstance(sent, RuntimeError | BroadcastBrokenError), sent
+
+
+def test_a_stalled_member_aborts_the_group_at_the_deadline_and_the_next_group_works():
+    """A member that joined and then stalls (its process frozen: its sockets stay open, so no
+    backend error ever comes): the sender's collective reaches the group's deadline, the
+    communicator is aborted and BroadcastBrokenError raised, well before the process group's
+    own timeout; a group formed next, without the stalled member, broadcasts in full."""
+    tensors = _tensors()
+    port, name = _port(), f"g{_port()}"
+    store = broadcast.GroupStore(port, timeout_s=30)
+    release = threading.Event()
+    outcome: list[Any] = [None, None]
+
+    def member(rank: int) -> None:
+        rendezvous = broadcast.Rendezvous("127.0.0.1", port, name, rank, 2, timeout_s=3)
+        try:
+            group = broadcast.WeightGroup.join(
+                rendezvous, CPU, store=store.store if rank == 0 else None
+            )
+            if rank == 0:
+                try:
+                    outcome[0] = _sender(tensors, 2 * KIB)(group)
+                finally:
+                    release.set()
+                    group.close()
+            else:
+                release.wait(60 + broadcast.BACKEND_SLACK_S)  # stalled, but connected
+                group.close()
+        except BaseException as exc:
+            outcome[rank] = exc
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(2)]
+    for thread in threads:
+        thread.start()
+    threads[0].join(60)
+    assert not threads[0].is_alive(), "the sender waited past the deadline"
+    assert isinstance(outcome[0], BroadcastBrokenError), outcome[0]
+    assert "communicator aborted" in str(outcome[0])
+    threads[1].join(60)
+
+    receiver = Receiver()
+    sent, received = _run([_sender(tensors, 2 * KIB), receiver])
+    assert isinstance(sent, broadcast.BroadcastResult), sent
+    assert isinstance(received, broadcast.BroadcastResult), received
+    for name_, tensor in tensors.items():
+        assert torch.equal(receiver.loaded[name_], tensor)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from aflowrl.models import weights
+from aflowrl.models.errors import WeightLoadFailedError
 from aflowrl.rollout import vllm_engine, vllm_worker
 
 MIB = 1024 * 1024
@@ -34,12 +35,14 @@ class RecordingEngine:
         self.pieces: list[tuple[Any, Any]] = []
         self.prefix_cache_resets = 0
 
-    def collective_rpc(self, method: Any, args: tuple[Any, ...] = ()) -> list[Any]:
-        self.calls.append(method.__name__)
+    def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        # By name: the worker extension's method (vllm_worker.AflowrlWorkerExtension).
+        assert callable(getattr(vllm_worker.AflowrlWorkerExtension, method))
+        self.calls.append(method.removeprefix("aflowrl_"))
         strings = _byte_strings(args)
         self.largest_string = max([self.largest_string, *(len(b) for b in strings)])
         self.largest_message = max(self.largest_message, sum(len(b) for b in strings))
-        if method is vllm_worker.load_piece:
+        if method == "aflowrl_load_piece":
             specs, parts, _tied = args
             if len(self.pieces) < 3:
                 self.pieces.append((specs, parts))
@@ -99,13 +102,14 @@ def test_a_failed_piece_still_finishes_the_reload():
     class Failing(RecordingEngine):
         def collective_rpc(self, method: Any, args: tuple[Any, ...] = ()) -> list[Any]:
             result = super().collective_rpc(method, args)
-            if method is vllm_worker.load_piece:
+            if method == "aflowrl_load_piece":
                 raise RuntimeError("worker died")
             return result
 
     engine = Failing()
     tensors = [(f"t{i}", torch.zeros(MIB // 4)) for i in range(4)]
-    with pytest.raises(RuntimeError, match="worker died"):
+    with pytest.raises(WeightLoadFailedError, match="worker died") as info:
         vllm_engine.reload_in_pieces(engine, tensors, bucket_bytes=MIB, tied=False)
+    assert not info.value.intact  # layers may be half-written: the replica must not serve
     assert engine.calls == ["start_update", "load_piece", "finish_update"]
-    assert engine.prefix_cache_resets == 0
+    assert engine.prefix_cache_resets == 1  # cached KV of the old weights is dropped too

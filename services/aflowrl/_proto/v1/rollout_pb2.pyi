@@ -530,6 +530,7 @@ class RolloutStatusResponse(_message.Message):
     GENERATED_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
     WEIGHT_GROUP_RANKS_FIELD_NUMBER: _builtins.int
     NEEDS_RELOAD_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     backend: _builtins.str
     """"hf" or "vllm"."""
     model: _builtins.str
@@ -543,8 +544,13 @@ class RolloutStatusResponse(_message.Message):
     weight_group_ranks: _builtins.int
     """Ranks this replica takes in a weight broadcast group (its engine workers)."""
     needs_reload: _builtins.bool
-    """True after a weight broadcast broke off: the weights are incomplete, requests are refused
-    (UNAVAILABLE) until a complete version is loaded.
+    """True after a weight broadcast broke off or a load failed midway: the weights are
+    incomplete, requests are refused (UNAVAILABLE) until a complete version is loaded.
+    """
+    incarnation: _builtins.str
+    """Random id of this replica's process, new at every start: the trainer reuses a weight
+    group only while every member reports the incarnation it had when the group was formed
+    (a container restarted at the same address is not the member it was).
     """
     @_builtins.property
     def service(self) -> _common_pb2.ServiceInfo:
@@ -562,10 +568,11 @@ class RolloutStatusResponse(_message.Message):
         generated_tokens_total: _builtins.int = ...,
         weight_group_ranks: _builtins.int = ...,
         needs_reload: _builtins.bool = ...,
+        incarnation: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["service", b"service"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "generated_tokens_total", b"generated_tokens_total", "model", b"model", "needs_reload", b"needs_reload", "queued_requests", b"queued_requests", "running_requests", b"running_requests", "service", b"service", "weight_group_ranks", b"weight_group_ranks", "weight_version", b"weight_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "generated_tokens_total", b"generated_tokens_total", "incarnation", b"incarnation", "model", b"model", "needs_reload", b"needs_reload", "queued_requests", b"queued_requests", "running_requests", b"running_requests", "service", b"service", "weight_group_ranks", b"weight_group_ranks", "weight_version", b"weight_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
