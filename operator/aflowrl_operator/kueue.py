@@ -12,13 +12,14 @@ quota, preemption and fair sharing. The Workload is created once and kept for th
   and its ``spec.suspend`` is true, written by the operator as Kueue's job integration with the
   :data:`RUN_SUSPENDED_BY` marker (:func:`suspend_patch`; the chart's optional
   MutatingAdmissionPolicy sets both at creation, as Kueue's defaulting webhooks do): a queued
-  run is created suspended and starts on admission (``spec.suspend`` false again), with the admitted flavors' node
-  labels and tolerations and any admission check's ``podSetUpdates`` on each pod set's pods
-  (:func:`placement`, :func:`place`);
-- on eviction (``Evicted``) the run is held (and marked suspended) again; once none of its pods runs, the operator
-  gives the quota back exactly as Kueue's job reconciler does (:func:`release`: ``Requeued``,
-  ``QuotaReserved`` false, ``status.admission`` cleared), and Kueue requeues and readmits the
-  same Workload (its backoff, ``requeueState`` and ``active`` kept);
+  run is created suspended and starts on admission (``spec.suspend`` false again), with the
+  admitted flavors' node labels and tolerations and any admission check's ``podSetUpdates`` on
+  each pod set's pods (:func:`placement`, :func:`place`);
+- on eviction (``Evicted``) the run is held (and marked suspended) again; once none of its pods
+  runs, the operator gives the quota back exactly as Kueue's job reconciler does
+  (:func:`release`: ``Requeued``, ``QuotaReserved`` false, ``status.admission`` cleared), and
+  Kueue requeues and readmits the same Workload (its backoff, ``requeueState`` and ``active``
+  kept);
 - ``spec.active: false`` (Kueue's backoff limit, maximum execution time, or an administrator)
   keeps the run held and is reported; the operator never turns it back on, except where it
   turned it off itself for a user's ``spec.suspend`` (one without the marker;
