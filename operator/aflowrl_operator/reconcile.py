@@ -525,13 +525,15 @@ class Reconciler:
         The patch carries the run's ``resourceVersion``: on a conflict the run is read again and
         the decision taken on what it now says, so a user's suspend written meanwhile is never
         overwritten. Returns whether the run must stay stopped this pass although Kueue admits
-        it: its ``spec.suspend`` is still true (a user's suspend that arrived meanwhile, or the
-        run is gone); the next pass, which that write triggers, decides again.
+        it: the operator's suspend could not be turned off (a user's suspend arrived meanwhile,
+        or the run is gone); the next pass, which that write triggers, decides again.
         """
+        attempted = False
         for _ in range(_SUSPEND_WRITE_TRIES):
             patch = kueue.suspend_patch(body, held=held)
             if patch is None:
                 break
+            attempted = True
             try:
                 written = await self.api.patch(
                     KIND, run.namespace, run.name, patch, field_manager=FIELD_MANAGER
@@ -552,7 +554,7 @@ class Reconciler:
             actions.append(f"spec.suspend {action}")
             body = written
             break
-        return not held and bool((body.get("spec") or {}).get("suspend"))
+        return attempted and not held and bool((body.get("spec") or {}).get("suspend"))
 
     async def _placement(self, admitted: kueue.Admission) -> dict[str, kueue.Placement]:
         """Per pod set, what its admission adds to its pods (:func:`kueue.placement`)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from operator_harness import NAMESPACE, Cluster
+from operator_harness import NAMESPACE, RUNS, Cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "charts"))
 import build_manifests
@@ -515,3 +515,21 @@ async def test_spec_suspend_says_whether_kueue_holds_the_run_and_a_user_suspend_
     # The operator wrote spec.suspend on the run itself (not its status) as its field manager.
     managers = {m.get("manager") for m in cluster.run("demo")["metadata"].get("managedFields", [])}
     assert "aflowrl-operator" in managers
+
+
+async def test_removing_the_marker_makes_a_queued_runs_suspend_the_users(cluster: Cluster):
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    await cluster.eventually(lambda: _suspend(cluster) == (True, "kueue"), what="suspended")
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    # The user takes the queued run's suspend over: the Workload is deactivated (no quota is
+    # asked for), and Kueue's admission would not start the run.
+    await cluster.emulator.patch_object(
+        RUNS, NAMESPACE, "demo", {"metadata": {"annotations": {MARKER: None}}}
+    )
+    await cluster.eventually(
+        lambda: _workload(cluster)["spec"].get("active") is False, what="deactivated"
+    )
+    await cluster.wait_condition("demo", "Admitted", reason="Suspended")
+    await cluster.settle()
+    assert _suspend(cluster) == (True, None)
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
