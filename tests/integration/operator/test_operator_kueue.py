@@ -509,7 +509,10 @@ async def test_spec_suspend_says_whether_kueue_holds_the_run_and_a_user_suspend_
     await cluster.eventually(lambda: _suspend(cluster) == (True, "kueue"), what="queued again")
     await _admit(cluster)
     await cluster.eventually(lambda: _suspend(cluster) == (False, None), what="readmitted")
-    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 1
+    await cluster.eventually(
+        lambda: cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 1,
+        what="scaled up again",
+    )
     assert _workload(cluster)["metadata"]["uid"] == uid
     assert cluster.emulator.count_created("workloads") == 1
     # The operator wrote spec.suspend on the run itself (not its status) as its field manager.
