@@ -12,16 +12,10 @@ suspend (unmarked) deactivates the Workload and is never turned off by the opera
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from operator_harness import NAMESPACE, RUNS, Cluster
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "charts"))
-import build_manifests
+from operator_harness import NAMESPACE, RUNS, Cluster, chart_denies
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -409,13 +403,6 @@ async def test_the_chart_grants_every_kueue_request_the_operator_makes(cluster: 
     await cluster.emulator.set_status(JOBS, NAMESPACE, "demo-trainer", complete)
     await cluster.eventually(lambda: _cond(_workload(cluster), "Finished"), what="Finished")
 
-    rules = [
-        rule
-        for _, text in build_manifests.rendered_documents()
-        for doc in [yaml.safe_load(text)]
-        if doc["kind"] == "ClusterRole"
-        for rule in doc["rules"]
-    ]
     made = {r for r in cluster.emulator.operator_requests() if r[1] in KUEUE_GROUPS}
     assert {
         ("get", "kueue.x-k8s.io", "resourceflavors"),
@@ -424,14 +411,7 @@ async def test_the_chart_grants_every_kueue_request_the_operator_makes(cluster: 
         ("patch", "kueue.x-k8s.io", "workloads/status"),
         ("watch", "kueue.x-k8s.io", "workloads"),
     } <= made
-    denied = sorted(
-        (verb, group, resource)
-        for verb, group, resource in made
-        if not any(
-            group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
-            for rule in rules
-        )
-    )
+    denied = chart_denies(made)
     assert denied == [], f"the chart's RBAC refuses requests the operator makes: {denied}"
 
 
