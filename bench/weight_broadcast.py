@@ -90,7 +90,7 @@ def _member(rank: int, args: argparse.Namespace, port: int, results: Any) -> Non
         barrier.barrier().wait()
         started = time.perf_counter()
         if rank == 0:
-            broadcast.send_weights(group, version, tensors.items(), specs, bucket_bytes)
+            broadcast.send_weights([group], version, tensors.items(), specs, bucket_bytes)
         else:
 
             def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
