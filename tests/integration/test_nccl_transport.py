@@ -17,6 +17,8 @@ The same code a GPU cluster runs with NCCL (:mod:`aflowrl.models.broadcast`), on
 4. B is restarted at the same address (as a restarted container is) with a new incarnation: the
    next push forms a new group for B alone, A's group is reused, and both take the version by
    broadcast.
+5. A replica that still answers but whose group broke (its engine left the group) is reloaded
+   from the fallback export; the other keeps its group and takes the version by broadcast.
 """
 
 from __future__ import annotations
@@ -187,6 +189,21 @@ async def test_one_group_per_replica_and_a_replica_killed_midway_costs_only_itse
         assert _buckets(b) > 0
         await _agrees(learner, rollout_a, 15, version)
         await _agrees(learner, rollout_b, 16, version)
+
+        # 5. A's engine left its group behind the trainer's back: the learner finds the group
+        # broken, A alone is reloaded from the fallback export, B takes it over its own group.
+        await rollout_a.LeaveWeightGroup(
+            rollout_pb2.LeaveWeightGroupRequest(group=sync._groups[0].name)
+        )
+        b_group = sync._groups[1].name
+        version = await _train(learner, rollout_a, 4)
+        report = await sync.push()
+        result_a, result_b = report.replicas
+        assert result_a.error is None and result_a.fallback and result_a.version == version
+        assert result_b.error is None and not result_b.fallback and result_b.version == version
+        assert sync._groups[1].name == b_group and 0 not in sync._groups
+        await _agrees(learner, rollout_a, 17, version)
+        await _agrees(learner, rollout_b, 18, version)
         await sync.close()
         for channel in (*channels, *more):
             await channel.close()

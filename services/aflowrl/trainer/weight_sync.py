@@ -435,9 +435,13 @@ class NcclWeightSync(WeightSync):
                     seconds=time.perf_counter() - begun,
                 )
             elif (
-                isinstance(answer, aio.AioRpcError) and answer.code().name == "FAILED_PRECONDITION"
+                isinstance(answer, aio.AioRpcError)
+                and answer.code().name == "FAILED_PRECONDITION"
+                and self._groups[i].name not in broken
             ):
-                # Refused as stale before loading: its weights are whole and current.
+                # Refused as stale before loading, the broadcast drained: its weights are whole
+                # and current, its group intact. (Refused because it is in no group, the
+                # learner reports the group broken: reloaded below.)
                 out[i] = ReplicaResult(target, None, skipped=True)
             elif isinstance(answer, aio.AioRpcError) and answer.code().name == "INVALID_ARGUMENT":
                 # Refused before loading (another model): its weights are whole, and a reload
