@@ -1,9 +1,11 @@
 """The nccl transport's broadcast (on gloo here) against a bare torch.distributed broadcast.
 
 One sender (learner rank 0) and ``--receivers`` members (rollout workers), each a process, join a
-:class:`aflowrl.models.broadcast.WeightGroup` over loopback. Each round moves a model's tensors
-(``--tensors`` of ``--tensor-mib``, float32, plus small ones like norms) two ways, both ending at
-a barrier, so the time is until every member has everything:
+:class:`aflowrl.models.broadcast.WeightGroup` over loopback (``--per-replica``: one group per
+receiver, rank 0 in each, sending to all at once through a
+:class:`~aflowrl.models.broadcast.Fanout`, as the trainer forms them). Each round moves a
+model's tensors (``--tensors`` of ``--tensor-mib``, float32, plus small ones like norms) two
+ways, both ending at a barrier, so the time is until every member has everything:
 
 - bare: ``ProcessGroup.broadcast`` of the same bytes in the same messages, already packed (the
   collective alone: nothing to pack, check or load);
@@ -16,7 +18,7 @@ a barrier, so the time is until every member has everything:
 Prints MB/s of both (median of ``--rounds``), each round's ratio and the median ratio. With
 NCCL on GPUs the same code runs; this machine measures gloo only.
 
-    python bench/weight_broadcast.py [--receivers 1] [--bucket-mib 64] [--load]
+    python bench/weight_broadcast.py [--receivers 1] [--bucket-mib 64] [--load] [--per-replica]
 """
 
 from __future__ import annotations
@@ -57,8 +59,18 @@ def _member(rank: int, args: argparse.Namespace, port: int, results: Any) -> Non
         else dist.TCPStore("127.0.0.1", port, timeout=timeout)  # type: ignore[attr-defined]
     )
     world = args.receivers + 1
-    rendezvous = broadcast.Rendezvous("127.0.0.1", port, "bench", rank, world, timeout_s=120)
-    group = broadcast.WeightGroup.join(rendezvous, CPU, store=store)
+
+    def join(name: str, group_rank: int, size: int) -> broadcast.WeightGroup:
+        rendezvous = broadcast.Rendezvous("127.0.0.1", port, name, group_rank, size, timeout_s=120)
+        return broadcast.WeightGroup.join(rendezvous, CPU, store=store)
+
+    if not args.per_replica:
+        groups = [join("bench", rank, world)]
+    elif rank == 0:  # one group per receiver, as the trainer forms one per replica
+        groups = [join(f"bench-{r}", 0, 2) for r in range(1, world)]
+    else:
+        groups = [join(f"bench-{rank}", 1, 2)]
+    fanout = broadcast.Fanout(groups)
     # A group of its own for the barriers that end each measurement.
     barrier = dist.ProcessGroupGloo(  # type: ignore[attr-defined]
         dist.PrefixStore("barrier", store),
@@ -82,7 +94,7 @@ def _member(rank: int, args: argparse.Namespace, port: int, results: Any) -> Non
         barrier.barrier().wait()
         started = time.perf_counter()
         for buffer in packed:
-            group.broadcast(buffer if rank == 0 else torch.empty_like(buffer))
+            fanout.broadcast(buffer if rank == 0 else torch.empty_like(buffer))
         barrier.barrier().wait()
         return time.perf_counter() - started
 
@@ -90,7 +102,7 @@ def _member(rank: int, args: argparse.Namespace, port: int, results: Any) -> Non
         barrier.barrier().wait()
         started = time.perf_counter()
         if rank == 0:
-            broadcast.send_weights(group, version, tensors.items(), specs, bucket_bytes)
+            broadcast.send_weights(groups, version, tensors.items(), specs, bucket_bytes)
         else:
 
             def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
@@ -99,7 +111,7 @@ def _member(rank: int, args: argparse.Namespace, port: int, results: Any) -> Non
                         targets[name].copy_(tensor)
 
             broadcast.receive_weights(
-                group,
+                groups[0],
                 accept=broadcast.Expectation(version, version - 1, shapes).check,
                 start=lambda: None,
                 load=load,
@@ -120,7 +132,8 @@ def _member(rank: int, args: argparse.Namespace, port: int, results: Any) -> Non
             ours.append(ours_s)
     if rank == 0:
         results.put((manifest.total_bytes, len(plan), bare, ours))
-    group.close()
+    for group in groups:
+        group.close()
 
 
 def main(args: argparse.Namespace) -> None:
@@ -145,7 +158,8 @@ def main(args: argparse.Namespace) -> None:
     ratios = [b / o for b, o in zip(bare, ours, strict=True)]
     print(
         f"payload: {nbytes / 1e6:.1f} MB in {buckets} buckets of {args.bucket_mib} MiB, "
-        f"{args.receivers} receiver(s), gloo over loopback"
+        f"{args.receivers} receiver(s), "
+        f"{'one group per receiver' if args.per_replica else 'one group'}, gloo over loopback"
     )
     print(f"bare torch.distributed broadcast   {bare_rate:8.1f} MB/s (median of {args.rounds})")
     what = "send/receive_weights + load" if args.load else "send/receive_weights"
@@ -162,4 +176,9 @@ if __name__ == "__main__":
     parser.add_argument("--bucket-mib", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--load", action="store_true", help="copy into parameters (hf engine)")
+    parser.add_argument(
+        "--per-replica",
+        action="store_true",
+        help="one group per receiver (rank 0 sends to all at once), as the trainer forms them",
+    )
     main(parser.parse_args())

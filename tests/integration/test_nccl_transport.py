@@ -2,21 +2,23 @@
 
 The same code a GPU cluster runs with NCCL (:mod:`aflowrl.models.broadcast`), on CPUs:
 
-1. A push forms the weight group (learner rank 0 + both replicas) and broadcasts the weights in
-   buckets of 1 MiB (a ~14 MB model: many buckets; both learner ranks gather); both replicas
-   then sample with log-probs equal to the learner's.
-2. A participant killed mid-broadcast: replica B is frozen (SIGSTOP) after it answered the
-   push's status check, so the broadcast cannot complete; once replica A is inside it (its
-   weight update running, requests held at its gate), B is killed. The learner's broadcast
-   fails and closes the group, so A's receive breaks off: A must not serve (a Generate sent to
-   A mid-broadcast comes back UNAVAILABLE or served whole by the new version, never by the old
-   or a mixed one), and the trainer reloads A from a filesystem export; B is reported failed;
-   both learner ranks finish their gathers and go on. (The protocol's own cases, a member
-   broken after loading some buckets among them, are tests/unit/models/test_broadcast.py.)
-3. The next push forms a new group with A alone and broadcasts again (no fallback).
-4. A is restarted at the same address (as a restarted container is): the group's members are
-   unchanged, but A's incarnation is not, so the next push forms a new group rather than
-   broadcasting to the dead process's ranks, and A takes the new version by broadcast.
+1. A push forms one weight group per replica (learner rank 0 + that replica's worker) and
+   broadcasts the weights to both groups at once in buckets of 1 MiB (a ~14 MB model: many
+   buckets; both learner ranks gather); both replicas then sample with log-probs equal to the
+   learner's.
+2. A replica killed mid-broadcast costs that replica only: replica B is frozen (SIGSTOP) after
+   it answered the push's status check, so its group's broadcast cannot complete; once replica A
+   is inside the broadcast (its weight update running, requests held at its gate), B is killed
+   (SIGKILL). The learner aborts B's group and goes on with A's: A receives the whole version
+   over its own group (no fallback reload), a Generate sent to A mid-broadcast is served by the
+   new version, and B is reported failed; both learner ranks finish their gathers.
+3. The learner's next iteration proceeds: it trains, and the next push reuses A's group (same
+   group, no new rendezvous) while B, unreachable, is reported failed.
+4. B is restarted at the same address (as a restarted container is) with a new incarnation: the
+   next push forms a new group for B alone, A's group is reused, and both take the version by
+   broadcast.
+5. A replica that still answers but whose group broke (its engine left the group) is reloaded
+   from the fallback export; the other keeps its group and takes the version by broadcast.
 """
 
 from __future__ import annotations
@@ -28,11 +30,9 @@ import signal
 import sys
 from pathlib import Path
 
-import grpc
 import pytest
 import torch
 import yaml
-from grpc import aio
 
 from aflowrl._proto.v1 import learner_pb2, rollout_pb2
 from aflowrl.config import RunSpec
@@ -91,7 +91,7 @@ async def _wait_for(condition, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_broadcast_buckets_fencing_and_a_participant_killed_midway(tmp_path):
+async def test_one_group_per_replica_and_a_replica_killed_midway_costs_only_itself(tmp_path):
     model = tmp_path / "model"
     nbytes = build_model(model, hidden=256, layers=4)
     spec_text = (
@@ -128,7 +128,9 @@ async def test_broadcast_buckets_fencing_and_a_participant_killed_midway(tmp_pat
         again = await sync.push()  # nothing new: no broadcast
         assert again.ok and all(r.skipped for r in again.replicas) and _buckets(a) == buckets
 
-        # 2. B frozen after the status check, killed once A has its first bucket.
+        # 2. B frozen after the status check, killed once A is inside the broadcast.
+        groups = {i: g.name for i, g in sync._groups.items()}
+        assert sorted(groups) == [0, 1] and groups[0] != groups[1]
         version = await _train(learner, rollout_a, 1)
         statuses = sync._replicas.statuses
 
@@ -140,7 +142,6 @@ async def test_broadcast_buckets_fencing_and_a_participant_killed_midway(tmp_pat
         sync._replicas.statuses = freeze_b_after_statuses
         push = asyncio.ensure_future(sync.push())
         await _wait_for(lambda: _receiving(a), "replica A inside the broadcast")
-        assert not push.done()
         during = asyncio.ensure_future(
             rollout_a.Generate(
                 rollout_pb2.GenerateRequest(
@@ -153,50 +154,56 @@ async def test_broadcast_buckets_fencing_and_a_participant_killed_midway(tmp_pat
         report = await asyncio.wait_for(push, 300)
         sync._replicas.statuses = statuses
         result_a, result_b = report.replicas
-        assert result_a.error is None and result_a.fallback and result_a.version == version
+        assert result_a.error is None and not result_a.fallback and result_a.version == version
         assert result_b.error is not None and result_b.version is None
-        touched = _buckets(a) > buckets  # a bucket of the broken broadcast reached A's engine
-        try:
-            served = await during
-        except aio.AioRpcError as exc:
-            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
-            assert "incomplete" in exc.details()
-        else:
-            # A complete version, never a mix: the new one after the reload, or the old one
-            # when the broadcast broke off before any of its buckets reached A (its weights
-            # untouched, A never stopped serving them).
-            assert served.weight_version == version or (
-                not touched and served.weight_version == version - 1
-            ), (served.weight_version, touched)
+        assert _buckets(a) >= 2 * buckets  # the whole version again, over A's own group
+        served = await during  # held at A's gate, then served by the new version
+        assert served.weight_version == version
+        assert sync._groups[0].name == groups[0] and 1 not in sync._groups
+        log = learner_service.log.read_text()
+        assert f"broadcast weights v{version}" in log and "to 1/2 groups" in log
         status = await rollout_a.Status(rollout_pb2.RolloutStatusRequest())
         assert not status.needs_reload and status.weight_version == version
         await _agrees(learner, rollout_a, 13, version)
-        assert "weight_updates_refused_total" in metrics_text(a)
 
-        # 3. A new group with A alone; the broadcast works again.
+        # 3. The next iteration: train, push; A's group is reused, B is unreachable.
         version = await _train(learner, rollout_a, 2)
         before = _buckets(a)
         report = await sync.push()
         result_a, result_b = report.replicas
         assert result_a.error is None and not result_a.fallback and result_a.version == version
         assert result_b.error is not None
-        assert _buckets(a) > before
+        assert _buckets(a) > before and sync._groups[0].name == groups[0]
         await _agrees(learner, rollout_a, 14, version)
 
-        # 4. A restarted at the same address: a new incarnation, so a new group.
-        old = (await rollout_a.Status(rollout_pb2.RolloutStatusRequest())).incarnation
-        a.stop(signal.SIGKILL)
-        replicas[0] = a = start_service(
-            "rollout", spec_file, tmp_path, name="rollout-a2", timeout=300, port=a.port
+        # 4. B restarted at the same address: a new incarnation, a new group for B alone.
+        replicas[1] = b = start_service(
+            "rollout", spec_file, tmp_path, name="rollout-b2", timeout=300, port=b.port
         )
-        status = await rollout_a.Status(rollout_pb2.RolloutStatusRequest())
-        assert status.incarnation and status.incarnation != old
         version = await _train(learner, rollout_a, 3)
         report = await sync.push()
-        result_a = report.replicas[0]
-        assert result_a.error is None and not result_a.fallback and result_a.version == version
-        assert _buckets(a) > 0
+        assert report.ok and [r.version for r in report.replicas] == [version, version]
+        assert not any(r.fallback for r in report.replicas)
+        assert sync._groups[0].name == groups[0]  # A's group untouched
+        assert sync._groups[1].name != groups[1]  # B's formed anew
+        assert _buckets(b) > 0
         await _agrees(learner, rollout_a, 15, version)
+        await _agrees(learner, rollout_b, 16, version)
+
+        # 5. A's engine left its group behind the trainer's back: the learner finds the group
+        # broken, A alone is reloaded from the fallback export, B takes it over its own group.
+        await rollout_a.LeaveWeightGroup(
+            rollout_pb2.LeaveWeightGroupRequest(group=sync._groups[0].name)
+        )
+        b_group = sync._groups[1].name
+        version = await _train(learner, rollout_a, 4)
+        report = await sync.push()
+        result_a, result_b = report.replicas
+        assert result_a.error is None and result_a.fallback and result_a.version == version
+        assert result_b.error is None and not result_b.fallback and result_b.version == version
+        assert sync._groups[1].name == b_group and 0 not in sync._groups
+        await _agrees(learner, rollout_a, 17, version)
+        await _agrees(learner, rollout_b, 18, version)
         await sync.close()
         for channel in (*channels, *more):
             await channel.close()

@@ -245,7 +245,7 @@ LEARNER_REFUSALS = [
     ),
     (
         "BroadcastWeights",
-        learner_pb2.BroadcastWeightsRequest(group="g", bucket_bytes=1),
+        learner_pb2.BroadcastWeightsRequest(groups=["g"], bucket_bytes=1),
         "bucket_bytes",
     ),
     (
@@ -283,7 +283,7 @@ async def test_permanent_conditions_are_failed_precondition_not_unavailable(serv
         )
         assert code == grpc.StatusCode.FAILED_PRECONDITION, (code, details)
         code, details = await _status(
-            stub.BroadcastWeights(learner_pb2.BroadcastWeightsRequest(group="g"))
+            stub.BroadcastWeights(learner_pb2.BroadcastWeightsRequest(groups=["g"]))
         )
         assert code == grpc.StatusCode.FAILED_PRECONDITION, (code, details)
 

@@ -514,7 +514,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         timeout = request.timeout_s or 600.0
         # Rank 0 alone: the other learner ranks are not members of the weight group.
         backend: str = await self.commands.run(
-            lambda: self.learner.open_weight_group(request.group, request.world_size, timeout)
+            lambda: self.learner.open_weight_group(
+                request.group, request.world_size, timeout, request.replica
+            )
         )
         transport = self.learner.spec.weight_transport
         return learner_pb2.OpenWeightGroupResponse(backend=backend, port=transport.port)
@@ -522,11 +524,13 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     async def BroadcastWeights(
         self, request: learner_pb2.BroadcastWeightsRequest, context: Any
     ) -> learner_pb2.BroadcastWeightsResponse:
-        group = self.learner.weight_group
-        if group is None or group.name != request.group:
+        names = tuple(request.groups)
+        if not names:
+            raise BadBatchError("name at least one weight group", field="groups")
+        if not any(self.learner.weight_group(name) for name in names):
             raise WeightGroupError(
-                f"weight group {request.group!r} is not open on the learner "
-                f"(open: {group.name if group else 'none'})"
+                f"none of the weight groups {list(names)} is open on the learner "
+                f"(open: {sorted(g.name for g in self.learner.weight_groups.values()) or 'none'})"
             )
         if request.bucket_bytes < 0:
             raise BadBatchError("must be >= 0", field="bucket_bytes")
@@ -534,15 +538,19 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         default = transport.bucket_mib * _MIB if transport.type == "nccl" else 256 * _MIB
         started = time.perf_counter()
         result = await self._run(
-            BroadcastWeightsCommand(request.bucket_bytes or default, self._dtype(request.dtype))
+            BroadcastWeightsCommand(
+                names, request.bucket_bytes or default, self._dtype(request.dtype)
+            )
         )
         seconds = time.perf_counter() - started
         self.metrics.weight_push_duration.labels("nccl").observe(seconds)
         logger.info(
-            "broadcast weights v%d (%.1f MB, %d buckets) in %.2fs",
+            "broadcast weights v%d (%.1f MB, %d buckets) to %d/%d groups in %.2fs",
             result.manifest.version,
             result.bytes / 1e6,
             result.buckets,
+            len(names) - len(result.broken),
+            len(names),
             seconds,
         )
         return learner_pb2.BroadcastWeightsResponse(
@@ -550,12 +558,15 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             bytes=result.bytes,
             buckets=result.buckets,
             seconds=seconds,
+            broken=result.broken,
         )
 
     async def CloseWeightGroup(
         self, request: learner_pb2.CloseWeightGroupRequest, context: Any
     ) -> learner_pb2.CloseWeightGroupResponse:
-        await self.commands.run(lambda: self.learner.close_weight_group(request.group or None))
+        if not request.group:
+            raise BadBatchError("empty group name", field="group")
+        await self.commands.run(lambda: self.learner.close_weight_group(request.group))
         return learner_pb2.CloseWeightGroupResponse()
 
     async def Status(

@@ -84,8 +84,9 @@ class Learner:
         self.value_range = (value.min, value.max) if value.enabled else None
         self.group_store: broadcast.GroupStore | None = None
         """Rank 0: the store weight groups rendezvous on (nccl transport), opened on first use."""
-        self.weight_group: broadcast.WeightGroup | None = None
-        """Rank 0: the weight group formed with the rollout workers (nccl transport)."""
+        self.weight_groups: dict[str, broadcast.WeightGroup] = {}
+        """Rank 0: the weight groups formed with the rollout replicas (nccl transport), one per
+        replica, by replica."""
 
     # ---- scoring ---------------------------------------------------------------------------------
 
@@ -525,17 +526,24 @@ class Learner:
 
     # ---- the nccl transport's group (rank 0) ---------------------------------------------------
 
-    def open_weight_group(self, name: str, world_size: int, timeout_s: float) -> str:
-        """Rank 0: form weight group ``name`` with ``world_size - 1`` rollout workers."""
+    def open_weight_group(
+        self, name: str, world_size: int, timeout_s: float, replica: str = ""
+    ) -> str:
+        """Rank 0: form weight group ``name`` with ``world_size - 1`` workers of ``replica``
+        (empty: the group's name), closing that replica's previous group; the other replicas'
+        groups are untouched."""
         transport = self.spec.weight_transport
         if transport.type != "nccl":
             raise TransportUnavailableError("weightTransport.type is not 'nccl'")
-        self.close_weight_group(None)
+        replica = replica or name
+        previous = self.weight_groups.pop(replica, None)
+        if previous is not None:
+            previous.close()
         if self.group_store is None:
             self.group_store = broadcast.GroupStore(transport.port, timeout_s)
         rendezvous = broadcast.Rendezvous("0.0.0.0", transport.port, name, 0, world_size, timeout_s)
         try:
-            self.weight_group = broadcast.WeightGroup.join(
+            group = broadcast.WeightGroup.join(
                 rendezvous, self.ctx.device, store=self.group_store.store
             )
         except RuntimeError as exc:
@@ -543,41 +551,64 @@ class Learner:
                 f"weight group {name}: not every one of {world_size} members joined within "
                 f"{timeout_s:.0f}s: {exc}"
             ) from exc
+        self.weight_groups[replica] = group
         logger.info(
-            "weight group %s formed: %d members (%s)",
+            "weight group %s of %s formed: %d members (%s)",
             name,
+            replica,
             world_size,
             broadcast.group_backend(self.ctx.device),
         )
         return broadcast.group_backend(self.ctx.device)
 
     def close_weight_group(self, name: str | None) -> None:
-        """Rank 0: leave the open group (``name`` None: whichever is open)."""
-        group = self.weight_group
-        if group is not None and (name is None or group.name == name):
-            self.weight_group = None
-            group.close()
+        """Rank 0: leave group ``name`` (None: every group)."""
+        for replica, group in list(self.weight_groups.items()):
+            if name is None or group.name == name:
+                del self.weight_groups[replica]
+                group.close()
 
-    def broadcast_weights(self, bucket_bytes: int, dtype: str | None) -> broadcast.BroadcastResult:
-        """Every rank gathers; rank 0 broadcasts to the weight group (collective)."""
+    def weight_group(self, name: str) -> broadcast.WeightGroup | None:
+        """Rank 0: the open group ``name``, if any."""
+        return next((g for g in self.weight_groups.values() if g.name == name), None)
+
+    def broadcast_weights(
+        self, names: tuple[str, ...], bucket_bytes: int, dtype: str | None
+    ) -> broadcast.BroadcastResult:
+        """Every rank gathers; rank 0 broadcasts to the weight groups ``names`` at once
+        (collective). A group that breaks off (or is not open) is closed and named in the
+        result's ``broken``; the others get the whole version."""
         version = self.state.policy_version
         stream = self.iter_weights(dtype)
         try:
             if not self.ctx.is_main:
                 return broadcast.BroadcastResult(weights.Manifest.of(version, []), 0, 0)
-            group = self.weight_group
-            if group is None:
-                raise WeightGroupError("no weight group is open")
+            groups: list[broadcast.WeightGroup] = []
+            missing: dict[str, str] = {}
+            for name in names:
+                group = self.weight_group(name)
+                if group is None:
+                    missing[name] = f"weight group {name!r} is not open on the learner"
+                else:
+                    groups.append(group)
+            if not groups:
+                raise WeightGroupError(
+                    "; ".join(missing.values()) or "no weight group named to broadcast on"
+                )
             try:
-                return broadcast.send_weights(
-                    group, version, stream, self.weight_specs(dtype), bucket_bytes
+                result = broadcast.send_weights(
+                    groups, version, stream, self.weight_specs(dtype), bucket_bytes
                 )
             except (RuntimeError, BroadcastBrokenError) as exc:
-                # Closing makes every member still waiting on the group fail at once.
-                self.close_weight_group(None)
+                # Closing makes every member still waiting on a group fail at once.
+                for group in groups:
+                    self.close_weight_group(group.name)
                 raise BroadcastBrokenError(
                     f"the broadcast of version {version} broke off: {exc}"
                 ) from exc
+            for name in result.broken:
+                self.close_weight_group(name)  # aborted already: forget it
+            return dataclasses.replace(result, broken={**result.broken, **missing})
         finally:
             broadcast.drain(stream)
 
@@ -695,11 +726,12 @@ class StreamWeightsCommand(Command):
 
 @dataclass(frozen=True)
 class BroadcastWeightsCommand(Command):
+    groups: tuple[str, ...]
     bucket_bytes: int
     dtype: str | None
 
     def run(self, learner: Learner) -> broadcast.BroadcastResult:
-        return learner.broadcast_weights(self.bucket_bytes, self.dtype)
+        return learner.broadcast_weights(self.groups, self.bucket_bytes, self.dtype)
 
 
 @dataclass(frozen=True)

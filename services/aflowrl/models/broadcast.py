@@ -1,10 +1,12 @@
-"""The nccl weight transport: learner rank 0 broadcasts buckets to every rollout worker.
+"""The nccl weight transport: learner rank 0 broadcasts buckets to each rollout replica's workers.
 
 A :class:`WeightGroup` is a process group of its own, outside torch.distributed's default group
-(the learner's ranks keep theirs; a vLLM worker keeps its tensor-parallel group): a store on
-learner rank 0 at ``weightTransport.port`` (:class:`GroupStore`), a name per group the trainer
-forms, and a ``ProcessGroupNCCL`` on GPUs or a ``ProcessGroupGloo`` on CPUs. The protocol is the
-same on both, so the CPU tests run the code the GPU runs:
+(the learner's ranks keep theirs; a vLLM worker keeps its tensor-parallel group): learner rank 0
+and one replica's engine workers (one group per replica), a store on learner rank 0 at
+``weightTransport.port`` (:class:`GroupStore`, shared by the groups), a name per group the
+trainer forms, and a ``ProcessGroupNCCL`` on GPUs or a ``ProcessGroupGloo`` on CPUs. Rank 0
+sends one broadcast to several groups at once (:class:`Fanout`). The protocol is the same on
+both backends, so the CPU tests run the code the GPU runs:
 
 1. header: int64 ``[MAGIC, PROTOCOL, version, manifest bytes, bucket bytes, total bytes,
    buckets, 0]``;
@@ -24,7 +26,8 @@ model, a stale version) still receives every bucket, drops them, and raises the 
 end, so the collective never waits for it.
 
 **Failure costs one group, never the process.** Every collective is waited for on the host
-with a deadline of ``timeout_s`` (``work.wait(timeout)``); one that has not completed by then
+with a deadline (``work.wait(timeout)``: ``timeout_s`` on the sender, twice that on a receiver,
+:attr:`Rendezvous.wait_s`); one that has not completed by then
 (a member died or stalled: NCCL never reports a dead peer, and its ``.wait()`` alone only makes
 the stream wait) aborts the communicator (``ProcessGroup.abort``) and raises
 :class:`~aflowrl.models.errors.BroadcastBrokenError`. The process group's own timeout is set
@@ -38,8 +41,10 @@ sender that fails closes the group so the other members fail at once too.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -77,6 +82,8 @@ NamedBucket = list[tuple[str, torch.Tensor]]
 BACKEND_SLACK_S = 60.0
 """The process group's own timeout exceeds the collectives' deadline by this much, so the
 deadline (which aborts the communicator) always acts before torch's watchdog."""
+RECEIVER_WAIT_FACTOR = 2.0
+"""A receiver's deadline per collective in multiples of the sender's (:attr:`Rendezvous.wait_s`)."""
 NCCL_CLEANUP_ONLY = "2"
 """``TORCH_NCCL_ASYNC_ERROR_HANDLING`` of weight groups: abort the communicator on an error or
 timeout, never the process (torch's default tears the process down)."""
@@ -101,6 +108,13 @@ class Rendezvous:
     world_size: int
     timeout_s: float
     """Deadline of the join and of every collective (then the communicator is aborted)."""
+
+    @property
+    def wait_s(self) -> float:
+        """How long this member waits for one collective: ``timeout_s`` on the sender (rank 0),
+        twice that on a receiver, because the sender may spend one deadline on another
+        replica's stalled group (:class:`Fanout`) before it sends this group's next bucket."""
+        return self.timeout_s if self.rank == 0 else RECEIVER_WAIT_FACTOR * self.timeout_s
 
 
 class GroupStore:
@@ -136,7 +150,7 @@ class WeightGroup:
     ) -> WeightGroup:
         """Join (rank 0: with its own ``store``); returns once every member has joined."""
         timeout = timedelta(seconds=rendezvous.timeout_s)
-        backend_timeout = timedelta(seconds=rendezvous.timeout_s + BACKEND_SLACK_S)
+        backend_timeout = timedelta(seconds=rendezvous.wait_s + BACKEND_SLACK_S)
         if store is None:
             store = dist.TCPStore(  # type: ignore[attr-defined]
                 rendezvous.host, rendezvous.port, is_master=False, timeout=timeout
@@ -161,27 +175,45 @@ class WeightGroup:
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0's ``tensor`` into every member's (in place); raises when a member is gone."""
-        pg = self._pg
-        if pg is None:
+        self.complete(self.issue(tensor))
+
+    def issue(self, tensor: torch.Tensor) -> Any:
+        """Start broadcasting rank 0's ``tensor`` (:meth:`complete` waits for it)."""
+        if self._pg is None:
             raise BroadcastBrokenError(f"weight group {self.name} is closed")
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        deadline = timedelta(seconds=self.rendezvous.timeout_s)
         try:
-            work = pg.broadcast([tensor], options)
+            # No local reference to the group: abort() must hold the last one (see there).
+            return self._pg.broadcast([tensor], options)
+        except RuntimeError as exc:
+            self.abort()
+            raise BroadcastBrokenError(
+                f"weight group {self.name}: a broadcast failed (communicator aborted): {exc}"
+            ) from exc
+
+    def complete(self, work: Any, until: float | None = None) -> None:
+        """Wait on the host for a broadcast :meth:`issue` started, until ``until``
+        (``time.monotonic()``; None: :attr:`Rendezvous.wait_s` from now); one that failed or did
+        not complete by then aborts the communicator and raises."""
+        wait_s = self.rendezvous.wait_s
+        if until is not None:
+            wait_s = max(until - time.monotonic(), 0.001)
+        deadline = timedelta(seconds=wait_s)
+        try:
             # On the host, with a deadline: NCCL's plain wait() only orders the stream.
             completed = work.wait(deadline)
         except RuntimeError as exc:
             self.abort()
             raise BroadcastBrokenError(
                 f"weight group {self.name}: a broadcast failed or did not complete within "
-                f"{self.rendezvous.timeout_s:.0f}s (communicator aborted): {exc}"
+                f"{self.rendezvous.wait_s:.0f}s (communicator aborted): {exc}"
             ) from exc
         if completed is False:
             self.abort()
             raise BroadcastBrokenError(
                 f"weight group {self.name}: a broadcast did not complete within "
-                f"{self.rendezvous.timeout_s:.0f}s (communicator aborted)"
+                f"{self.rendezvous.wait_s:.0f}s (communicator aborted)"
             )
 
     def abort(self) -> None:
@@ -194,7 +226,14 @@ class WeightGroup:
             pg.abort()
         except RuntimeError as exc:  # already torn down: nothing left to abort
             logger.debug("weight group %s abort: %s", self.name, exc)
+        # Destroying a gloo group joins its worker threads, which wait out a stalled peer up to
+        # the backend timeout: the last reference goes on a thread of its own, so an aborted
+        # group never holds up the sender (and its other groups).
+        box = [pg]
         del pg
+        threading.Thread(
+            target=_release, args=(box,), name=f"release-{self.name}", daemon=True
+        ).start()
 
     def close(self) -> None:
         """Leave the group; members still waiting on it fail at once (gloo) or time out."""
@@ -205,6 +244,12 @@ class WeightGroup:
             except RuntimeError as exc:  # already broken: nothing left to release
                 logger.debug("weight group %s shutdown: %s", self.name, exc)
         del pg
+
+
+def _release(box: list[Any]) -> None:
+    """Drop an aborted group, taken out of ``box``: this thread holds its last reference."""
+    pg = box.pop()
+    del pg
 
 
 @dataclass(frozen=True)
@@ -236,6 +281,56 @@ class BroadcastResult:
     manifest: Manifest
     buckets: int
     bytes: int
+    broken: dict[str, str] = field(default_factory=dict)
+    """Sender: the groups whose broadcast broke off (aborted), by name, with why."""
+
+
+class Fanout:
+    """Rank 0's side of one broadcast to several groups (one per replica) at once.
+
+    Each tensor is issued on every live group, then each is waited for until one deadline
+    (``timeout_s`` from the issue, :meth:`WeightGroup.complete`): the groups move the same
+    buffer concurrently (one bucket in the learner's memory, whatever the number of groups),
+    and a group that fails is aborted and dropped while the others go on. Stalled groups, any
+    number of them, cost one deadline per broadcast; receivers wait twice as long
+    (:attr:`Rendezvous.wait_s`), so a healthy group outlasts that wait.
+    """
+
+    def __init__(self, groups: Sequence[WeightGroup]) -> None:
+        if not groups:
+            raise ValueError("a broadcast needs at least one group")
+        self.groups = list(groups)
+        self.device = self.groups[0].device
+        self.broken: dict[str, str] = {}
+
+    @property
+    def live(self) -> list[WeightGroup]:
+        return [g for g in self.groups if g.name not in self.broken]
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """``tensor`` to every live group; raises :class:`_AllBroken` once none is left."""
+        pending = []
+        until = time.monotonic() + min(g.rendezvous.timeout_s for g in self.groups)
+        for group in self.live:
+            try:
+                pending.append((group, group.issue(tensor)))
+            except BroadcastBrokenError as exc:
+                self._lost(group, exc)
+        for group, work in pending:
+            try:
+                group.complete(work, until)
+            except BroadcastBrokenError as exc:
+                self._lost(group, exc)
+        if not self.live:
+            raise _AllBroken("every weight group broke off")
+
+    def _lost(self, group: WeightGroup, exc: BroadcastBrokenError) -> None:
+        logger.warning("weight group %s left out of the broadcast: %s", group.name, exc)
+        self.broken[group.name] = str(exc)
+
+
+class _AllBroken(BroadcastBrokenError):
+    """No group of a :class:`Fanout` is left: the rest of the broadcast is skipped."""
 
 
 def _words(*values: int, device: torch.device) -> torch.Tensor:
@@ -244,18 +339,36 @@ def _words(*values: int, device: torch.device) -> torch.Tensor:
 
 
 def send_weights(
-    group: WeightGroup,
+    groups: Sequence[WeightGroup],
     version: int,
     tensors: Iterable[tuple[str, torch.Tensor]],
     specs: list[Any],
     bucket_bytes: int,
 ) -> BroadcastResult:
-    """Rank 0: broadcast ``tensors`` (named, in the order of ``specs``) as header, buckets, trailer.
+    """Rank 0: broadcast ``tensors`` (named, in the order of ``specs``) as header, buckets, trailer
+    to every group of ``groups`` at once (:class:`Fanout`).
 
     ``tensors`` is consumed lazily, one bucket at a time (each may be a collective gather on the
     learner's ranks); every tensor must match its spec, or the receivers would cut the stream
-    differently: a mismatch fails before its bucket is sent.
+    differently: a mismatch fails before its bucket is sent. A group that breaks off is aborted
+    and named in the result's ``broken``; the others receive everything. Once every group has
+    broken off, the rest is not sent (the caller drains ``tensors``).
     """
+    group = Fanout(groups)
+    try:
+        return _send(group, version, tensors, specs, bucket_bytes)
+    except _AllBroken:
+        manifest = Manifest.of(version, specs)
+        return BroadcastResult(manifest, 0, 0, dict(group.broken))
+
+
+def _send(
+    group: Fanout,
+    version: int,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    specs: list[Any],
+    bucket_bytes: int,
+) -> BroadcastResult:
     device = group.device
     manifest = Manifest.of(version, specs)
     plan = plan_buckets(manifest.tensors, bucket_bytes, solo_bytes=SOLO_BYTES)
@@ -296,7 +409,7 @@ def send_weights(
             torch.cat(parts, out=packed)
         group.broadcast(packed)
     group.broadcast(_words(END, version, len(plan), manifest.total_bytes, device=device))
-    return BroadcastResult(manifest, len(plan), manifest.total_bytes)
+    return BroadcastResult(manifest, len(plan), manifest.total_bytes, dict(group.broken))
 
 
 def receive_weights(

@@ -76,7 +76,12 @@ from aflowrl import envs, group
 from aflowrl.config.policy import LoraSpec
 from aflowrl.config.rollout import VllmEngineSpec
 from aflowrl.models import loading, weights
-from aflowrl.models.broadcast import BroadcastResult, Expectation, Rendezvous
+from aflowrl.models.broadcast import (
+    RECEIVER_WAIT_FACTOR,
+    BroadcastResult,
+    Expectation,
+    Rendezvous,
+)
 from aflowrl.models.errors import (
     BroadcastBrokenError,
     StaleWeightsError,
@@ -644,9 +649,13 @@ class VllmEngine(RolloutEngine):
             return answers
 
         try:
-            # A broadcast is bounded by its group's timeout (models.broadcast), plus the load.
+            # A broadcast is bounded by its group's deadline (models.broadcast: a receiver waits
+            # RECEIVER_WAIT_FACTOR x timeout_s while the learner may spend one deadline on
+            # another replica's stalled group), plus the load.
             answers = await self._call(
-                run, limit_s=self._group_timeout_s + self.engine_spec.engine_timeout_s
+                run,
+                limit_s=RECEIVER_WAIT_FACTOR * self._group_timeout_s
+                + self.engine_spec.engine_timeout_s,
             )
         except BaseException:
             if adapter is not None:

@@ -7,18 +7,19 @@ Three transports behind one interface (:class:`WeightSync`, chosen by ``weightTr
   time, and answers with what each replica did. A replica that fails does not stop the others.
 - ``filesystem`` (:class:`FilesystemWeightSync`): the learner exports a safetensors directory on
   the shared volume (``ExportWeights``), then every replica is told to load it (``LoadWeights``).
-- ``nccl`` (:class:`NcclWeightSync`): the learner's rank 0 and every replica's engine workers
-  form one weight group (:mod:`aflowrl.models.broadcast`; the group's store on learner rank 0 at
-  ``weightTransport.port``), once, and every push is one broadcast: ``BroadcastWeights`` on the
-  learner (every learner rank gathers, rank 0 sends buckets of ``bucketMib``) while every member
-  runs ``ReceiveWeights``. A replica whose broadcast broke off is reloaded from a filesystem
-  export under ``fallbackPath`` (``ExportWeights`` + ``LoadWeights``), the group is dissolved,
-  and the next push forms a new one with the replicas that answer. A group is reused only while
-  its members answer with the incarnation (a random id per rollout process, in ``Status``) they
-  had when it formed: a replica restarted at the same address gets a new group, never the dead
-  ranks of the old one. Every collective of the group has a deadline that aborts the
-  communicator (:mod:`aflowrl.models.broadcast`): a member that dies or stalls costs itself and
-  the group, never the learner.
+- ``nccl`` (:class:`NcclWeightSync`): one weight group per replica, learner rank 0 and that
+  replica's engine workers (:mod:`aflowrl.models.broadcast`; every group's store on learner rank
+  0 at ``weightTransport.port``), formed on first use, and every push is one broadcast to the
+  groups of the replicas behind at once: ``BroadcastWeights`` on the learner (every learner rank
+  gathers once, rank 0 sends each bucket of ``bucketMib`` to every group) while each of those
+  replicas runs ``ReceiveWeights``. A group that breaks off (its replica died or stalled past the
+  deadline) is aborted and costs that replica only: the others take the version over their own
+  groups; the lost replica is reloaded from a filesystem export under ``fallbackPath``
+  (``ExportWeights`` + ``LoadWeights``) when it still answers, else reported failed, and its
+  group is formed anew when it is next behind. A replica's group is reused only while the
+  replica answers with the incarnation (a random id per rollout process, in ``Status``) it had
+  when the group formed: a replica restarted at the same address gets a new group, never the
+  dead ranks of the old one, and the other replicas' groups are untouched.
 
 Replicas already at (or past) the learner's version are skipped, so a push can be repeated after a
 partial failure. This module is torch-free (it only calls the services).
@@ -32,9 +33,8 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from grpc import aio
 
@@ -260,18 +260,16 @@ class FilesystemWeightSync(WeightSync):
 
 @dataclass
 class _Group:
-    """The weight group the trainer formed."""
+    """One replica's weight group (learner rank 0 + that replica's engine workers)."""
 
     name: str
-    members: list[int]
-    """Replica indices in rank order."""
-    incarnations: list[str]
-    """Each member's process id (Status) when the group formed: a replica restarted at the
-    same address reports another, and the group is formed anew rather than reused."""
+    incarnation: str
+    """The replica's process id (Status) when the group formed: a replica restarted at the
+    same address reports another, and its group is formed anew rather than reused."""
 
 
 class NcclWeightSync(WeightSync):
-    """One broadcast per push over a weight group (module docstring)."""
+    """One broadcast per push over one weight group per replica (module docstring)."""
 
     def __init__(
         self,
@@ -293,7 +291,8 @@ class NcclWeightSync(WeightSync):
         self.bucket_bytes = bucket_bytes
         self.dtype = dtype
         self.timeout_s = timeout_s
-        self._group: _Group | None = None
+        self._groups: dict[int, _Group] = {}
+        """Each replica's group, by replica index."""
 
     async def push(self) -> PushReport:
         started = time.perf_counter()
@@ -301,24 +300,19 @@ class NcclWeightSync(WeightSync):
         version = await replicas.learner.version()
         statuses = await replicas.statuses()
         results: dict[int, ReplicaResult] = {}
-        reachable: list[int] = []
+        behind: list[int] = []
         for i, status in enumerate(statuses):
+            target = replicas.targets[i]
             if isinstance(status, str):
-                results[i] = ReplicaResult(replicas.targets[i], None, error=status)
+                results[i] = ReplicaResult(target, None, error=status)
+                # Unreachable: its group is of no use (it comes back with a new incarnation).
+                await self._dissolve(i)
+            elif status.weight_version < version or status.needs_reload:
+                behind.append(i)
             else:
-                reachable.append(i)
-        behind = [
-            i
-            for i in reachable
-            if _status(statuses[i]).weight_version < version or _status(statuses[i]).needs_reload
-        ]
-        for i in reachable:
-            if i not in behind:
-                results[i] = ReplicaResult(
-                    replicas.targets[i], int(_status(statuses[i]).weight_version), skipped=True
-                )
+                results[i] = ReplicaResult(target, int(status.weight_version), skipped=True)
         if behind:
-            results.update(await self._push(version, reachable, behind, statuses))
+            results.update(await self._push(version, behind, statuses))
         report = PushReport(
             version,
             [results[i] for i in range(len(replicas.targets))],
@@ -330,113 +324,108 @@ class NcclWeightSync(WeightSync):
     async def _push(
         self,
         version: int,
-        reachable: list[int],
         behind: list[int],
         statuses: Sequence[rollout_pb2.RolloutStatusResponse | str],
     ) -> dict[int, ReplicaResult]:
-        """Broadcast to the group (formed first if its members changed); reload who broke."""
+        """Broadcast to the groups of ``behind`` (each formed first if it has none, or its
+        replica's incarnation changed); reload from the fallback export who broke off."""
         results: dict[int, ReplicaResult] = {}
-        needs_reload: list[int] = []
-        group = self._group
-        if group is None or (group.members, group.incarnations) != (
-            reachable,
-            _incarnations(reachable, statuses),
-        ):
-            await self._dissolve()
+        failed: dict[int, str] = {}
+        members: list[int] = []
+        for i in behind:
+            group = self._groups.get(i)
+            if group is not None and group.incarnation == _status(statuses[i]).incarnation:
+                members.append(i)
+                continue
             try:
-                group = await self._form(reachable, statuses)
+                await self._form(i, _status(statuses[i]))
             except _GroupFailed as exc:
-                logger.warning("could not form a weight group: %s", exc)
-                needs_reload = list(behind)
-                group = None
-        if group is not None:
-            received = await self._broadcast(group, version)
-            for i in group.members:
-                outcome = received[i]
+                logger.warning(
+                    "could not form %s's weight group: %s", self._replicas.targets[i], exc
+                )
+                failed[i] = str(exc)
+            else:
+                members.append(i)
+        if members:
+            received = await self._broadcast(members, version)
+            for i, outcome in received.items():
                 if isinstance(outcome, ReplicaResult):
-                    if i in behind or outcome.error is None:
-                        results[i] = outcome
-                elif i in behind:
-                    needs_reload.append(i)
-                    results[i] = ReplicaResult(self._replicas.targets[i], None, error=outcome)
-            if needs_reload:
-                await self._dissolve()  # a broken broadcast leaves the group unusable
-        if needs_reload:
-            results.update(await self._reload(needs_reload, version, results))
+                    results[i] = outcome
+                else:
+                    failed[i] = outcome
+                    await self._dissolve(i)  # a broken broadcast leaves its group unusable
+        if failed:
+            results.update(await self._reload(sorted(failed), version, failed))
         return results
 
-    async def _form(
-        self, members: list[int], statuses: Sequence[rollout_pb2.RolloutStatusResponse | str]
-    ) -> _Group:
+    async def _form(self, i: int, status: rollout_pb2.RolloutStatusResponse) -> _Group:
+        """Form replica ``i``'s group (closing its previous one): learner rank 0 + its ranks."""
+        await self._dissolve(i)
         replicas = self._replicas
+        target = replicas.targets[i]
         name = uuid.uuid4().hex[:12]
-        offsets: list[int] = []
-        world = 1
-        for i in members:
-            offsets.append(world)
-            world += max(1, int(_status(statuses[i]).weight_group_ranks))
+        world = 1 + max(1, int(status.weight_group_ranks))
         deadline = self.timeout_s + 30.0
-        calls: list[Awaitable[Any]] = [
+        outcomes = await asyncio.gather(
             replicas.learner.stub.OpenWeightGroup(
                 learner_pb2.OpenWeightGroupRequest(
-                    group=name, world_size=world, timeout_s=self.timeout_s
+                    group=name, world_size=world, timeout_s=self.timeout_s, replica=target
                 ),
                 timeout=deadline,
-            )
-        ]
-        for i, offset in zip(members, offsets, strict=True):
-            calls.append(
-                replicas.rollout.stub(replicas.targets[i]).JoinWeightGroup(
-                    rollout_pb2.JoinWeightGroupRequest(
-                        master_address=self.master,
-                        port=self.port,
-                        group=name,
-                        rank_offset=offset,
-                        world_size=world,
-                        timeout_s=self.timeout_s,
-                    ),
-                    timeout=deadline,
-                )
-            )
-        outcomes = await asyncio.gather(*calls, return_exceptions=True)
-        errors = [_error_text(o, "forming the weight group") for o in outcomes if _failed(o)]
-        group = _Group(name, list(members), _incarnations(members, statuses))
-        if errors:
-            self._group = group
-            await self._dissolve()
-            raise _GroupFailed("; ".join(errors))
-        logger.info(
-            "weight group %s formed: learner rank 0 + %d replicas (%d ranks)",
-            name,
-            len(members),
-            world,
+            ),
+            replicas.rollout.stub(target).JoinWeightGroup(
+                rollout_pb2.JoinWeightGroupRequest(
+                    master_address=self.master,
+                    port=self.port,
+                    group=name,
+                    rank_offset=1,
+                    world_size=world,
+                    timeout_s=self.timeout_s,
+                ),
+                timeout=deadline,
+            ),
+            return_exceptions=True,
         )
-        self._group = group
+        errors = [_error_text(o, "forming the weight group") for o in outcomes if _failed(o)]
+        group = _Group(name, status.incarnation)
+        self._groups[i] = group
+        if errors:
+            await self._dissolve(i)
+            raise _GroupFailed("; ".join(errors))
+        logger.info("weight group %s formed with %s (%d ranks)", name, target, world)
         return group
 
-    async def _broadcast(self, group: _Group, version: int) -> dict[int, ReplicaResult | str]:
-        """One broadcast: each member's result, or the error that left it needing a reload."""
+    async def _broadcast(self, members: list[int], version: int) -> dict[int, ReplicaResult | str]:
+        """One broadcast to the groups of ``members`` at once: each one's result, or the error
+        that left it needing a reload."""
         replicas = self._replicas
-        deadline = self.timeout_s + 60.0
+        # The groups' own deadlines (per collective) end a stalled broadcast; this one only
+        # bounds the calls: receivers may wait twice timeout_s (models.broadcast.Rendezvous).
+        deadline = 2 * self.timeout_s + 60.0
         begun = time.perf_counter()
         send = replicas.learner.stub.BroadcastWeights(
             learner_pb2.BroadcastWeightsRequest(
-                group=group.name, bucket_bytes=self.bucket_bytes, dtype=self.dtype
+                groups=[self._groups[i].name for i in members],
+                bucket_bytes=self.bucket_bytes,
+                dtype=self.dtype,
             ),
             timeout=deadline,
         )
         receives = [
             replicas.rollout.stub(replicas.targets[i]).ReceiveWeights(
-                rollout_pb2.ReceiveWeightsRequest(group=group.name, version=version),
+                rollout_pb2.ReceiveWeightsRequest(group=self._groups[i].name, version=version),
                 timeout=deadline,
             )
-            for i in group.members
+            for i in members
         ]
         sent, *answers = await asyncio.gather(send, *receives, return_exceptions=True)
-        if _failed(sent):
+        broken: dict[str, str] = {}
+        if isinstance(sent, learner_pb2.BroadcastWeightsResponse):
+            broken = dict(sent.broken)
+        else:
             logger.warning("the learner's broadcast failed: %s", _error_text(sent, "broadcast"))
         out: dict[int, ReplicaResult | str] = {}
-        for i, answer in zip(group.members, answers, strict=True):
+        for i, answer in zip(members, answers, strict=True):
             target = replicas.targets[i]
             if isinstance(answer, rollout_pb2.UpdateWeightsResponse):
                 out[i] = ReplicaResult(
@@ -445,24 +434,27 @@ class NcclWeightSync(WeightSync):
                     bytes=answer.bytes,
                     seconds=time.perf_counter() - begun,
                 )
-            elif isinstance(answer, aio.AioRpcError) and answer.code().name in (
-                "FAILED_PRECONDITION",
-                "INVALID_ARGUMENT",
+            elif (
+                isinstance(answer, aio.AioRpcError)
+                and answer.code().name == "FAILED_PRECONDITION"
+                and self._groups[i].name not in broken
             ):
-                # Refused before loading (stale, another model): its weights are whole.
-                skipped = answer.code().name == "FAILED_PRECONDITION"
-                out[i] = ReplicaResult(
-                    target,
-                    None,
-                    error=None if skipped else _error_text(answer, "ReceiveWeights"),
-                    skipped=skipped,
-                )
+                # Refused as stale before loading, the broadcast drained: its weights are whole
+                # and current, its group intact. (Refused because it is in no group, the
+                # learner reports the group broken: reloaded below.)
+                out[i] = ReplicaResult(target, None, skipped=True)
+            elif isinstance(answer, aio.AioRpcError) and answer.code().name == "INVALID_ARGUMENT":
+                # Refused before loading (another model): its weights are whole, and a reload
+                # of the same export would be refused too.
+                out[i] = ReplicaResult(target, None, error=_error_text(answer, "ReceiveWeights"))
             else:
-                out[i] = _error_text(answer, f"ReceiveWeights on {target}")
+                why = _error_text(answer, f"ReceiveWeights on {target}")
+                learner_side = broken.get(self._groups[i].name)
+                out[i] = f"{why} (learner: {learner_side})" if learner_side else why
         return out
 
     async def _reload(
-        self, indices: list[int], version: int, results: dict[int, ReplicaResult]
+        self, indices: list[int], version: int, why: dict[int, str]
     ) -> dict[int, ReplicaResult]:
         """Reload replicas from a filesystem export of the current version."""
         replicas = self._replicas
@@ -471,10 +463,7 @@ class NcclWeightSync(WeightSync):
         except Exception as exc:  # noqa: BLE001 - reported per replica, the push goes on
             return {
                 i: ReplicaResult(
-                    replicas.targets[i],
-                    None,
-                    error=f"{results[i].error if i in results else 'broadcast failed'}; "
-                    f"fallback export failed: {exc}",
+                    replicas.targets[i], None, error=f"{why[i]}; fallback export failed: {exc}"
                 )
                 for i in indices
             }
@@ -492,47 +481,41 @@ class NcclWeightSync(WeightSync):
                     fallback=True,
                 )
                 logger.info(
-                    "%s reloaded from %s after its broadcast failed", result.target, export.path
+                    "%s reloaded from %s after its broadcast failed (%s)",
+                    result.target,
+                    export.path,
+                    why[i],
                 )
             else:
-                first = results[i].error if i in results else "broadcast failed"
                 out[i] = ReplicaResult(
-                    result.target, None, error=f"{first}; fallback reload: {result.error}"
+                    result.target, None, error=f"{why[i]}; fallback reload: {result.error}"
                 )
         return out
 
-    async def _dissolve(self) -> None:
-        """Close the group on the learner and every member (best effort)."""
-        group, self._group = self._group, None
+    async def _dissolve(self, i: int) -> None:
+        """Close replica ``i``'s group on the learner and the replica (best effort)."""
+        group = self._groups.pop(i, None)
         if group is None:
             return
         replicas = self._replicas
-        calls: list[Awaitable[Any]] = [
+        await asyncio.gather(
             replicas.learner.stub.CloseWeightGroup(
                 learner_pb2.CloseWeightGroupRequest(group=group.name), timeout=60.0
-            )
-        ]
-        calls += [
+            ),
             replicas.rollout.stub(replicas.targets[i]).LeaveWeightGroup(
                 rollout_pb2.LeaveWeightGroupRequest(group=group.name), timeout=60.0
-            )
-            for i in group.members
-        ]
-        await asyncio.gather(*calls, return_exceptions=True)
+            ),
+            return_exceptions=True,
+        )
 
     async def close(self) -> None:
-        await self._dissolve()
+        for i in list(self._groups):
+            await self._dissolve(i)
         await self._replicas.close()
 
 
 class _GroupFailed(Exception):
-    """Forming the weight group failed (the replicas are reloaded from the filesystem)."""
-
-
-def _incarnations(
-    members: Sequence[int], statuses: Sequence[rollout_pb2.RolloutStatusResponse | str]
-) -> list[str]:
-    return [_status(statuses[i]).incarnation for i in members]
+    """Forming a replica's weight group failed (it is reloaded from the filesystem)."""
 
 
 def _status(status: rollout_pb2.RolloutStatusResponse | str) -> rollout_pb2.RolloutStatusResponse:

@@ -3,7 +3,9 @@
 Header, manifest, buckets cut alike on both sides, trailer; a member that refuses drains the
 broadcast without loading anything; a sender that dies after some buckets leaves a member that
 had started loading with ``finish`` called and a :class:`BroadcastBrokenError`; a member that dies
-makes the sender fail instead of waiting forever.
+makes the sender drop its group (reported broken) instead of waiting forever; with one group per
+replica, a member that dies or stalls midway costs its own group only: the sender's other group
+receives every bucket.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ class Receiver:
 def _sender(tensors: dict[str, torch.Tensor], bucket_bytes: int, version: int = 5):
     def send(group: broadcast.WeightGroup) -> broadcast.BroadcastResult:
         specs = [weights.spec_of(n, t) for n, t in tensors.items()]
-        return broadcast.send_weights(group, version, tensors.items(), specs, bucket_bytes)
+        return broadcast.send_weights([group], version, tensors.items(), specs, bucket_bytes)
 
     return send
 
@@ -149,7 +151,7 @@ def test_a_sender_that_dies_midway_leaves_the_member_broken_but_finished():
             raise RuntimeError("sender died")
 
         specs = [weights.spec_of(n, t) for n, t in tensors.items()]
-        broadcast.send_weights(group, 5, two_buckets(), specs, 2 * KIB)
+        broadcast.send_weights([group], 5, two_buckets(), specs, 2 * KIB)
 
     receiver = Receiver()
     died, broken = _run([dies_after_two_buckets, receiver])
@@ -165,7 +167,8 @@ def test_a_member_that_dies_makes_the_sender_fail_rather_than_wait():
         group.close()
 
     sent, _ = _run([_sender(tensors, 2 * KIB), dies_at_once])
-    assert isinstance(sent, RuntimeError | BroadcastBrokenError), sent
+    assert isinstance(sent, broadcast.BroadcastResult), sent
+    assert list(sent.broken) and sent.buckets == 0  # its only group broke: nothing more sent
 
 
 def test_a_stalled_member_aborts_the_group_at_the_deadline_and_the_next_group_works():
@@ -202,8 +205,9 @@ def test_a_stalled_member_aborts_the_group_at_the_deadline_and_the_next_group_wo
         thread.start()
     threads[0].join(60)
     assert not threads[0].is_alive(), "the sender waited past the deadline"
-    assert isinstance(outcome[0], BroadcastBrokenError), outcome[0]
-    assert "communicator aborted" in str(outcome[0])
+    assert isinstance(outcome[0], broadcast.BroadcastResult), outcome[0]
+    assert list(outcome[0].broken) == [name]
+    assert "communicator aborted" in outcome[0].broken[name]
     threads[1].join(60)
 
     receiver = Receiver()
@@ -212,3 +216,97 @@ def test_a_stalled_member_aborts_the_group_at_the_deadline_and_the_next_group_wo
     assert isinstance(received, broadcast.BroadcastResult), received
     for name_, tensor in tensors.items():
         assert torch.equal(receiver.loaded[name_], tensor)
+
+
+@pytest.mark.parametrize("how", ["dies", "stalls"])
+def test_a_member_lost_midway_costs_its_own_group_and_the_other_group_gets_everything(how):
+    """Rank 0 of two groups (two replicas) sends once to both; replica B's member dies (leaves
+    its group) or stalls (stops taking part, sockets open: reaches the deadline) after two
+    buckets. B's group is aborted and named broken; A's member receives every tensor."""
+    tensors = _tensors()
+    plan = weights.plan_buckets(weights.build_manifest(5, tensors).tensors, 2 * KIB)
+    assert len(plan) > 3
+    port = _port()
+    store = broadcast.GroupStore(port, timeout_s=30)
+    names = ("replica-a", "replica-b")
+    release = threading.Event()
+    outcome: dict[str, Any] = {}
+    a = Receiver()
+
+    def join(name: str, rank: int) -> broadcast.WeightGroup:
+        rendezvous = broadcast.Rendezvous("127.0.0.1", port, name, rank, 2, timeout_s=3)
+        return broadcast.WeightGroup.join(rendezvous, CPU, store=store.store if rank == 0 else None)
+
+    def sender() -> None:
+        groups: list[broadcast.WeightGroup] = []
+        try:
+            joined: list[Any] = [None, None]
+            joiners = [
+                threading.Thread(target=lambda i=i: joined.__setitem__(i, join(names[i], 0)))
+                for i in range(2)
+            ]
+            for thread in joiners:
+                thread.start()
+            for thread in joiners:
+                thread.join(60)
+            groups = list(joined)
+            specs = [weights.spec_of(n, t) for n, t in tensors.items()]
+            outcome["sent"] = broadcast.send_weights(groups, 5, tensors.items(), specs, 2 * KIB)
+        except BaseException as exc:
+            outcome["sent"] = exc
+        finally:
+            release.set()
+            for group in groups:
+                group.close()
+
+    def member_a() -> None:
+        try:
+            group = join(names[0], 1)
+            try:
+                outcome["a"] = a(group)
+            finally:
+                group.close()
+        except BaseException as exc:
+            outcome["a"] = exc
+
+    def member_b() -> None:
+        lost = threading.Event()
+        group = join(names[1], 1)
+
+        def after_bucket(_: int) -> None:
+            if len(b.buckets) == 2:
+                lost.set()
+                if how == "dies":
+                    group.close()
+                else:
+                    release.wait(60 + broadcast.BACKEND_SLACK_S)  # stalled, but connected
+                    group.close()
+
+        b = Receiver()
+        try:
+            broadcast.receive_weights(
+                group,
+                accept=b.expectation.check,
+                start=lambda: None,
+                load=lambda bucket: b.buckets.append(len(bucket)),
+                finish=lambda: None,
+                on_bucket=after_bucket,
+            )
+        except BaseException as exc:
+            outcome["b"] = exc
+        outcome["b lost"] = lost.is_set()
+
+    threads = [threading.Thread(target=t) for t in (sender, member_a, member_b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(t.is_alive() for t in threads), "a member hung"
+    sent = outcome["sent"]
+    assert isinstance(sent, broadcast.BroadcastResult), sent
+    assert list(sent.broken) == ["replica-b"] and sent.buckets == len(plan)
+    assert outcome["b lost"] and isinstance(outcome["b"], BroadcastBrokenError), outcome
+    assert isinstance(outcome["a"], broadcast.BroadcastResult), outcome["a"]
+    assert a.events == ["start"] + ["load"] * len(plan) + ["finish"]
+    for name, tensor in tensors.items():
+        assert torch.equal(a.loaded[name], tensor)

@@ -573,22 +573,28 @@ class OpenWeightGroupRequest(_message.Message):
     GROUP_FIELD_NUMBER: _builtins.int
     WORLD_SIZE_FIELD_NUMBER: _builtins.int
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    REPLICA_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     """Name of the group (chosen by the trainer; a new name for every group it forms)."""
     world_size: _builtins.int
-    """Members: learner rank 0 plus every rollout rank (each replica's engine workers)."""
+    """Members: learner rank 0 plus the replica's rollout ranks (its engine workers)."""
     timeout_s: _builtins.float
     """Seconds to wait for every member to join."""
+    replica: _builtins.str
+    """The replica the group serves (the trainer's target for it); empty = the group's name. A
+    replica has at most one group on the learner: opening another closes the previous one.
+    """
     def __init__(
         self,
         *,
         group: _builtins.str = ...,
         world_size: _builtins.int = ...,
         timeout_s: _builtins.float = ...,
+        replica: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "timeout_s", b"timeout_s", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "replica", b"replica", "timeout_s", b"timeout_s", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -622,27 +628,29 @@ Global___OpenWeightGroupResponse: _TypeAlias = OpenWeightGroupResponse  # noqa: 
 class BroadcastWeightsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    GROUP_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
     BUCKET_BYTES_FIELD_NUMBER: _builtins.int
     DTYPE_FIELD_NUMBER: _builtins.int
-    group: _builtins.str
-    """The open group to broadcast on."""
     bucket_bytes: _builtins.int
     """Bucket size in bytes (weightTransport.bucketMib): tensors are packed and sent this many at
     a time; 0 = the server's default.
     """
     dtype: _builtins.str
     """dtype to send ("float32", "bfloat16", "float16"); empty = the training dtype."""
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The open groups to broadcast on (one per replica that takes this version)."""
+
     def __init__(
         self,
         *,
-        group: _builtins.str = ...,
+        groups: _abc.Iterable[_builtins.str] | None = ...,
         bucket_bytes: _builtins.int = ...,
         dtype: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bucket_bytes", b"bucket_bytes", "dtype", b"dtype", "group", b"group"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bucket_bytes", b"bucket_bytes", "dtype", b"dtype", "groups", b"groups"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -652,10 +660,31 @@ Global___BroadcastWeightsRequest: _TypeAlias = BroadcastWeightsRequest  # noqa: 
 class BroadcastWeightsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class BrokenEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
     BYTES_FIELD_NUMBER: _builtins.int
     BUCKETS_FIELD_NUMBER: _builtins.int
     SECONDS_FIELD_NUMBER: _builtins.int
+    BROKEN_FIELD_NUMBER: _builtins.int
     policy_version: _builtins.int
     """Policy version broadcast."""
     bytes: _builtins.int
@@ -663,6 +692,12 @@ class BroadcastWeightsResponse(_message.Message):
     buckets: _builtins.int
     seconds: _builtins.float
     """Seconds from the request to the end of the last bucket."""
+    @_builtins.property
+    def broken(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Groups whose broadcast broke off (a member died, stalled past the deadline, or the group
+        is not open), with why: each is aborted and closed; the groups not named here got it all.
+        """
+
     def __init__(
         self,
         *,
@@ -670,10 +705,11 @@ class BroadcastWeightsResponse(_message.Message):
         bytes: _builtins.int = ...,
         buckets: _builtins.int = ...,
         seconds: _builtins.float = ...,
+        broken: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buckets", b"buckets", "bytes", b"bytes", "policy_version", b"policy_version", "seconds", b"seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broken", b"broken", "buckets", b"buckets", "bytes", b"bytes", "policy_version", b"policy_version", "seconds", b"seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -685,7 +721,7 @@ class CloseWeightGroupRequest(_message.Message):
 
     GROUP_FIELD_NUMBER: _builtins.int
     group: _builtins.str
-    """The group to close (nothing happens when it is not the open one)."""
+    """The group to close (nothing happens when it is not open)."""
     def __init__(
         self,
         *,

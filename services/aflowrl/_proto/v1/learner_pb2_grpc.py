@@ -137,8 +137,9 @@ class LearnerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def OpenWeightGroup(self, request, context):
-        """nccl transport: rank 0 opens the weight broadcast group (a store on weightTransport.port)
-        and waits until `world_size` members have joined (the rollout replicas' JoinWeightGroup).
+        """nccl transport: rank 0 opens one replica's weight broadcast group (a store on
+        weightTransport.port) and waits until `world_size` members have joined (that replica's
+        JoinWeightGroup); the replica's previous group, if any, is closed first.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -146,7 +147,9 @@ class LearnerServiceServicer:
 
     def BroadcastWeights(self, request, context):
         """nccl transport: every rank gathers the full tensors, rank 0 broadcasts them in buckets to
-        the group (the replicas' ReceiveWeights run at the same time).
+        every group named, concurrently, each with its own deadline (the replicas' ReceiveWeights
+        run at the same time); a group that breaks off is aborted and reported in `broken`, the
+        others go on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -54,12 +54,15 @@ class LearnerServiceStub:
     and the nccl transport's fallback).
     """
     OpenWeightGroup: _grpc.UnaryUnaryMultiCallable[_learner_pb2.OpenWeightGroupRequest, _learner_pb2.OpenWeightGroupResponse]
-    """nccl transport: rank 0 opens the weight broadcast group (a store on weightTransport.port)
-    and waits until `world_size` members have joined (the rollout replicas' JoinWeightGroup).
+    """nccl transport: rank 0 opens one replica's weight broadcast group (a store on
+    weightTransport.port) and waits until `world_size` members have joined (that replica's
+    JoinWeightGroup); the replica's previous group, if any, is closed first.
     """
     BroadcastWeights: _grpc.UnaryUnaryMultiCallable[_learner_pb2.BroadcastWeightsRequest, _learner_pb2.BroadcastWeightsResponse]
     """nccl transport: every rank gathers the full tensors, rank 0 broadcasts them in buckets to
-    the group (the replicas' ReceiveWeights run at the same time).
+    every group named, concurrently, each with its own deadline (the replicas' ReceiveWeights
+    run at the same time); a group that breaks off is aborted and reported in `broken`, the
+    others go on.
     """
     CloseWeightGroup: _grpc.UnaryUnaryMultiCallable[_learner_pb2.CloseWeightGroupRequest, _learner_pb2.CloseWeightGroupResponse]
     """nccl transport: leave and destroy the weight broadcast group (idempotent)."""
@@ -89,12 +92,15 @@ class LearnerServiceAsyncStub(LearnerServiceStub):
     and the nccl transport's fallback).
     """
     OpenWeightGroup: _aio.UnaryUnaryMultiCallable[_learner_pb2.OpenWeightGroupRequest, _learner_pb2.OpenWeightGroupResponse]  # type: ignore[assignment]
-    """nccl transport: rank 0 opens the weight broadcast group (a store on weightTransport.port)
-    and waits until `world_size` members have joined (the rollout replicas' JoinWeightGroup).
+    """nccl transport: rank 0 opens one replica's weight broadcast group (a store on
+    weightTransport.port) and waits until `world_size` members have joined (that replica's
+    JoinWeightGroup); the replica's previous group, if any, is closed first.
     """
     BroadcastWeights: _aio.UnaryUnaryMultiCallable[_learner_pb2.BroadcastWeightsRequest, _learner_pb2.BroadcastWeightsResponse]  # type: ignore[assignment]
     """nccl transport: every rank gathers the full tensors, rank 0 broadcasts them in buckets to
-    the group (the replicas' ReceiveWeights run at the same time).
+    every group named, concurrently, each with its own deadline (the replicas' ReceiveWeights
+    run at the same time); a group that breaks off is aborted and reported in `broken`, the
+    others go on.
     """
     CloseWeightGroup: _aio.UnaryUnaryMultiCallable[_learner_pb2.CloseWeightGroupRequest, _learner_pb2.CloseWeightGroupResponse]  # type: ignore[assignment]
     """nccl transport: leave and destroy the weight broadcast group (idempotent)."""
@@ -163,8 +169,9 @@ class LearnerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _learner_pb2.OpenWeightGroupRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_learner_pb2.OpenWeightGroupResponse, _abc.Awaitable[_learner_pb2.OpenWeightGroupResponse]]:
-        """nccl transport: rank 0 opens the weight broadcast group (a store on weightTransport.port)
-        and waits until `world_size` members have joined (the rollout replicas' JoinWeightGroup).
+        """nccl transport: rank 0 opens one replica's weight broadcast group (a store on
+        weightTransport.port) and waits until `world_size` members have joined (that replica's
+        JoinWeightGroup); the replica's previous group, if any, is closed first.
         """
 
     @_abc_1.abstractmethod
@@ -174,7 +181,9 @@ class LearnerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_learner_pb2.BroadcastWeightsResponse, _abc.Awaitable[_learner_pb2.BroadcastWeightsResponse]]:
         """nccl transport: every rank gathers the full tensors, rank 0 broadcasts them in buckets to
-        the group (the replicas' ReceiveWeights run at the same time).
+        every group named, concurrently, each with its own deadline (the replicas' ReceiveWeights
+        run at the same time); a group that breaks off is aborted and reported in `broken`, the
+        others go on.
         """
 
     @_abc_1.abstractmethod
