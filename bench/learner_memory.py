@@ -12,7 +12,7 @@ update, the update's seconds, and the formula's estimate of the same peak:
   off (what a 7B run on few GPUs uses);
 - ``7b-full``: Qwen2.5-7B, every weight trained (one GPU cannot hold it: the estimate says why;
   it is for 8 ranks);
-- ``smoke``: a CPU-sized model, to check the script itself.
+- ``smoke``, ``smoke-lora``: a CPU-sized model, to check the script itself.
 
 Per GPU with N ranks, P parameters, T of them trained, the formula (bytes) is
 ``4P/N`` (float32 weights; with LoRA ``(2P + 4T)/N``: the frozen base in bfloat16,
@@ -31,6 +31,7 @@ bf16, float32, log-softmax), with tokens = micro-batch rows x sequence length.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
@@ -47,6 +48,7 @@ PRESETS: dict[str, tuple[str, bool]] = {
     "7b-lora": ("7b", True),
     "7b-full": ("7b", False),
     "smoke": ("smoke", False),
+    "smoke-lora": ("smoke", True),
 }
 """preset -> (shapes, LoRA)."""
 
@@ -71,16 +73,24 @@ def lora_parameters(s: dict[str, int | bool], rank: int) -> int:
 
 
 def estimate(
-    s: dict[str, int | bool], *, lora: bool, ranks: int, micro: int, seq: int, chunk: int
+    s: dict[str, int | bool],
+    *,
+    lora: bool,
+    ranks: int,
+    micro: int,
+    seq: int,
+    chunk: int,
+    base_bytes: int = 2,
 ) -> dict[str, float]:
-    """The formula of the module docstring, in GiB per GPU."""
+    """The formula of the module docstring, in GiB per GPU (``base_bytes``: bytes per frozen
+    base parameter under LoRA, 2 for ``baseDtype`` bfloat16, 4 for float32)."""
     h, i, v, n = int(s["hidden"]), int(s["intermediate"]), int(s["vocab"]), int(s["layers"])
     root = v * h * (1 if s["tied"] else 2) + h
     params = n * layer_parameters(s) + root
     trained = lora_parameters(s, LORA_RANK) if lora else params
     tokens = micro * seq
     parts = {
-        "weights": (2 * params + 4 * trained if lora else 4 * params) / ranks,
+        "weights": (base_bytes * params + 4 * trained if lora else 4 * params) / ranks,
         "grads+adam": 12 * trained / ranks,
         "reference": 0 if lora else 4 * params / ranks,
         "gathered": 2 * (2 * layer_parameters(s) + root),
@@ -92,7 +102,9 @@ def estimate(
     return out
 
 
-def measure(preset: str, args: argparse.Namespace, work: Path) -> dict[str, object]:
+def measure(
+    preset: str, args: argparse.Namespace, work: Path, base_dtype: str = "auto"
+) -> dict[str, object]:
     import torch
 
     from aflowrl.config import RunSpec
@@ -104,9 +116,16 @@ def measure(preset: str, args: argparse.Namespace, work: Path) -> dict[str, obje
     shapes = QWEN25[shapes_name]
     model = work / preset
     t0 = time.perf_counter()
-    params = build_random_qwen(model, **shapes)  # type: ignore[arg-type]
+    if not (model / "parameters.json").exists():  # one build per preset, whatever the base dtype
+        count = build_random_qwen(model, **shapes)  # type: ignore[arg-type]
+        (model / "parameters.json").write_text(json.dumps(count))
+    params = int(json.loads((model / "parameters.json").read_text()))
     built_s = time.perf_counter() - t0
-    lora_yaml = f", lora: {{rank: {LORA_RANK}, alpha: {2 * LORA_RANK}}}" if lora else ""
+    lora_yaml = (
+        f", lora: {{rank: {LORA_RANK}, alpha: {2 * LORA_RANK}, baseDtype: {base_dtype}}}"
+        if lora
+        else ""
+    )
     spec = RunSpec.from_yaml(
         f"""
 policy: {{model: {model}, dtype: auto, maxPromptTokens: {max(64, args.prompt_tokens)},
@@ -120,6 +139,8 @@ learner:
     )
     ctx = init_distributed()
     cuda = ctx.device.type == "cuda"
+    gc.collect()  # an earlier measurement's learner (reference cycles) is gone before this one
+    held = torch.cuda.memory_allocated() if cuda else 0
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -151,17 +172,25 @@ learner:
     peak = torch.cuda.max_memory_allocated() if cuda else 0
     seq = args.prompt_tokens + args.response_tokens
     predicted = estimate(
-        shapes, lora=lora, ranks=ctx.world_size, micro=args.micro, seq=seq, chunk=args.chunk
+        shapes,
+        lora=lora,
+        ranks=ctx.world_size,
+        micro=args.micro,
+        seq=seq,
+        chunk=args.chunk,
+        base_bytes=4 if base_dtype == "float32" else 2,
     )
     del learner
     if cuda:
         torch.cuda.empty_cache()
     return {
         "preset": preset,
+        "lora_base_dtype": base_dtype if lora else None,
         "parameters": params,
         "build_s": round(built_s, 1),
         "load_s": round(load_s, 1),
         "step_s": round(step_s, 2),
+        "held_before_gib": round(held / GIB, 2),
         "after_build_gib": round(after_build / GIB, 2),
         "peak_gib": round(peak / GIB, 2),
         "estimate_gib": {k: round(v, 2) for k, v in predicted.items()},
@@ -178,6 +207,12 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=1536)
     parser.add_argument("--response-tokens", type=int, default=512)
     parser.add_argument("--chunk", type=int, default=1024, help="learner.fsdp.logprobChunkTokens")
+    parser.add_argument(
+        "--lora-base-dtypes",
+        nargs="+",
+        default=["auto"],
+        help="policy.lora.baseDtype values to measure LoRA presets with (e.g. auto float32)",
+    )
     parser.add_argument("--estimate-only", action="store_true", help="print the formula only")
     parser.add_argument("--json", type=Path, help="also append the results here (JSON lines)")
     args = parser.parse_args()
@@ -198,12 +233,13 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'}")
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets:
-            result = measure(preset, args, Path(tmp))
-            print("measured " + json.dumps(result))
-            if args.json:
-                with args.json.open("a") as fh:
-                    fh.write(json.dumps(result) + "\n")
-            sys.stdout.flush()
+            for base_dtype in args.lora_base_dtypes if PRESETS[preset][1] else ["auto"]:
+                result = measure(preset, args, Path(tmp), base_dtype)
+                print("measured " + json.dumps(result))
+                if args.json:
+                    with args.json.open("a") as fh:
+                        fh.write(json.dumps(result) + "\n")
+                sys.stdout.flush()
 
 
 if __name__ == "__main__":

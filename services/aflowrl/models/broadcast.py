@@ -236,7 +236,13 @@ class WeightGroup:
         ).start()
 
     def close(self) -> None:
-        """Leave the group; members still waiting on it fail at once (gloo) or time out."""
+        """Leave the group without waiting on its other members: an NCCL communicator is aborted
+        (a graceful NCCL shutdown finalizes with every peer, and hangs on one that died or left:
+        seen on an H200, learner rank 0 closing a group whose receiver had exited); a gloo group
+        is shut down, so members still waiting on it fail at once."""
+        if self.backend == "nccl":
+            self.abort()
+            return
         pg, self._pg = self._pg, None
         if pg is not None and hasattr(pg, "shutdown"):
             try:

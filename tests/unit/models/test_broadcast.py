@@ -310,3 +310,31 @@ def test_a_member_lost_midway_costs_its_own_group_and_the_other_group_gets_every
     assert a.events == ["start"] + ["load"] * len(plan) + ["finish"]
     for name, tensor in tensors.items():
         assert torch.equal(a.loaded[name], tensor)
+
+
+class _RecordingGroup:
+    """A process group's abort/shutdown, recorded (no communicator behind it)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def abort(self) -> None:
+        self.calls.append("abort")
+
+    def shutdown(self) -> None:
+        self.calls.append("shutdown")
+
+
+@pytest.mark.parametrize(("device", "expected"), [("cuda", "abort"), ("cpu", "shutdown")])
+def test_closing_a_group_never_waits_on_its_members_on_nccl(device, expected):
+    # A graceful NCCL shutdown finalizes with every peer and hung learner rank 0 on an H200 when
+    # a receiver had exited (bench/nccl_faults.py): NCCL groups are aborted instead; gloo's
+    # shutdown is kept because it makes the members still waiting fail at once.
+    pg = _RecordingGroup()
+    rendezvous = broadcast.Rendezvous("127.0.0.1", 1, "g", 0, 2, timeout_s=5)
+    group = broadcast.WeightGroup(pg, rendezvous, torch.device(device))
+    group.close()
+    group.close()  # a second close is a no-op
+    assert pg.calls == [expected]
+    with pytest.raises(BroadcastBrokenError, match="closed"):
+        group.issue(torch.zeros(1))
