@@ -20,6 +20,9 @@ RUN_LABEL = "aflowrl.io/run"
 """Label every child of a run carries: the run's name."""
 COMPONENT_LABEL = "app.kubernetes.io/component"
 """Label naming the component (rollout, learner, environment, executor, trainer, config)."""
+REPLICA_LABEL = "aflowrl.io/replica"
+"""Label of a replica's own children and pods (a LeaderWorkerSet per multi-node replica): its
+index, 0 to ``replicas - 1``."""
 MANAGED_BY = "aflowrl-operator"
 """Value of ``app.kubernetes.io/managed-by`` on every child."""
 

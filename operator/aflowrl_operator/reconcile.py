@@ -40,6 +40,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -435,6 +436,11 @@ class Reconciler:
         for kind, name in desired.absent:
             if await remove(self.api, run, kind, name):
                 self._record(actions, kind, name, "deleted")
+        for pruned in desired.pruned:
+            for obj in await self.api.list(pruned.kind, ns, pruned.labels):
+                name = obj["metadata"]["name"]
+                if name not in pruned.keep and await remove(self.api, run, pruned.kind, name):
+                    self._record(actions, pruned.kind, name, "deleted")
         try:
             job_live = await self._ensure_job(
                 run,
@@ -455,21 +461,17 @@ class Reconciler:
             pod_problems.setdefault(component, []).extend(status.pod_problems(pod))
 
         def workload(component: str) -> status.Workload:
-            """The component's workload (a Deployment, StatefulSet or LeaderWorkerSet)."""
-            child = next(
-                (
-                    c
-                    for c in desired.children
-                    if c.replicas is not None
-                    and c.manifest["metadata"]["labels"].get(COMPONENT_LABEL) == component
-                ),
-                None,
-            )
-            key = (child.kind, child.name) if child is not None else ("", "")
-            return status.workload_state(
-                live.get(key),
-                (child.replicas or 0) if child is not None else 0,
-                tuple(pod_problems.get(component, ())),
+            """The component's workloads (a Deployment, a StatefulSet, or LeaderWorkerSets:
+            one per multi-node replica, seen together) and its pods' problems."""
+            states = [
+                status.workload_state(live.get((c.kind, c.name)), c.replicas or 0)
+                for c in desired.children
+                if c.replicas is not None
+                and c.manifest["metadata"]["labels"].get(COMPONENT_LABEL) == component
+            ]
+            seen = functools.reduce(status.combine, states) if states else status.Workload()
+            return dataclasses.replace(
+                seen, problems=tuple(pod_problems.get(component, ())) + seen.problems
             )
 
         environment = workload("environment")

@@ -11,7 +11,7 @@ import pytest
 import leaderworkerset
 from aflowrl.config import RunSpec
 from aflowrl_operator import children, groups, kueue, workloads
-from aflowrl_operator.names import RunRef
+from aflowrl_operator.names import COMPONENT_LABEL, RunRef
 
 K8S_VERSION = "1.30.0"
 RUN = RunRef(name="demo", namespace="team-a", uid="0a1b2c")
@@ -357,9 +357,12 @@ def test_optional_children_appear_and_disappear_with_the_spec():
         ("PodDisruptionBudget", "demo-env"),
         ("NetworkPolicy", "demo-ingress"),  # networkPolicy off: policies left from before go
         ("NetworkPolicy", "demo-egress"),
-        ("LeaderWorkerSet", "demo-rollout-group"),  # one pod per replica: no groups
-        ("LeaderWorkerSet", "demo-executor-group"),
         ("LeaderWorkerSet", "demo-learner"),
+    }
+    # One pod per replica: no replica groups, whatever their count was.
+    assert {(p.kind, tuple(p.labels.items()), p.keep) for p in plain.pruned} == {
+        ("LeaderWorkerSet", (("aflowrl.io/run", "demo"), (COMPONENT_LABEL, c)), frozenset())
+        for c in ("rollout", "executor")
     }
     full = children.build(
         RUN, RunSpec.from_document(SPECS["multi-node"]), RUNNING, monitoring_api=True
@@ -656,7 +659,7 @@ def test_a_multi_node_executor_over_mp_runs_vllm_headless_on_its_workers():
         }
     )
     manifests = _manifests(spec)
-    group = _by(manifests, "LeaderWorkerSet", "demo-executor-group")
+    group = _by(manifests, "LeaderWorkerSet", "demo-executor-0")
     lwt = group["spec"]["leaderWorkerTemplate"]
     leader = lwt["leaderTemplate"]["spec"]["containers"][0]["command"]
     worker = lwt["workerTemplate"]["spec"]["containers"][0]["command"]
@@ -675,3 +678,76 @@ def test_a_multi_node_executor_over_mp_runs_vllm_headless_on_its_workers():
     service = _by(manifests, "Service", "demo-executor")
     assert service["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
     assert "clusterIP" not in service["spec"]  # a ClusterIP Service, as for one pod per replica
+
+
+def test_every_multi_node_replica_is_a_leader_worker_set_of_its_own():
+    doc = {
+        "rollout": {
+            "engine": "vllm",
+            "replicas": 3,
+            "nodesPerReplica": 2,
+            "resources": {"gpus": 8},
+            "vllm": {"tensorParallelSize": 8, "pipelineParallelSize": 2},
+        },
+        "environment": {
+            "executor": {
+                "type": "openai",
+                "model": "exec",
+                "serve": {
+                    "model": "/models/exec",
+                    "replicas": 2,
+                    "nodesPerReplica": 2,
+                    "resources": {"gpus": 8},
+                },
+            }
+        },
+        "learner": {"procsPerNode": 8, "resources": {"gpus": 8}},
+        "scheduling": {"gang": {}},
+    }
+    spec = RunSpec.from_document(doc)
+    desired = children.build(RUN, spec, RUNNING, monitoring_api=False)
+    sets = {c.name: c for c in desired.children if c.kind == "LeaderWorkerSet"}
+    assert set(sets) == {
+        "demo-rollout-0", "demo-rollout-1", "demo-rollout-2",
+        "demo-executor-0", "demo-executor-1",
+    }  # fmt: skip
+    for name, child in sets.items():
+        assert child.replicas == 1  # one group each
+        component, index = name.removeprefix("demo-").split("-")
+        meta = child.manifest["metadata"]
+        assert meta["labels"]["aflowrl.io/replica"] == index
+        assert meta["labels"][COMPONENT_LABEL] == component
+        lwt = child.manifest["spec"]["leaderWorkerTemplate"]
+        assert lwt["size"] == 2 and lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
+        for role in ("leaderTemplate", "workerTemplate"):
+            labels = lwt[role]["metadata"]["labels"]
+            assert labels["aflowrl.io/replica"] == index
+            assert labels["scheduling.x-k8s.io/pod-group"] == "demo-gpu"
+        # Within what the LWS controller can name: its worker StatefulSet is <name>-0 and
+        # that StatefulSet's pods carry "<name>-0-<revision hash>" as a 63-character label.
+        assert len(f"{name}-0-0123456789") <= 63
+    # Only the spec's replicas may exist; the others of the run's are deleted.
+    keep = {p.labels[COMPONENT_LABEL]: p.keep for p in desired.pruned}
+    assert keep == {
+        "rollout": {"demo-rollout-0", "demo-rollout-1", "demo-rollout-2"},
+        "executor": {"demo-executor-0", "demo-executor-1"},
+    }
+    # The Services select every replica's leader.
+    service = next(c.manifest for c in desired.children if c.name == "demo-rollout")
+    assert service["spec"]["selector"] == {
+        "aflowrl.io/run": "demo",
+        COMPONENT_LABEL: "rollout",
+        "leaderworkerset.sigs.k8s.io/worker-index": "0",
+    }
+    # Suspended: every replica stays, at zero.
+    held = children.Scale(services=False, environment_replicas=2, trainer_suspended=True)
+    stopped = children.build(RUN, spec, held, monitoring_api=False)
+    assert {c.name: c.replicas for c in stopped.children if c.kind == "LeaderWorkerSet"} == {
+        name: 0 for name in sets
+    }
+    # Kueue sees one Workload, a pod set per component counting every pod of every group; the
+    # gang waits for all of them.
+    workload = children.kueue_workload(RUN, spec, stopped, queue="gpu", priority=None)
+    counts = {ps["name"]: ps["count"] for ps in workload["spec"]["podSets"]}
+    assert counts == {"executor": 4, "rollout": 6, "learner": 1, "environment": 2, "trainer": 1}
+    assert children.pod_group(RUN, spec)["spec"]["minMember"] == 6 + 4 + 1
