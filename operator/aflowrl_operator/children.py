@@ -49,6 +49,7 @@ from aflowrl_operator import groups, kueue
 from aflowrl_operator.names import (
     COMPONENT_LABEL,
     PODSETS_HASH,
+    REPLICA_LABEL,
     RUN_LABEL,
     TEMPLATE_HASH,
     RunRef,
@@ -449,6 +450,9 @@ def build(
         if "trainer" in scale.placement:
             kueue.place(job["spec"]["template"], scale.placement["trainer"])
             job["metadata"]["annotations"][TEMPLATE_HASH] = digest(job["spec"]["template"])
+    for child in children:
+        if child.kind == groups.KIND and REPLICA_LABEL in child.manifest["metadata"]["labels"]:
+            groups.stamp(child.manifest)  # its template as placed: replicas take it in turn
     return Desired(children=children, trainer_job=job, absent=absent, pruned=pruned)
 
 

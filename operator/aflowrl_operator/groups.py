@@ -17,7 +17,9 @@ Deployments), labelled with the run, the component and
 whole objects (the reconciler deletes the run's own labelled ones beyond the count:
 :attr:`aflowrl_operator.children.Desired.pruned`); a replica's leader keeps its name
 ``<run>-rollout-<i>-0`` (and its DNS name ``<run>-rollout-<i>-0.<run>-rollout-<i>``, the
-subdomain Service the LWS controller makes) across the recreation of its group. No name can
+subdomain Service the LWS controller makes) across the recreation of its group. A new pod
+template reaches the replicas one at a time, as a Deployment's ``maxUnavailable: 1`` would:
+:func:`held_back` keeps the others' templates while one replica is being replaced. No name can
 collide with another child's: other children of a run end in a word, these in a number.
 
 - rollout: the leader (worker index 0) runs ``aflowrl serve rollout`` with gRPC health probes;
@@ -48,11 +50,12 @@ from __future__ import annotations
 
 import copy
 import shlex
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aflowrl.config import OpenAIExecutorSpec, RunSpec
 from aflowrl_operator import pods
-from aflowrl_operator.names import REPLICA_LABEL, RunRef
+from aflowrl_operator.names import COMPONENT_LABEL, REPLICA_LABEL, TEMPLATE_HASH, RunRef, digest
 from aflowrl_operator.workloads import (
     VLLM_SERVER,
     component_service,
@@ -392,3 +395,87 @@ def learner(
         run, run.learner, "learner", size=spec.learner.nodes, leader=leader, worker=worker
     )
     return [lws, learner_service(run, ports)]
+
+
+def stamp(group: JsonDict) -> None:
+    """Mark a replica LeaderWorkerSet and its pod templates with the hash of its
+    ``leaderWorkerTemplate`` (:data:`TEMPLATE_HASH`, placement included), so its pods say
+    which template they run (in place)."""
+    lwt = group["spec"]["leaderWorkerTemplate"]
+    value = digest(lwt)
+    for meta in (
+        group["metadata"],
+        lwt["leaderTemplate"]["metadata"],
+        lwt["workerTemplate"]["metadata"],
+    ):
+        meta.setdefault("annotations", {})[TEMPLATE_HASH] = value
+
+
+def _template_hash(obj: Mapping[str, Any] | None) -> str | None:
+    found = ((obj or {}).get("metadata") or {}).get("annotations") or {}
+    value = found.get(TEMPLATE_HASH)
+    return str(value) if value is not None else None
+
+
+def _serving(group: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether every pod of a replica's group is ready and runs its LeaderWorkerSet's template."""
+    labels = group["metadata"].get("labels") or {}
+    want = _template_hash(group)
+    if want is None:  # not stamped (made before): what its pods run is unknown
+        return False
+    ready = 0
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        own = meta.get("labels") or {}
+        if meta.get("deletionTimestamp") or any(
+            own.get(key) != labels.get(key) for key in (COMPONENT_LABEL, REPLICA_LABEL)
+        ):
+            continue
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        if _template_hash(pod) == want and any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
+        ):
+            ready += 1
+    size = int(((group.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size") or 1)
+    return ready >= size
+
+
+def held_back(
+    sets: Sequence[tuple[JsonDict, int]],
+    live: Mapping[str, Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+) -> set[str]:
+    """The replica LeaderWorkerSets of one component that keep their live template this pass.
+
+    ``sets``: each replica's manifest (stamped, :func:`stamp`) and desired count, in index
+    order; ``live``: the existing ones by name; ``pods``: the run's pods. A replica whose
+    template changes may take it when nothing of it runs (new, at zero, or some pod of its
+    group not ready or on another template: it is down anyway); a serving one only when every
+    other replica serves too, and one per pass: the next waits until that one's group is back,
+    every pod ready on the new template. A template that never gets ready stops there, with
+    the other replicas serving the old one.
+    """
+    serving = {name: _serving(group, pods) for name, group in live.items()}
+    held: set[str] = set()
+    replacing = False
+    for manifest, replicas in sets:
+        name = manifest["metadata"]["name"]
+        current = live.get(name)
+        if current is None or replicas == 0 or _template_hash(current) == _template_hash(manifest):
+            continue
+        if not (current.get("spec") or {}).get("replicas") or not serving[name]:
+            continue
+        if not replacing and all(ok for other, ok in serving.items() if other != name):
+            replacing = True
+            continue
+        held.add(name)
+    return held
+
+
+def keep_template(manifest: JsonDict, live: Mapping[str, Any]) -> JsonDict:
+    """``manifest`` with the live object's ``leaderWorkerTemplate`` and its hash (a replica
+    held back by :func:`held_back`): everything else, its count included, still applies."""
+    kept = copy.deepcopy(manifest)
+    kept["spec"]["leaderWorkerTemplate"] = copy.deepcopy(live["spec"]["leaderWorkerTemplate"])
+    kept["metadata"]["annotations"][TEMPLATE_HASH] = _template_hash(live)
+    return kept

@@ -37,7 +37,8 @@ KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 PODSETS_HASH = "aflowrl.io/podsets-hash"
 """Kueue Workload annotation: hash of its pod sets' counts and requests (a change replaces it)."""
 TEMPLATE_HASH = "aflowrl.io/template-hash"
-"""Job annotation: hash of the trainer pod template the Job was created with."""
+"""Annotation of the trainer Job and of each replica LeaderWorkerSet (and its pods): hash of the
+pod template(s) the object was last given."""
 
 __all__ = ["MAX_RUN_NAME"]  # re-exported: the config owns the rule, the CRD enforces it
 

@@ -411,15 +411,35 @@ class Reconciler:
         problems: list[status.Problem] = []
         if not group_api and groups.needs_api(spec):
             problems.append((groups.UNAVAILABLE, groups.unavailable_message(spec)))
+        run_pods = await self.api.list("Pod", ns, {RUN_LABEL: run.name})
+        # The replica LeaderWorkerSets there are (to keep those a new template waits for, and
+        # to delete the surplus after).
+        found = [(p, await self.api.list(p.kind, ns, p.labels)) for p in desired.pruned]
+        waiting: dict[str, JsonDict] = {}  # replicas whose new template waits for another's
+        for pruned, objects in found:
+            mine = {
+                o["metadata"]["name"]: o
+                for o in objects
+                if o["metadata"]["name"] in pruned.keep and controlled_by(o, run)
+            }
+            sets = [
+                (c.manifest, c.replicas or 0)
+                for c in desired.children
+                if c.kind == pruned.kind and c.name in pruned.keep
+            ]
+            waiting |= {name: mine[name] for name in groups.held_back(sets, mine, run_pods)}
         live: dict[tuple[str, str], JsonDict] = {}
         for child in desired.children:
             autoscaled = (child.kind, child.name) == ("Deployment", run.environment)
             bounds = spec.environment.replicas
+            manifest = child.manifest
+            if child.name in waiting and child.kind == groups.KIND:
+                manifest = groups.keep_template(manifest, waiting[child.name])
             try:
                 obj, action = await ensure(
                     self.api,
                     run,
-                    child.manifest,
+                    manifest,
                     replicas=child.replicas,
                     autoscaled=autoscaled,
                     bounds=(bounds.min, bounds.max) if autoscaled else None,
@@ -436,8 +456,8 @@ class Reconciler:
         for kind, name in desired.absent:
             if await remove(self.api, run, kind, name):
                 self._record(actions, kind, name, "deleted")
-        for pruned in desired.pruned:
-            for obj in await self.api.list(pruned.kind, ns, pruned.labels):
+        for pruned, objects in found:
+            for obj in objects:
                 name = obj["metadata"]["name"]
                 if name not in pruned.keep and await remove(self.api, run, pruned.kind, name):
                     self._record(actions, pruned.kind, name, "deleted")
@@ -455,7 +475,6 @@ class Reconciler:
             problems.append(("ChildRejected", f"Job {run.trainer}: {exc}"))
 
         pod_problems: dict[str, list[status.Problem]] = {}
-        run_pods = await self.api.list("Pod", ns, {RUN_LABEL: run.name})
         for pod in run_pods:
             component = ((pod.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL, "")
             pod_problems.setdefault(component, []).extend(status.pod_problems(pod))

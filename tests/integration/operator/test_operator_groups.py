@@ -372,6 +372,77 @@ async def test_replica_groups_restart_scale_suspend_and_go_back_to_deployments(
     assert chart_denies(made) == []
 
 
+PODS = "v1/pods"
+HASH = "aflowrl.io/template-hash"
+
+
+async def _run_group(cluster: Cluster, name: str) -> list[str]:
+    """Play the LWS controller: the pods of the group of LeaderWorkerSet ``name`` as its
+    template is now, all ready; returns their names."""
+    group = cluster.child(LWS, name)
+    lwt = group["spec"]["leaderWorkerTemplate"]
+    names = []
+    for index in range(lwt["size"]):
+        template = lwt["leaderTemplate" if index == 0 else "workerTemplate"]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{name}-0" + (f"-{index}" if index else ""),
+                "namespace": NAMESPACE,
+                "labels": template["metadata"]["labels"],
+                "annotations": template["metadata"]["annotations"],
+            },
+            "spec": template["spec"],
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        await cluster.emulator.put_object(PODS, pod)
+        names.append(pod["metadata"]["name"])
+    return names
+
+
+async def test_a_new_template_reaches_the_replica_groups_one_at_a_time(lws_cluster: Cluster):
+    cluster = lws_cluster
+    await cluster.create_run("demo", {k: v for k, v in MULTI.items() if k != "scheduling"})
+    replicas = ("demo-rollout-0", "demo-rollout-1")
+    for name in replicas:
+        await cluster.eventually(
+            lambda name=name: (cluster.child(LWS, name) or {}).get("spec", {}).get("replicas"),
+            what=f"{name} running",
+        )
+    pods = {name: await _run_group(cluster, name) for name in replicas}
+    old = {name: cluster.child(LWS, name)["metadata"]["annotations"][HASH] for name in replicas}
+
+    def updated() -> list[str]:
+        return [
+            name
+            for name in replicas
+            if cluster.child(LWS, name)["metadata"]["annotations"][HASH] != old[name]
+        ]
+
+    await cluster.patch_spec("demo", {"rollout": {"pod": {"annotations": {"team": "rl"}}}})
+    first = (await cluster.eventually(updated, what="one replica's new template"))[0]
+    other = next(name for name in replicas if name != first)
+    lwt = cluster.child(LWS, first)["spec"]["leaderWorkerTemplate"]
+    assert lwt["leaderTemplate"]["metadata"]["annotations"]["team"] == "rl"
+    # While that replica's group is recreated, the other keeps serving the old template.
+    for pod in pods[first]:
+        await cluster.emulator.delete_object(PODS, NAMESPACE, pod)
+    await cluster.settle()
+    assert updated() == [first]
+    assert (
+        "team"
+        not in (
+            cluster.child(LWS, other)["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"][
+                "annotations"
+            ]
+        )
+    )
+    # Its group is back on the new template: the other replica's turn.
+    await _run_group(cluster, first)
+    await cluster.eventually(lambda: len(updated()) == 2, what="the second replica's turn")
+
+
 async def test_without_the_leader_worker_set_api_the_run_says_so(plain_cluster: Cluster):
     cluster = plain_cluster
     spec = {k: v for k, v in MULTI.items() if k != "scheduling"}

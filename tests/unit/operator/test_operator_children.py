@@ -751,3 +751,79 @@ def test_every_multi_node_replica_is_a_leader_worker_set_of_its_own():
     counts = {ps["name"]: ps["count"] for ps in workload["spec"]["podSets"]}
     assert counts == {"executor": 4, "rollout": 6, "learner": 1, "environment": 2, "trainer": 1}
     assert children.pod_group(RUN, spec)["spec"]["minMember"] == 6 + 4 + 1
+
+
+ROLLING = {
+    "rollout": {
+        "engine": "vllm",
+        "replicas": 3,
+        "nodesPerReplica": 2,
+        "resources": {"gpus": 8},
+        "vllm": {"tensorParallelSize": 8, "pipelineParallelSize": 2},
+    }
+}
+
+
+def _replica_sets(doc: dict, scale: children.Scale = RUNNING) -> list[tuple[dict, int]]:
+    desired = children.build(RUN, RunSpec.from_document(doc), scale, monitoring_api=False)
+    return [
+        (copy.deepcopy(c.manifest), c.replicas or 0)
+        for c in desired.children
+        if c.kind == "LeaderWorkerSet" and c.name.startswith("demo-rollout-")
+    ]
+
+
+def _group_pods(group: dict, *, ready: bool = True) -> list[dict]:
+    """The pods of a replica's group as the LWS controller makes them from its live object."""
+    lwt = group["spec"]["leaderWorkerTemplate"]
+    return [
+        {
+            "metadata": {
+                "name": f"{group['metadata']['name']}-0-{k}",
+                "labels": lwt["leaderTemplate"]["metadata"]["labels"],
+                "annotations": lwt["leaderTemplate"]["metadata"]["annotations"],
+            },
+            "status": {"conditions": [{"type": "Ready", "status": str(ready)}]},
+        }
+        for k in range(lwt["size"])
+    ]
+
+
+def test_a_new_template_reaches_the_replica_groups_one_at_a_time():
+    old = _replica_sets(ROLLING)
+    live = {m["metadata"]["name"]: {**m, "spec": {**m["spec"], "replicas": 1}} for m, _ in old}
+    changed = copy.deepcopy(ROLLING)
+    changed["rollout"]["pod"] = {"annotations": {"example.com/team": "rl"}}
+    new = _replica_sets(changed)
+    hashes = [m["metadata"]["annotations"]["aflowrl.io/template-hash"] for m, _ in old + new]
+    assert len(set(hashes)) == 6  # each replica's own, and every one changed
+    pods = [pod for group in live.values() for pod in _group_pods(group)]
+    # Every replica serves the old template: the first takes the new one, alone.
+    assert groups.held_back(new, live, pods) == {"demo-rollout-1", "demo-rollout-2"}
+    # Its group is being recreated: the others wait (its object has the new template, its
+    # pods are not ready on it yet).
+    live["demo-rollout-0"] = {**new[0][0], "spec": {**new[0][0]["spec"], "replicas": 1}}
+    waiting = [p for p in pods if p["metadata"]["labels"]["aflowrl.io/replica"] != "0"]
+    assert groups.held_back(new, live, waiting) == {"demo-rollout-1", "demo-rollout-2"}
+    stale = waiting + _group_pods(old[0][0])  # old pods still ready: not the new template
+    assert groups.held_back(new, live, stale) == {"demo-rollout-1", "demo-rollout-2"}
+    # Back, every pod ready on the new template: the next replica goes.
+    back = waiting + _group_pods(live["demo-rollout-0"])
+    assert groups.held_back(new, live, back) == {"demo-rollout-2"}
+    # A replica that is down anyway takes the new template at once; a serving one waits for it.
+    down = [p for p in back if p["metadata"]["labels"]["aflowrl.io/replica"] != "2"]
+    down += _group_pods(live["demo-rollout-2"], ready=False)
+    assert groups.held_back(new, live, down) == {"demo-rollout-1"}
+    # Nothing runs (suspended, held by Kueue): every replica takes it.
+    stopped = children.Scale(services=False, environment_replicas=2, trainer_suspended=True)
+    assert groups.held_back(_replica_sets(changed, stopped), live, pods) == set()
+    # What a held replica is applied with: its live template, its new count.
+    kept = groups.keep_template(new[1][0], live["demo-rollout-1"])
+    assert (
+        kept["spec"]["leaderWorkerTemplate"]
+        == live["demo-rollout-1"]["spec"]["leaderWorkerTemplate"]
+    )
+    assert (
+        kept["metadata"]["annotations"]["aflowrl.io/template-hash"]
+        == live["demo-rollout-1"]["metadata"]["annotations"]["aflowrl.io/template-hash"]
+    )
