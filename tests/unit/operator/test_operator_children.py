@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 
 import leaderworkerset
-from aflowrl.config import RunSpec
+from aflowrl.config import ConfigError, RunSpec
 from aflowrl_operator import children, groups, kueue, workloads
 from aflowrl_operator.names import COMPONENT_LABEL, RunRef
 
@@ -827,3 +827,35 @@ def test_a_new_template_reaches_the_replica_groups_one_at_a_time():
         kept["metadata"]["annotations"]["aflowrl.io/template-hash"]
         == live["demo-rollout-1"]["metadata"]["annotations"]["aflowrl.io/template-hash"]
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "replicas", "accepted"),
+    [("r" * 38, 64, True), ("r" * 39, 9, True), ("r" * 39, 64, False), ("r" * 40, 1, False)],
+)
+def test_the_longest_names_accepted_leave_the_lws_controller_room(name, replicas, accepted):
+    doc = copy.deepcopy(ROLLING)
+    doc["rollout"]["replicas"] = replicas
+    serve = {"model": "/m", "replicas": replicas, "nodesPerReplica": 2, "resources": {"gpus": 8}}
+    doc["environment"] = {"executor": {"type": "openai", "model": "exec", "serve": serve}}
+    document = {
+        "apiVersion": "aflowrl.io/v1alpha1",
+        "kind": "TrainingRun",
+        "metadata": {"name": name},
+        "spec": doc,
+    }
+    if not accepted:  # refused, naming the field, before any child is built
+        with pytest.raises(ConfigError) as refused:
+            RunSpec.from_document(document)
+        assert refused.value.fields == ["metadata.name"]
+        assert f"{name}-executor-{replicas - 1}" in str(refused.value)
+        return
+    spec = RunSpec.from_document(document)
+    run = RunRef(name=name, namespace="team-a", uid="u")
+    desired = children.build(run, spec, RUNNING, monitoring_api=False)
+    names = [c.name for c in desired.children if c.kind == "LeaderWorkerSet"]
+    assert len(names) == 2 * replicas
+    for lws in names:
+        # The LWS controller's worker StatefulSet "<lws>-0": its pods carry
+        # "<statefulset>-<10-character revision hash>" in a 63-character label.
+        assert len(f"{lws}-0-0123456789") <= 63
