@@ -181,7 +181,7 @@ def _cel_errors(obj: Json, old: Json, schema: dict, path: str) -> set[str]:
         except Exception as exc:  # an evaluation error refuses the object, as on the server
             ok = f"error: {exc}"
         if ok is not True:
-            where = path + rule.get("fieldPath", "")
+            where = (path + rule.get("fieldPath", "")).lstrip(".")  # a root rule's: ".a.b"
             found.add(where)
     if isinstance(obj, dict):
         props = schema.get("properties", {})

@@ -9,8 +9,8 @@ One call of :func:`build` gives every child of a run, in the order they are appl
 - ``<run>-rollout`` Deployment + headless Service (GPU resources, gRPC health probes);
 - ``<run>-learner`` StatefulSet + headless Service (torchrun ranks, c10d rendezvous on pod 0);
 - instead, LeaderWorkerSets for replicas larger than a node (:mod:`aflowrl_operator.groups`):
-  ``<run>-rollout-group`` / ``<run>-executor-group`` when ``nodesPerReplica`` is above 1, and
-  ``<run>-learner`` as one group when the learner has several nodes;
+  one per replica, ``<run>-rollout-<i>`` / ``<run>-executor-<i>``, when ``nodesPerReplica`` is
+  above 1, and ``<run>-learner`` as one group when the learner has several nodes;
 - ``<run>-env`` Deployment + headless Service + HorizontalPodAutoscaler, the
   ``<run>-env-egress`` NetworkPolicy (DNS and the executor only), and a PodDisruptionBudget
   when ``environment.podDisruptionBudget`` is set;
@@ -49,6 +49,7 @@ from aflowrl_operator import groups, kueue
 from aflowrl_operator.names import (
     COMPONENT_LABEL,
     PODSETS_HASH,
+    REPLICA_LABEL,
     RUN_LABEL,
     TEMPLATE_HASH,
     RunRef,
@@ -117,12 +118,24 @@ class Scale:
 
 
 @dataclasses.dataclass(frozen=True)
+class Pruned:
+    """Children of one kind found by labels, of which only ``keep`` may exist: the run's
+    own others are deleted (the per-replica LeaderWorkerSets beyond the replica count)."""
+
+    kind: str
+    labels: dict[str, str]
+    keep: frozenset[str]
+
+
+@dataclasses.dataclass(frozen=True)
 class Desired:
-    """Every child of a run: objects to apply, the trainer Job, and children that must not exist."""
+    """Every child of a run: objects to apply, the trainer Job, children that must not exist
+    (by name), and the sets of children of which only the named ones may exist."""
 
     children: list[Child]
     trainer_job: JsonDict
     absent: list[tuple[str, str]]
+    pruned: list[Pruned] = dataclasses.field(default_factory=list)
 
 
 def spec_document(spec: RunSpec) -> str:
@@ -266,8 +279,10 @@ def kueue_workload(
     before admission) and the count it runs with (the environment's autoscaler ceiling),
     admitted all at once, with the run's priority (:func:`kueue.priority_fields`).
 
-    The Workload is created once per shape (:data:`PODSETS_HASH` of counts and requests) and
-    replaced only when the shape changes while it holds no quota.
+    One Workload per run, whatever its children: a component of several LeaderWorkerSets
+    (one per multi-node replica) is one pod set of every pod of every group, so Kueue admits
+    all the replicas or none. The Workload is created once per shape (:data:`PODSETS_HASH` of
+    counts and requests) and replaced only when the shape changes while it holds no quota.
     """
     counts = {
         "executor": _serve_replicas(spec) * groups.pods_per_replica(spec, "executor"),
@@ -275,12 +290,15 @@ def kueue_workload(
         "learner": spec.learner.nodes,
         "environment": spec.environment.replicas.max,
     }
-    pod_sets = []
+    pod_sets: list[JsonDict] = []
     for child in desired.children:
         component = child.manifest["metadata"]["labels"].get(COMPONENT_LABEL, "")
         template = groups.pod_template_of(child.manifest)
-        if template is not None and counts.get(component):
-            pod_sets.append({"name": component, "count": counts[component], "template": template})
+        if template is None or not counts.get(component):
+            continue
+        if any(ps["name"] == component for ps in pod_sets):
+            continue  # another replica's LeaderWorkerSet: the same pods, counted already
+        pod_sets.append({"name": component, "count": counts[component], "template": template})
     pod_sets.append(
         {"name": "trainer", "count": 1, "template": desired.trainer_job["spec"]["template"]}
     )
@@ -326,12 +344,24 @@ def build(
     exe = spec.environment.executor
     serve = exe.serve if isinstance(exe, OpenAIExecutorSpec) else None
     lws = groups.KIND
+    pruned: list[Pruned] = []
+
+    def replica_groups(component: str, manifests: list[JsonDict]) -> None:
+        """One LeaderWorkerSet per replica (and the component's Service), and no other."""
+        sets, service = manifests[:-1], manifests[-1]
+        children.extend(Child(group, 1 if services else 0) for group in sets)
+        children.append(Child(service))
+        names = frozenset(group["metadata"]["name"] for group in sets)
+        pruned.append(Pruned(lws, run.selector(component), names))
+
     if serve is not None and groups.executor_grouped(spec):
         if group_api:
-            group, service = groups.executor(
-                run, spec, spec_hash_=spec_digest, node_labels=labels.get("executor")
+            replica_groups(
+                "executor",
+                groups.executor(
+                    run, spec, spec_hash_=spec_digest, node_labels=labels.get("executor")
+                ),
             )
-            children += [Child(group, serve.replicas if services else 0), Child(service)]
         absent.append(("Deployment", run.executor))
     elif serve is not None:
         deployment, service = executor(
@@ -341,13 +371,15 @@ def build(
     else:
         absent += [("Deployment", run.executor), ("Service", run.executor)]
     if group_api and not groups.executor_grouped(spec):
-        absent.append((lws, groups.executor_group_name(run)))
+        pruned.append(Pruned(lws, run.selector("executor"), frozenset()))
     if groups.rollout_grouped(spec):
         if group_api:
-            group, service = groups.rollout(
-                run, spec, spec_hash_=spec_digest, node_labels=labels.get("rollout")
+            replica_groups(
+                "rollout",
+                groups.rollout(
+                    run, spec, spec_hash_=spec_digest, node_labels=labels.get("rollout")
+                ),
             )
-            children += [Child(group, spec.rollout.replicas if services else 0), Child(service)]
         absent.append(("Deployment", run.rollout))
     else:
         deployment, service = rollout(
@@ -355,7 +387,7 @@ def build(
         )
         children += [Child(deployment, spec.rollout.replicas if services else 0), Child(service)]
         if group_api:
-            absent.append((lws, groups.rollout_group_name(run)))
+            pruned.append(Pruned(lws, run.selector("rollout"), frozenset()))
     # The learner's kind never changes in a run (learner.nodes is immutable).
     if groups.learner_grouped(spec) and group_api:
         group, service = groups.learner(
@@ -418,7 +450,10 @@ def build(
         if "trainer" in scale.placement:
             kueue.place(job["spec"]["template"], scale.placement["trainer"])
             job["metadata"]["annotations"][TEMPLATE_HASH] = digest(job["spec"]["template"])
-    return Desired(children=children, trainer_job=job, absent=absent)
+    for child in children:
+        if child.kind == groups.KIND and REPLICA_LABEL in child.manifest["metadata"]["labels"]:
+            groups.stamp(child.manifest)  # its template as placed: replicas take it in turn
+    return Desired(children=children, trainer_job=job, absent=absent, pruned=pruned)
 
 
 def kept_after_end(spec: RunSpec, ended_at: str | None, now: datetime.datetime) -> bool:

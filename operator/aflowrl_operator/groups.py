@@ -1,32 +1,44 @@
 """Replicas larger than a node: LeaderWorkerSet children (pure builders).
 
 A rollout replica with ``rollout.nodesPerReplica`` above 1, a served executor with
-``serve.nodesPerReplica`` above 1, and a learner of several nodes are each run as a
-LeaderWorkerSet (``leaderworkerset.x-k8s.io/v1``, the kubernetes-sigs/lws controller): one group
-of ``size`` pods per replica, created together, with ``RecreateGroupOnPodRestart`` so that the
-failure of any pod of a group deletes and recreates the whole group (an engine or a torchrun job
-cannot lose one node and go on). One LeaderWorkerSet per component, whose ``replicas`` is the
-component's replica count (one group each): suspend, Kueue and finished runs scale it to zero
-like the Deployments. The LWS controller injects ``LWS_LEADER_ADDRESS``, ``LWS_GROUP_SIZE`` and
-``LWS_WORKER_INDEX`` first in every container's environment, so the ``AFLOWRL_GROUP_*``
+``serve.nodesPerReplica`` above 1, and a learner of several nodes are each run as
+LeaderWorkerSets (``leaderworkerset.x-k8s.io/v1``, the kubernetes-sigs/lws controller): a group
+of ``size`` pods, created together, with ``RecreateGroupOnPodRestart`` so that the failure of
+any pod of a group deletes and recreates the whole group (an engine or a torchrun job cannot
+lose one node and go on). The LWS controller injects ``LWS_LEADER_ADDRESS``, ``LWS_GROUP_SIZE``
+and ``LWS_WORKER_INDEX`` first in every container's environment, so the ``AFLOWRL_GROUP_*``
 variables below refer to them (``$(VAR)`` expansion).
 
-- rollout (``<run>-rollout-group``): the leader (worker index 0) runs ``aflowrl serve rollout``
-  with gRPC health probes; its vLLM engine spans the group, with vLLM's ``mp`` executor (the
-  leader is the torch.distributed master on :data:`GROUP_PORT`, the other pods run ``aflowrl
-  serve rollout-worker``, which execs vLLM headless with ``--node-rank``) or with ``ray`` (a Ray
-  head started by the leader's process on :data:`GROUP_PORT`, the other pods ``ray start
-  --address --block``). The ``<run>-rollout`` Service selects the leaders only, so the
+Each multi-node rollout or executor replica is a LeaderWorkerSet of its own,
+``<run>-rollout-<i>`` / ``<run>-executor-<i>`` for ``i`` in ``0 .. replicas - 1``, holding one
+group (``replicas: 1``; 0 while the run is suspended, held by Kueue or finished, like the
+Deployments), labelled with the run, the component and
+:data:`~aflowrl_operator.names.REPLICA_LABEL`. Scaling the replica count creates or deletes
+whole objects (the reconciler deletes the run's own labelled ones beyond the count:
+:attr:`aflowrl_operator.children.Desired.pruned`); a replica's leader keeps its name
+``<run>-rollout-<i>-0`` (and its DNS name ``<run>-rollout-<i>-0.<run>-rollout-<i>``, the
+subdomain Service the LWS controller makes) across the recreation of its group. A new pod
+template reaches the replicas one at a time, as a Deployment's ``maxUnavailable: 1`` would:
+:func:`held_back` keeps the others' templates while one replica is being replaced. No name can
+collide with another child's: other children of a run end in a word, these in a number.
+
+- rollout: the leader (worker index 0) runs ``aflowrl serve rollout`` with gRPC health probes;
+  its vLLM engine spans the group, with vLLM's ``mp`` executor (the leader is the
+  torch.distributed master on :data:`GROUP_PORT`, the other pods run ``aflowrl serve
+  rollout-worker``, which execs vLLM headless with ``--node-rank``) or with ``ray`` (a Ray head
+  started by the leader's process on :data:`GROUP_PORT`, the other pods ``ray start --address
+  --block``). The ``<run>-rollout`` Service selects the leaders of every replica only, so the
   trainer's client balances over replicas, not pods, and a group is ready when its leader is
   (the workers have no readiness of their own).
-- served executor (``<run>-executor-group``): the same with vLLM's own server image: the
-  leader ``python3 -m vllm.entrypoints.openai.api_server`` with ``--nnodes``/``--node-rank 0``
-  /``--master-addr``, the workers ``python3 -m vllm.entrypoints.cli.main serve --headless`` (mp),
-  or ``ray start`` on every pod and the server with ``--distributed-executor-backend ray``.
-- learner (``<run>-learner``): one group of ``learner.nodes`` pods running the torchrun command
-  of CONTRACTS.md; the leader pod ``<run>-learner-0`` (which c10d sorts first, so it gets rank
-  0) hosts the rendezvous and serves gRPC, probed; every pod joins the same headless Service
-  ``<run>-learner``, which the LWS controller reuses as the group's subdomain.
+- served executor: the same with vLLM's own server image: the leader ``python3 -m
+  vllm.entrypoints.openai.api_server`` with ``--nnodes``/``--node-rank 0``/``--master-addr``,
+  the workers ``python3 -m vllm.entrypoints.cli.main serve --headless`` (mp), or ``ray start``
+  on every pod and the server with ``--distributed-executor-backend ray``.
+- learner (``<run>-learner``): one LeaderWorkerSet of one group of ``learner.nodes`` pods
+  running the torchrun command of CONTRACTS.md; the leader pod ``<run>-learner-0`` (which c10d
+  sorts first, so it gets rank 0) hosts the rendezvous and serves gRPC, probed; every pod joins
+  the same headless Service ``<run>-learner``, which the LWS controller reuses as the group's
+  subdomain.
 
 Without the LeaderWorkerSet API the rollout and executor groups are not built and the run is
 ``Degraded`` with reason ``MultiNodeUnavailable``; the learner falls back to its StatefulSet
@@ -36,12 +48,14 @@ Called by :mod:`aflowrl_operator.children`.
 
 from __future__ import annotations
 
+import copy
 import shlex
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aflowrl.config import OpenAIExecutorSpec, RunSpec
 from aflowrl_operator import pods
-from aflowrl_operator.names import RunRef
+from aflowrl_operator.names import COMPONENT_LABEL, REPLICA_LABEL, TEMPLATE_HASH, RunRef, digest
 from aflowrl_operator.workloads import (
     VLLM_SERVER,
     component_service,
@@ -72,12 +86,10 @@ UNAVAILABLE = "MultiNodeUnavailable"
 """Condition reason of a run that needs LeaderWorkerSets on a cluster without the API."""
 
 
-def rollout_group_name(run: RunRef) -> str:
-    return run.child("rollout-group")
-
-
-def executor_group_name(run: RunRef) -> str:
-    return run.child("executor-group")
+def replica_group_name(run: RunRef, component: str, index: int) -> str:
+    """The LeaderWorkerSet of replica ``index`` of a multi-node component (``rollout`` or
+    ``executor``): ``<run>-<component>-<index>``."""
+    return run.child(f"{component}-{index}")
 
 
 def _served(spec: RunSpec) -> Any:
@@ -184,16 +196,28 @@ def _role(template: JsonDict, role: str) -> JsonDict:
 
 
 def leader_worker_set(
-    run: RunRef, name: str, component: str, *, size: int, leader: JsonDict, worker: JsonDict
+    run: RunRef,
+    name: str,
+    component: str,
+    *,
+    size: int,
+    leader: JsonDict,
+    worker: JsonDict,
+    replica: int | None = None,
 ) -> JsonDict:
     """A run-owned LeaderWorkerSet of groups of ``size`` pods (``replicas`` is set apart, like
-    a Deployment's). Groups start their workers once the leader pod exists (``LeaderCreated``:
-    the leader waits for its workers, so waiting for it to be ready would deadlock) and roll one
-    group at a time without surging (no spare GPUs are assumed)."""
+    a Deployment's); ``replica``: the index of the component's replica it is, a label of the
+    object and of its pods. Groups start their workers once the leader pod exists
+    (``LeaderCreated``: the leader waits for its workers, so waiting for it to be ready would
+    deadlock) and are replaced without surging (no spare GPUs are assumed)."""
+    leader, worker = copy.deepcopy(leader), copy.deepcopy(worker)
+    extra = {REPLICA_LABEL: str(replica)} if replica is not None else {}
+    for template in (leader, worker):
+        template["metadata"]["labels"].update(extra)
     return {
         "apiVersion": LWS_API,
         "kind": KIND,
-        "metadata": run.metadata(name, component),
+        "metadata": run.metadata(name, component, extra_labels=extra),
         "spec": {
             "startupPolicy": "LeaderCreated",
             "rolloutStrategy": {
@@ -213,7 +237,8 @@ def leader_worker_set(
 def rollout(
     run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
 ) -> list[JsonDict]:
-    """The rollout LeaderWorkerSet + the ``<run>-rollout`` headless Service of its leaders."""
+    """One LeaderWorkerSet per rollout replica + the ``<run>-rollout`` headless Service of
+    every replica's leader."""
     ro = spec.rollout
     metrics = spec.monitoring.metrics_port
     volumes, mounts = rollout_volumes(run, spec)
@@ -252,26 +277,31 @@ def rollout(
             admitted_node_labels=node_labels,
         )
 
-    lws = leader_worker_set(
-        run,
-        rollout_group_name(run),
-        "rollout",
-        size=ro.nodes_per_replica,
-        leader=template(True),
-        worker=template(False),
-    )
+    leader, worker = template(True), template(False)
+    sets = [
+        leader_worker_set(
+            run,
+            replica_group_name(run, "rollout", index),
+            "rollout",
+            size=ro.nodes_per_replica,
+            leader=leader,
+            worker=worker,
+            replica=index,
+        )
+        for index in range(ro.replicas)
+    ]
     ports: list[tuple[str, int, str | None]] = [
         ("grpc", ro.port, "grpc"),
         ("metrics", metrics, "http"),
     ]
     service = component_service(run, run.rollout, "rollout", ports, headless=True, only=LEADERS)
-    return [lws, service]
+    return [*sets, service]
 
 
 def executor(
     run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
 ) -> list[JsonDict]:
-    """The served executor's LeaderWorkerSet + its ClusterIP Service of leaders."""
+    """One LeaderWorkerSet per served executor replica + their ClusterIP Service of leaders."""
     serve = _served(spec)
     assert serve is not None
     nodes = serve.nodes_per_replica
@@ -329,15 +359,20 @@ def executor(
             out["spec"]["containers"][0].update(leader_probes(GROUP_PORT))
         return out
 
-    lws = leader_worker_set(
-        run,
-        executor_group_name(run),
-        "executor",
-        size=nodes,
-        leader=template(True),
-        worker=template(False),
-    )
-    return [lws, executor_service(run, leaders_only=LEADERS)]
+    leader, worker = template(True), template(False)
+    sets = [
+        leader_worker_set(
+            run,
+            replica_group_name(run, "executor", index),
+            "executor",
+            size=nodes,
+            leader=leader,
+            worker=worker,
+            replica=index,
+        )
+        for index in range(serve.replicas)
+    ]
+    return [*sets, executor_service(run, leaders_only=LEADERS)]
 
 
 def learner(
@@ -360,3 +395,87 @@ def learner(
         run, run.learner, "learner", size=spec.learner.nodes, leader=leader, worker=worker
     )
     return [lws, learner_service(run, ports)]
+
+
+def stamp(group: JsonDict) -> None:
+    """Mark a replica LeaderWorkerSet and its pod templates with the hash of its
+    ``leaderWorkerTemplate`` (:data:`TEMPLATE_HASH`, placement included), so its pods say
+    which template they run (in place)."""
+    lwt = group["spec"]["leaderWorkerTemplate"]
+    value = digest(lwt)
+    for meta in (
+        group["metadata"],
+        lwt["leaderTemplate"]["metadata"],
+        lwt["workerTemplate"]["metadata"],
+    ):
+        meta.setdefault("annotations", {})[TEMPLATE_HASH] = value
+
+
+def _template_hash(obj: Mapping[str, Any] | None) -> str | None:
+    found = ((obj or {}).get("metadata") or {}).get("annotations") or {}
+    value = found.get(TEMPLATE_HASH)
+    return str(value) if value is not None else None
+
+
+def _serving(group: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether every pod of a replica's group is ready and runs its LeaderWorkerSet's template."""
+    labels = group["metadata"].get("labels") or {}
+    want = _template_hash(group)
+    if want is None:  # not stamped (made before): what its pods run is unknown
+        return False
+    ready = 0
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        own = meta.get("labels") or {}
+        if meta.get("deletionTimestamp") or any(
+            own.get(key) != labels.get(key) for key in (COMPONENT_LABEL, REPLICA_LABEL)
+        ):
+            continue
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        if _template_hash(pod) == want and any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
+        ):
+            ready += 1
+    size = int(((group.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size") or 1)
+    return ready >= size
+
+
+def held_back(
+    sets: Sequence[tuple[JsonDict, int]],
+    live: Mapping[str, Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+) -> set[str]:
+    """The replica LeaderWorkerSets of one component that keep their live template this pass.
+
+    ``sets``: each replica's manifest (stamped, :func:`stamp`) and desired count, in index
+    order; ``live``: the existing ones by name; ``pods``: the run's pods. A replica whose
+    template changes may take it when nothing of it runs (new, at zero, or some pod of its
+    group not ready or on another template: it is down anyway); a serving one only when every
+    other replica serves too, and one per pass: the next waits until that one's group is back,
+    every pod ready on the new template. A template that never gets ready stops there, with
+    the other replicas serving the old one.
+    """
+    serving = {name: _serving(group, pods) for name, group in live.items()}
+    held: set[str] = set()
+    replacing = False
+    for manifest, replicas in sets:
+        name = manifest["metadata"]["name"]
+        current = live.get(name)
+        if current is None or replicas == 0 or _template_hash(current) == _template_hash(manifest):
+            continue
+        if not (current.get("spec") or {}).get("replicas") or not serving[name]:
+            continue
+        if not replacing and all(ok for other, ok in serving.items() if other != name):
+            replacing = True
+            continue
+        held.add(name)
+    return held
+
+
+def keep_template(manifest: JsonDict, live: Mapping[str, Any]) -> JsonDict:
+    """``manifest`` with the live object's ``leaderWorkerTemplate`` and its hash (a replica
+    held back by :func:`held_back`): everything else, its count included, still applies."""
+    kept = copy.deepcopy(manifest)
+    kept["spec"]["leaderWorkerTemplate"] = copy.deepcopy(live["spec"]["leaderWorkerTemplate"])
+    kept["metadata"]["annotations"][TEMPLATE_HASH] = _template_hash(live)
+    return kept

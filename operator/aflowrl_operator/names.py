@@ -20,6 +20,9 @@ RUN_LABEL = "aflowrl.io/run"
 """Label every child of a run carries: the run's name."""
 COMPONENT_LABEL = "app.kubernetes.io/component"
 """Label naming the component (rollout, learner, environment, executor, trainer, config)."""
+REPLICA_LABEL = "aflowrl.io/replica"
+"""Label of a replica's own children and pods (a LeaderWorkerSet per multi-node replica): its
+index, 0 to ``replicas - 1``."""
 MANAGED_BY = "aflowrl-operator"
 """Value of ``app.kubernetes.io/managed-by`` on every child."""
 
@@ -34,7 +37,8 @@ KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 PODSETS_HASH = "aflowrl.io/podsets-hash"
 """Kueue Workload annotation: hash of its pod sets' counts and requests (a change replaces it)."""
 TEMPLATE_HASH = "aflowrl.io/template-hash"
-"""Job annotation: hash of the trainer pod template the Job was created with."""
+"""Annotation of the trainer Job and of each replica LeaderWorkerSet (and its pods): hash of the
+pod template(s) the object was last given."""
 
 __all__ = ["MAX_RUN_NAME"]  # re-exported: the config owns the rule, the CRD enforces it
 

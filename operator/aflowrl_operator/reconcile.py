@@ -40,6 +40,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -410,15 +411,35 @@ class Reconciler:
         problems: list[status.Problem] = []
         if not group_api and groups.needs_api(spec):
             problems.append((groups.UNAVAILABLE, groups.unavailable_message(spec)))
+        run_pods = await self.api.list("Pod", ns, {RUN_LABEL: run.name})
+        # The replica LeaderWorkerSets there are (to keep those a new template waits for, and
+        # to delete the surplus after).
+        found = [(p, await self.api.list(p.kind, ns, p.labels)) for p in desired.pruned]
+        waiting: dict[str, JsonDict] = {}  # replicas whose new template waits for another's
+        for pruned, objects in found:
+            mine = {
+                o["metadata"]["name"]: o
+                for o in objects
+                if o["metadata"]["name"] in pruned.keep and controlled_by(o, run)
+            }
+            sets = [
+                (c.manifest, c.replicas or 0)
+                for c in desired.children
+                if c.kind == pruned.kind and c.name in pruned.keep
+            ]
+            waiting |= {name: mine[name] for name in groups.held_back(sets, mine, run_pods)}
         live: dict[tuple[str, str], JsonDict] = {}
         for child in desired.children:
             autoscaled = (child.kind, child.name) == ("Deployment", run.environment)
             bounds = spec.environment.replicas
+            manifest = child.manifest
+            if child.name in waiting and child.kind == groups.KIND:
+                manifest = groups.keep_template(manifest, waiting[child.name])
             try:
                 obj, action = await ensure(
                     self.api,
                     run,
-                    child.manifest,
+                    manifest,
                     replicas=child.replicas,
                     autoscaled=autoscaled,
                     bounds=(bounds.min, bounds.max) if autoscaled else None,
@@ -435,6 +456,11 @@ class Reconciler:
         for kind, name in desired.absent:
             if await remove(self.api, run, kind, name):
                 self._record(actions, kind, name, "deleted")
+        for pruned, objects in found:
+            for obj in objects:
+                name = obj["metadata"]["name"]
+                if name not in pruned.keep and await remove(self.api, run, pruned.kind, name):
+                    self._record(actions, pruned.kind, name, "deleted")
         try:
             job_live = await self._ensure_job(
                 run,
@@ -449,27 +475,22 @@ class Reconciler:
             problems.append(("ChildRejected", f"Job {run.trainer}: {exc}"))
 
         pod_problems: dict[str, list[status.Problem]] = {}
-        run_pods = await self.api.list("Pod", ns, {RUN_LABEL: run.name})
         for pod in run_pods:
             component = ((pod.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL, "")
             pod_problems.setdefault(component, []).extend(status.pod_problems(pod))
 
         def workload(component: str) -> status.Workload:
-            """The component's workload (a Deployment, StatefulSet or LeaderWorkerSet)."""
-            child = next(
-                (
-                    c
-                    for c in desired.children
-                    if c.replicas is not None
-                    and c.manifest["metadata"]["labels"].get(COMPONENT_LABEL) == component
-                ),
-                None,
-            )
-            key = (child.kind, child.name) if child is not None else ("", "")
-            return status.workload_state(
-                live.get(key),
-                (child.replicas or 0) if child is not None else 0,
-                tuple(pod_problems.get(component, ())),
+            """The component's workloads (a Deployment, a StatefulSet, or LeaderWorkerSets:
+            one per multi-node replica, seen together) and its pods' problems."""
+            states = [
+                status.workload_state(live.get((c.kind, c.name)), c.replicas or 0)
+                for c in desired.children
+                if c.replicas is not None
+                and c.manifest["metadata"]["labels"].get(COMPONENT_LABEL) == component
+            ]
+            seen = functools.reduce(status.combine, states) if states else status.Workload()
+            return dataclasses.replace(
+                seen, problems=tuple(pod_problems.get(component, ())) + seen.problems
             )
 
         environment = workload("environment")

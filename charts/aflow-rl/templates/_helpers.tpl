@@ -102,9 +102,11 @@ written with server-side apply (patch, which also creates) and watched (list, wa
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
   verbs: ["get", "create", "patch", "delete"]
+# One LeaderWorkerSet per multi-node replica: a smaller count deletes the run's own ones beyond
+# it, found by label (list).
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 {{- if .Values.rbac.gangScheduling }}
 - apiGroups: ["scheduling.x-k8s.io"]
   resources: ["podgroups"]

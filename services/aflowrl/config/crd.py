@@ -55,6 +55,7 @@ from aflowrl.config.run import (
     API_GROUP,
     API_VERSION,
     CLUSTER_RULES,
+    GROUP_NAME_RULES,
     IMMUTABLE_FIELDS,
     KIND,
     MAX_RUN_NAME,
@@ -476,6 +477,7 @@ def training_run_crd() -> JsonDict:
                                 "spec": spec_schema(),
                                 "status": status_schema,
                             },
+                            _VALIDATIONS: [dict(rule) for rule in GROUP_NAME_RULES],
                         }
                     },
                 }

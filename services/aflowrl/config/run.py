@@ -40,6 +40,11 @@ MAX_RUN_NAME = 40
 get ``-learner-<ordinal>`` plus a revision hash in a 63-character label."""
 RUN_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 """A TrainingRun's name: a DNS-1035 label, because its Services are named after it."""
+MAX_GROUP_NAME = 50
+"""Longest name of a multi-node replica's LeaderWorkerSet, ``<run>-rollout-<i>`` or
+``<run>-executor-<i>``: the LWS controller names the group's worker StatefulSet ``<name>-0``,
+and a StatefulSet's pods carry ``<statefulset>-<10-character hash>`` in a 63-character label
+(kubernetes/kubernetes#64023), so a longer name would leave the group without pods."""
 
 IMMUTABLE_FIELDS: tuple[tuple[str, str], ...] = (
     ("policy", "the checkpoints hold this model's weights"),
@@ -399,6 +404,8 @@ class RunSpec(SpecModel):
                 [*(path for path, _ in found), *exc.fields],
             ) from None
         found += cluster_problems(spec)
+        if isinstance(name, str):
+            found += group_name_problems(name, spec)
         if found:
             raise ConfigError.from_problems(found, source=source)
         return spec
@@ -478,6 +485,68 @@ CLUSTER_RULES: tuple[CelRule, ...] = (
     ),
 )
 """The CEL twins of :func:`cluster_problems`, on the CRD's ``spec``."""
+
+
+def _multi_node_replicas(spec: RunSpec) -> dict[str, int]:
+    """Replica counts of the components whose replicas span nodes (one LeaderWorkerSet each)."""
+    out = {}
+    if spec.rollout.nodes_per_replica > 1:
+        out["rollout"] = spec.rollout.replicas
+    serve = getattr(spec.environment.executor, "serve", None)
+    if serve is not None and serve.nodes_per_replica > 1:
+        out["executor"] = serve.replicas
+    return out
+
+
+def group_name_problems(name: str, spec: RunSpec) -> list[tuple[str, str]]:
+    """A run name too long for its replicas' LeaderWorkerSets (:data:`MAX_GROUP_NAME`)."""
+    problems = []
+    for component, replicas in _multi_node_replicas(spec).items():
+        longest = f"{name}-{component}-{replicas - 1}"
+        if len(longest) > MAX_GROUP_NAME:
+            problems.append(
+                (
+                    "metadata.name",
+                    f"{name!r} is too long for {replicas} {component} replicas spanning nodes: "
+                    f"their LeaderWorkerSets are named up to {longest!r}, and the LeaderWorkerSet "
+                    f"controller needs at most {MAX_GROUP_NAME} characters; use a name of at most "
+                    f"{MAX_GROUP_NAME - len(longest) + len(name)} characters",
+                )
+            )
+    return problems
+
+
+JsonRule = dict[str, str]
+
+
+def _group_name_rule(component: str, node: str) -> JsonRule:
+    """The CEL twin of :func:`group_name_problems` for one component, on the whole TrainingRun
+    (the only place a rule can read ``metadata.name``); ``node``: the component's object."""
+    guards = ["has(self.metadata.name)"]
+    path = "self.spec"
+    for key in node.split("."):
+        path += f".{key}"
+        guards.append(f"has({path})")
+
+    def field(key: str) -> str:
+        return f"(has({path}.{key}) ? {path}.{key} : 1)"
+
+    budget = MAX_GROUP_NAME - len(f"-{component}-")
+    return {
+        "rule": f"!({' && '.join(guards)}) || {field('nodesPerReplica')} == 1 || "
+        f"size(self.metadata.name) + size(string({field('replicas')} - 1)) <= {budget}",
+        "message": f"the name is too long for the {component}'s replicas spanning nodes: "
+        f"<name>-{component}-<last replica index> (each replica's LeaderWorkerSet) must have "
+        f"at most {MAX_GROUP_NAME} characters",
+        "fieldPath": ".metadata.name",
+    }
+
+
+GROUP_NAME_RULES: tuple[JsonRule, ...] = (
+    _group_name_rule("rollout", "rollout"),
+    _group_name_rule("executor", "environment.executor.serve"),
+)
+"""The root rules of the CRD (``metadata.name`` against the spec's replica counts)."""
 
 
 def cluster_problems(spec: RunSpec) -> list[tuple[str, str]]:

@@ -76,16 +76,26 @@ def _env(container: dict) -> dict:
     return {e["name"]: e.get("value") for e in container["env"]}
 
 
-async def test_a_multi_node_replica_is_a_leader_worker_set_group(lws_cluster: Cluster):
+async def test_every_multi_node_replica_is_a_leader_worker_set_of_its_own(lws_cluster: Cluster):
     cluster = lws_cluster
     run = await cluster.create_run("demo", MULTI, labels={"kueue.x-k8s.io/queue-name": "gpu"})
     uid = run["metadata"]["uid"]
-    rollout = await cluster.eventually(
-        lambda: cluster.child(LWS, "demo-rollout-group"), what="the rollout LeaderWorkerSet"
-    )
+    replicas = [
+        await cluster.eventually(
+            lambda name=name: cluster.child(LWS, name), what=f"the LeaderWorkerSet {name}"
+        )
+        for name in ("demo-rollout-0", "demo-rollout-1")
+    ]
     learner = await cluster.eventually(lambda: cluster.child(LWS, "demo-learner"))
-    executor = await cluster.eventually(lambda: cluster.child(LWS, "demo-executor-group"))
-    for group in (rollout, learner, executor):
+    executor = await cluster.eventually(lambda: cluster.child(LWS, "demo-executor-0"))
+    # One object per replica, no more: two rollout replicas, one executor replica, the learner.
+    assert sorted(o["metadata"]["name"] for o in cluster.emulator.all(LWS, NAMESPACE)) == [
+        "demo-executor-0",
+        "demo-learner",
+        "demo-rollout-0",
+        "demo-rollout-1",
+    ]
+    for group in (*replicas, learner, executor):
         ref = group["metadata"]["ownerReferences"][0]
         assert (ref["kind"], ref["uid"], ref["controller"]) == ("TrainingRun", uid, True)
         leaderworkerset.validate(group, K8S_VERSION)
@@ -97,17 +107,70 @@ async def test_a_multi_node_replica_is_a_leader_worker_set_group(lws_cluster: Cl
             assert labels["aflowrl.io/run"] == "demo"
             assert labels["scheduling.x-k8s.io/pod-group"] == "demo-gpu"  # the gang
             assert template["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
-    # Kueue holds the run: every group at zero until the Workload is admitted.
-    assert rollout["spec"]["replicas"] == 0 and learner["spec"]["replicas"] == 0
+            assert "kueue.x-k8s.io/queue-name" not in labels  # Kueue sees the run's Workload
+        # Kueue holds the run: every group at zero until the Workload is admitted.
+        assert group["spec"]["replicas"] == 0
+    for index, group in enumerate((*replicas, executor)):
+        labels = group["metadata"]["labels"]
+        assert labels["aflowrl.io/replica"] == str(index % 2)
+        lwt = group["spec"]["leaderWorkerTemplate"]
+        for template in (lwt["leaderTemplate"], lwt["workerTemplate"]):
+            assert template["metadata"]["labels"]["aflowrl.io/replica"] == str(index % 2)
+    assert replicas[0]["spec"]["leaderWorkerTemplate"] == {
+        **replicas[1]["spec"]["leaderWorkerTemplate"],
+        "leaderTemplate": replicas[0]["spec"]["leaderWorkerTemplate"]["leaderTemplate"],
+        "workerTemplate": replicas[0]["spec"]["leaderWorkerTemplate"]["workerTemplate"],
+    }
     workload = await cluster.eventually(
         lambda: cluster.child("kueue.x-k8s.io/v1beta2/workloads", "demo-kueue")
     )
+    # One Workload for the run: a pod set per component, every pod of every group in it.
     counts = {ps["name"]: ps["count"] for ps in workload["spec"]["podSets"]}
     assert counts == {"executor": 2, "rollout": 4, "learner": 2, "environment": 4, "trainer": 1}
     group = await cluster.eventually(
         lambda: cluster.child("scheduling.x-k8s.io/v1alpha1/podgroups", "demo-gpu")
     )
     assert group["spec"]["minMember"] == 4 + 2 + 2  # every pod of every group
+
+    # Admitted on a flavor: each replica runs its one group, every pod of it placed there.
+    await cluster.emulator.put_object(
+        "kueue.x-k8s.io/v1beta2/resourceflavors",
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": "h100"},
+            "spec": {"nodeLabels": {"pool": "h100"}},
+        },
+    )
+    await cluster.emulator.set_status(
+        "kueue.x-k8s.io/v1beta2/workloads",
+        NAMESPACE,
+        "demo-kueue",
+        {
+            "admission": {
+                "clusterQueue": "gpu",
+                "podSetAssignments": [
+                    {"name": name, "flavors": {"nvidia.com/gpu": "h100"}, "count": count}
+                    for name, count in counts.items()
+                ],
+            },
+            "conditions": [
+                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+                {"type": "Admitted", "status": "True", "reason": "Admitted"},
+            ],
+        },
+    )
+    for name in ("demo-rollout-0", "demo-rollout-1", "demo-executor-0", "demo-learner"):
+        group = await cluster.eventually(
+            lambda name=name: (g := cluster.child(LWS, name))["spec"]["replicas"] == 1 and g,
+            what=f"{name} to run one group",
+        )
+        lwt = group["spec"]["leaderWorkerTemplate"]
+        for template in (lwt["leaderTemplate"], lwt["workerTemplate"]):
+            assert template["spec"]["nodeSelector"]["pool"] == "h100"
+    rollout = cluster.child(LWS, "demo-rollout-0")
+    executor = cluster.child(LWS, "demo-executor-0")
+    learner = cluster.child(LWS, "demo-learner")
 
     # No Deployment or StatefulSet stands in for a group.
     assert cluster.child(DEPLOYMENTS, "demo-rollout") is None
@@ -177,23 +240,50 @@ async def test_a_multi_node_replica_is_a_leader_worker_set_group(lws_cluster: Cl
     )
 
 
-async def test_a_group_that_restarts_makes_the_run_degraded_until_it_is_back(
+async def test_replica_groups_restart_scale_suspend_and_go_back_to_deployments(
     lws_cluster: Cluster,
 ):
     cluster = lws_cluster
     spec = {k: v for k, v in MULTI.items() if k != "scheduling"}
-    await cluster.create_run("demo", spec)
-    await cluster.eventually(
-        lambda: (
-            (cluster.child(LWS, "demo-rollout-group") or {}).get("spec", {}).get("replicas") == 2
-        ),
-        what="two rollout groups",
-    )
+    run = await cluster.create_run("demo", spec)
+    # Another's LeaderWorkerSet carrying the run's labels, and a group left by an operator
+    # before per-replica groups (owned by the run): the first is never touched, the second
+    # goes.
+    labels = {"aflowrl.io/run": "demo", "app.kubernetes.io/component": "rollout"}
+    owner = {
+        "apiVersion": "aflowrl.io/v1alpha1",
+        "kind": "TrainingRun",
+        "name": "demo",
+        "uid": run["metadata"]["uid"],
+        "controller": True,
+    }
+    for name, refs in (("demo-rollout-7", []), ("demo-rollout-group", [owner])):
+        await cluster.emulator.put_object(
+            LWS,
+            {
+                "apiVersion": "leaderworkerset.x-k8s.io/v1",
+                "kind": "LeaderWorkerSet",
+                "metadata": {
+                    "name": name,
+                    "namespace": NAMESPACE,
+                    "labels": labels,
+                    "ownerReferences": refs,
+                },
+                "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 2}},
+            },
+        )
+    for name in ("demo-rollout-0", "demo-rollout-1", "demo-executor-0"):
+        await cluster.eventually(
+            lambda name=name: (cluster.child(LWS, name) or {}).get("spec", {}).get("replicas") == 1,
+            what=f"{name} running one group",
+        )
     await cluster.eventually(lambda: cluster.child(LWS, "demo-learner")["spec"]["replicas"] == 1)
     await cluster.eventually(lambda: cluster.child(JOBS, "demo-trainer"), what="the Job")
-    for name, ready in (("demo-rollout-group", 2), ("demo-learner", 1)):
-        await cluster.emulator.set_status(LWS, NAMESPACE, name, {"readyReplicas": ready})
-    await cluster.emulator.set_status(LWS, NAMESPACE, "demo-executor-group", {"readyReplicas": 1})
+    await cluster.eventually(
+        lambda: cluster.child(LWS, "demo-rollout-group") is None, what="the old group's removal"
+    )
+    for name in ("demo-rollout-0", "demo-rollout-1", "demo-executor-0", "demo-learner"):
+        await cluster.emulator.set_status(LWS, NAMESPACE, name, {"readyReplicas": 1})
     await cluster.emulator.set_status(DEPLOYMENTS, NAMESPACE, "demo-env", {"readyReplicas": 2})
     await cluster.emulator.set_status(
         JOBS,
@@ -201,31 +291,60 @@ async def test_a_group_that_restarts_makes_the_run_degraded_until_it_is_back(
         "demo-trainer",
         {"active": 1, "ready": 1, "startTime": "2026-01-01T00:00:00Z"},
     )
-    await cluster.wait_condition("demo", "RolloutReady", status="True")
+    ready = await cluster.wait_condition("demo", "RolloutReady", status="True")
+    assert ready["message"].startswith("2/2 ")  # the replicas of both objects, counted together
     await cluster.wait_condition("demo", "LearnerReady", status="True")
     await cluster.wait_condition("demo", "Ready", status="True")
 
-    # One pod of a rollout group fails: the LWS controller recreates the whole group, which
-    # is not ready until every pod of it is back.
-    await cluster.emulator.set_status(LWS, NAMESPACE, "demo-rollout-group", {"readyReplicas": 1})
+    # One pod of replica 1's group fails: the LWS controller recreates that group, which is
+    # not ready until every pod of it is back; replica 0 is untouched.
+    await cluster.emulator.set_status(LWS, NAMESPACE, "demo-rollout-1", {"readyReplicas": 0})
     degraded = await cluster.wait_condition("demo", "Degraded", status="True")
     assert degraded["reason"] == "ReplicasUnavailable"
-    assert cluster.condition("demo", "RolloutReady")["status"] == "False"
-    await cluster.emulator.set_status(LWS, NAMESPACE, "demo-rollout-group", {"readyReplicas": 2})
+    rollout_ready = cluster.condition("demo", "RolloutReady")
+    assert rollout_ready["status"] == "False" and "1/2" in rollout_ready["message"]
+    await cluster.emulator.set_status(LWS, NAMESPACE, "demo-rollout-1", {"readyReplicas": 1})
     await cluster.wait_condition("demo", "Degraded", status="False")
+    replica_0 = cluster.emulator.versions(LWS, NAMESPACE, "demo-rollout-0")
 
-    # Suspending scales every group to zero; one node per replica turns the group back into
+    # Scaling up adds replicas of their own; scaling down deletes the run's surplus only.
+    await cluster.patch_spec("demo", {"rollout": {"replicas": 3}})
+    added = await cluster.eventually(
+        lambda: cluster.child(LWS, "demo-rollout-2"), what="a third replica"
+    )
+    assert added["spec"]["replicas"] == 1
+    assert added["metadata"]["labels"]["aflowrl.io/replica"] == "2"
+    leaderworkerset.validate(added, K8S_VERSION)
+    await cluster.patch_spec("demo", {"rollout": {"replicas": 1}})
+    await cluster.eventually(
+        lambda: (
+            cluster.child(LWS, "demo-rollout-1") is None
+            and cluster.child(LWS, "demo-rollout-2") is None
+        ),
+        what="the surplus replicas' removal",
+    )
+    assert cluster.child(LWS, "demo-rollout-0")["spec"]["replicas"] == 1
+    # Replica counts are not in the pods' spec hash: replica 0 was never rewritten.
+    assert cluster.emulator.versions(LWS, NAMESPACE, "demo-rollout-0") == replica_0
+    assert cluster.child(LWS, "demo-rollout-7") is not None  # not the run's
+
+    # Suspending scales every group to zero; one node per replica turns the groups back into
     # a Deployment.
     await cluster.patch_spec("demo", {"suspend": True})
     await cluster.eventually(
         lambda: cluster.child(LWS, "demo-learner")["spec"]["replicas"] == 0, what="suspension"
     )
-    assert cluster.child(LWS, "demo-rollout-group")["spec"]["replicas"] == 0
+    for name in ("demo-rollout-0", "demo-executor-0"):
+        await cluster.eventually(
+            lambda name=name: cluster.child(LWS, name)["spec"]["replicas"] == 0,
+            what=f"{name} at zero",
+        )
     await cluster.patch_spec(
         "demo",
         {
             "suspend": False,
             "rollout": {
+                "replicas": 2,
                 "nodesPerReplica": 1,
                 "resources": {**GPU8},
                 "vllm": {"pipelineParallelSize": 1},
@@ -233,21 +352,95 @@ async def test_a_group_that_restarts_makes_the_run_degraded_until_it_is_back(
         },
     )
     await cluster.eventually(
-        lambda: cluster.child(LWS, "demo-rollout-group") is None, what="the group's removal"
+        lambda: cluster.child(LWS, "demo-rollout-0") is None, what="the groups' removal"
     )
     deployment = await cluster.eventually(lambda: cluster.child(DEPLOYMENTS, "demo-rollout"))
     assert deployment["spec"]["replicas"] == 2
     service = cluster.child(SERVICES, "demo-rollout")
     assert "leaderworkerset.sigs.k8s.io/worker-index" not in service["spec"]["selector"]
+    assert cluster.child(LWS, "demo-executor-0") is not None  # still two nodes per replica
+    assert cluster.child(LWS, "demo-rollout-7") is not None
 
     # The chart's least-privilege RBAC grants what the groups took.
     made = cluster.emulator.operator_requests()
     assert {
         ("get", "leaderworkerset.x-k8s.io", "leaderworkersets"),
+        ("list", "leaderworkerset.x-k8s.io", "leaderworkersets"),  # the surplus, by label
         ("patch", "leaderworkerset.x-k8s.io", "leaderworkersets"),  # server-side apply
         ("delete", "leaderworkerset.x-k8s.io", "leaderworkersets"),
     } <= made
     assert chart_denies(made) == []
+
+
+PODS = "v1/pods"
+HASH = "aflowrl.io/template-hash"
+
+
+async def _run_group(cluster: Cluster, name: str) -> list[str]:
+    """Play the LWS controller: the pods of the group of LeaderWorkerSet ``name`` as its
+    template is now, all ready; returns their names."""
+    group = cluster.child(LWS, name)
+    lwt = group["spec"]["leaderWorkerTemplate"]
+    names = []
+    for index in range(lwt["size"]):
+        template = lwt["leaderTemplate" if index == 0 else "workerTemplate"]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{name}-0" + (f"-{index}" if index else ""),
+                "namespace": NAMESPACE,
+                "labels": template["metadata"]["labels"],
+                "annotations": template["metadata"]["annotations"],
+            },
+            "spec": template["spec"],
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        await cluster.emulator.put_object(PODS, pod)
+        names.append(pod["metadata"]["name"])
+    return names
+
+
+async def test_a_new_template_reaches_the_replica_groups_one_at_a_time(lws_cluster: Cluster):
+    cluster = lws_cluster
+    await cluster.create_run("demo", {k: v for k, v in MULTI.items() if k != "scheduling"})
+    replicas = ("demo-rollout-0", "demo-rollout-1")
+    for name in replicas:
+        await cluster.eventually(
+            lambda name=name: (cluster.child(LWS, name) or {}).get("spec", {}).get("replicas"),
+            what=f"{name} running",
+        )
+    pods = {name: await _run_group(cluster, name) for name in replicas}
+    old = {name: cluster.child(LWS, name)["metadata"]["annotations"][HASH] for name in replicas}
+
+    def updated() -> list[str]:
+        return [
+            name
+            for name in replicas
+            if cluster.child(LWS, name)["metadata"]["annotations"][HASH] != old[name]
+        ]
+
+    await cluster.patch_spec("demo", {"rollout": {"pod": {"annotations": {"team": "rl"}}}})
+    first = (await cluster.eventually(updated, what="one replica's new template"))[0]
+    other = next(name for name in replicas if name != first)
+    lwt = cluster.child(LWS, first)["spec"]["leaderWorkerTemplate"]
+    assert lwt["leaderTemplate"]["metadata"]["annotations"]["team"] == "rl"
+    # While that replica's group is recreated, the other keeps serving the old template.
+    for pod in pods[first]:
+        await cluster.emulator.delete_object(PODS, NAMESPACE, pod)
+    await cluster.settle()
+    assert updated() == [first]
+    assert (
+        "team"
+        not in (
+            cluster.child(LWS, other)["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"][
+                "annotations"
+            ]
+        )
+    )
+    # Its group is back on the new template: the other replica's turn.
+    await _run_group(cluster, first)
+    await cluster.eventually(lambda: len(updated()) == 2, what="the second replica's turn")
 
 
 async def test_without_the_leader_worker_set_api_the_run_says_so(plain_cluster: Cluster):
@@ -264,7 +457,7 @@ async def test_without_the_leader_worker_set_api_the_run_says_so(plain_cluster: 
     assert cluster.child(DEPLOYMENTS, "demo-rollout") is None
     assert cluster.child(DEPLOYMENTS, "demo-executor") is None
     assert cluster.child(STATEFULSETS, "demo-learner") is not None
-    assert cluster.emulator.read(LWS, NAMESPACE, "demo-rollout-group") is None
+    assert cluster.emulator.all(LWS, NAMESPACE) == []
     # Back to one node per replica: the run is no longer degraded by it.
     await cluster.patch_spec(
         "demo",

@@ -30,6 +30,18 @@ DATA = {"environment": {"data": {"dir": "/data"}}}
 SERVE = {"model": "/models/exec", "resources": {"gpus": 1}}
 
 
+def multi_rollout(replicas: int) -> dict:
+    return {
+        "rollout": {
+            "engine": "vllm",
+            "replicas": replicas,
+            "nodesPerReplica": 2,
+            "resources": {"gpus": 8},
+            "vllm": {"tensorParallelSize": 8, "pipelineParallelSize": 2},
+        }
+    }
+
+
 def run(spec, **top) -> dict:
     doc = {
         "apiVersion": "aflowrl.io/v1alpha1",
@@ -196,6 +208,9 @@ INVALID: list[tuple[dict, str | set[str]]] = [
     (run({"learner": {"nodes": 2}, "weightTransport": {"type": "nccl"}}), "spec.storage.size"),
     (run({}, metadata={"name": "x" * 41}), "metadata.name"),
     (run({}, metadata={"name": "Demo_Run"}), "metadata.name"),
+    # a multi-node replica's LeaderWorkerSet <name>-<component>-<index> has at most 50 characters
+    (run(multi_rollout(11), metadata={"name": "r" * 40}), "metadata.name"),
+    (run({"environment": {"executor": {"type": "openai", "model": "m", "serve": {**SERVE, "nodesPerReplica": 2}}}}, metadata={"name": "e" * 40}), "metadata.name"),
     (run(None), "spec"),
     ({k: v for k, v in run({}).items() if k != "spec"}, "spec"),
     # the trainer's lifecycle on the cluster: bounded, and a TTL only for kept pods
@@ -211,6 +226,9 @@ INVALID: list[tuple[dict, str | set[str]]] = [
 
 VALID: list[dict] = [
     run({}),
+    run(multi_rollout(10), metadata={"name": "r" * 40}),  # ...-rollout-9: 50 characters
+    run(multi_rollout(64), metadata={"name": "r" * 39}),  # ...-rollout-63: 50 characters
+    run({"environment": {"executor": {"type": "openai", "model": "m", "serve": {**SERVE, "nodesPerReplica": 2}}}}, metadata={"name": "e" * 39}),
     run({"trainer": {"iterations": 5.0}}),  # JSON has one number type: 5.0 is the integer 5
     run({"policy": {"lora": None}, "environment": {"data": None}}),  # null: not set
     run({"rollout": {"engine": "vllm"}, "policy": {"lora": {"rank": 512}}}),

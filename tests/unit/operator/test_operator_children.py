@@ -9,9 +9,9 @@ import kubernetes_validate
 import pytest
 
 import leaderworkerset
-from aflowrl.config import RunSpec
+from aflowrl.config import ConfigError, RunSpec
 from aflowrl_operator import children, groups, kueue, workloads
-from aflowrl_operator.names import RunRef
+from aflowrl_operator.names import COMPONENT_LABEL, RunRef
 
 K8S_VERSION = "1.30.0"
 RUN = RunRef(name="demo", namespace="team-a", uid="0a1b2c")
@@ -357,9 +357,12 @@ def test_optional_children_appear_and_disappear_with_the_spec():
         ("PodDisruptionBudget", "demo-env"),
         ("NetworkPolicy", "demo-ingress"),  # networkPolicy off: policies left from before go
         ("NetworkPolicy", "demo-egress"),
-        ("LeaderWorkerSet", "demo-rollout-group"),  # one pod per replica: no groups
-        ("LeaderWorkerSet", "demo-executor-group"),
         ("LeaderWorkerSet", "demo-learner"),
+    }
+    # One pod per replica: no replica groups, whatever their count was.
+    assert {(p.kind, tuple(p.labels.items()), p.keep) for p in plain.pruned} == {
+        ("LeaderWorkerSet", (("aflowrl.io/run", "demo"), (COMPONENT_LABEL, c)), frozenset())
+        for c in ("rollout", "executor")
     }
     full = children.build(
         RUN, RunSpec.from_document(SPECS["multi-node"]), RUNNING, monitoring_api=True
@@ -656,7 +659,7 @@ def test_a_multi_node_executor_over_mp_runs_vllm_headless_on_its_workers():
         }
     )
     manifests = _manifests(spec)
-    group = _by(manifests, "LeaderWorkerSet", "demo-executor-group")
+    group = _by(manifests, "LeaderWorkerSet", "demo-executor-0")
     lwt = group["spec"]["leaderWorkerTemplate"]
     leader = lwt["leaderTemplate"]["spec"]["containers"][0]["command"]
     worker = lwt["workerTemplate"]["spec"]["containers"][0]["command"]
@@ -675,3 +678,184 @@ def test_a_multi_node_executor_over_mp_runs_vllm_headless_on_its_workers():
     service = _by(manifests, "Service", "demo-executor")
     assert service["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
     assert "clusterIP" not in service["spec"]  # a ClusterIP Service, as for one pod per replica
+
+
+def test_every_multi_node_replica_is_a_leader_worker_set_of_its_own():
+    doc = {
+        "rollout": {
+            "engine": "vllm",
+            "replicas": 3,
+            "nodesPerReplica": 2,
+            "resources": {"gpus": 8},
+            "vllm": {"tensorParallelSize": 8, "pipelineParallelSize": 2},
+        },
+        "environment": {
+            "executor": {
+                "type": "openai",
+                "model": "exec",
+                "serve": {
+                    "model": "/models/exec",
+                    "replicas": 2,
+                    "nodesPerReplica": 2,
+                    "resources": {"gpus": 8},
+                },
+            }
+        },
+        "learner": {"procsPerNode": 8, "resources": {"gpus": 8}},
+        "scheduling": {"gang": {}},
+    }
+    spec = RunSpec.from_document(doc)
+    desired = children.build(RUN, spec, RUNNING, monitoring_api=False)
+    sets = {c.name: c for c in desired.children if c.kind == "LeaderWorkerSet"}
+    assert set(sets) == {
+        "demo-rollout-0", "demo-rollout-1", "demo-rollout-2",
+        "demo-executor-0", "demo-executor-1",
+    }  # fmt: skip
+    for name, child in sets.items():
+        assert child.replicas == 1  # one group each
+        component, index = name.removeprefix("demo-").split("-")
+        meta = child.manifest["metadata"]
+        assert meta["labels"]["aflowrl.io/replica"] == index
+        assert meta["labels"][COMPONENT_LABEL] == component
+        lwt = child.manifest["spec"]["leaderWorkerTemplate"]
+        assert lwt["size"] == 2 and lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
+        for role in ("leaderTemplate", "workerTemplate"):
+            labels = lwt[role]["metadata"]["labels"]
+            assert labels["aflowrl.io/replica"] == index
+            assert labels["scheduling.x-k8s.io/pod-group"] == "demo-gpu"
+        # Within what the LWS controller can name: its worker StatefulSet is <name>-0 and
+        # that StatefulSet's pods carry "<name>-0-<revision hash>" as a 63-character label.
+        assert len(f"{name}-0-0123456789") <= 63
+    # Only the spec's replicas may exist; the others of the run's are deleted.
+    keep = {p.labels[COMPONENT_LABEL]: p.keep for p in desired.pruned}
+    assert keep == {
+        "rollout": {"demo-rollout-0", "demo-rollout-1", "demo-rollout-2"},
+        "executor": {"demo-executor-0", "demo-executor-1"},
+    }
+    # The Services select every replica's leader.
+    service = next(c.manifest for c in desired.children if c.name == "demo-rollout")
+    assert service["spec"]["selector"] == {
+        "aflowrl.io/run": "demo",
+        COMPONENT_LABEL: "rollout",
+        "leaderworkerset.sigs.k8s.io/worker-index": "0",
+    }
+    # Suspended: every replica stays, at zero.
+    held = children.Scale(services=False, environment_replicas=2, trainer_suspended=True)
+    stopped = children.build(RUN, spec, held, monitoring_api=False)
+    assert {c.name: c.replicas for c in stopped.children if c.kind == "LeaderWorkerSet"} == {
+        name: 0 for name in sets
+    }
+    # Kueue sees one Workload, a pod set per component counting every pod of every group; the
+    # gang waits for all of them.
+    workload = children.kueue_workload(RUN, spec, stopped, queue="gpu", priority=None)
+    counts = {ps["name"]: ps["count"] for ps in workload["spec"]["podSets"]}
+    assert counts == {"executor": 4, "rollout": 6, "learner": 1, "environment": 2, "trainer": 1}
+    assert children.pod_group(RUN, spec)["spec"]["minMember"] == 6 + 4 + 1
+
+
+ROLLING = {
+    "rollout": {
+        "engine": "vllm",
+        "replicas": 3,
+        "nodesPerReplica": 2,
+        "resources": {"gpus": 8},
+        "vllm": {"tensorParallelSize": 8, "pipelineParallelSize": 2},
+    }
+}
+
+
+def _replica_sets(doc: dict, scale: children.Scale = RUNNING) -> list[tuple[dict, int]]:
+    desired = children.build(RUN, RunSpec.from_document(doc), scale, monitoring_api=False)
+    return [
+        (copy.deepcopy(c.manifest), c.replicas or 0)
+        for c in desired.children
+        if c.kind == "LeaderWorkerSet" and c.name.startswith("demo-rollout-")
+    ]
+
+
+def _group_pods(group: dict, *, ready: bool = True) -> list[dict]:
+    """The pods of a replica's group as the LWS controller makes them from its live object."""
+    lwt = group["spec"]["leaderWorkerTemplate"]
+    return [
+        {
+            "metadata": {
+                "name": f"{group['metadata']['name']}-0-{k}",
+                "labels": lwt["leaderTemplate"]["metadata"]["labels"],
+                "annotations": lwt["leaderTemplate"]["metadata"]["annotations"],
+            },
+            "status": {"conditions": [{"type": "Ready", "status": str(ready)}]},
+        }
+        for k in range(lwt["size"])
+    ]
+
+
+def test_a_new_template_reaches_the_replica_groups_one_at_a_time():
+    old = _replica_sets(ROLLING)
+    live = {m["metadata"]["name"]: {**m, "spec": {**m["spec"], "replicas": 1}} for m, _ in old}
+    changed = copy.deepcopy(ROLLING)
+    changed["rollout"]["pod"] = {"annotations": {"example.com/team": "rl"}}
+    new = _replica_sets(changed)
+    hashes = [m["metadata"]["annotations"]["aflowrl.io/template-hash"] for m, _ in old + new]
+    assert len(set(hashes)) == 6  # each replica's own, and every one changed
+    pods = [pod for group in live.values() for pod in _group_pods(group)]
+    # Every replica serves the old template: the first takes the new one, alone.
+    assert groups.held_back(new, live, pods) == {"demo-rollout-1", "demo-rollout-2"}
+    # Its group is being recreated: the others wait (its object has the new template, its
+    # pods are not ready on it yet).
+    live["demo-rollout-0"] = {**new[0][0], "spec": {**new[0][0]["spec"], "replicas": 1}}
+    waiting = [p for p in pods if p["metadata"]["labels"]["aflowrl.io/replica"] != "0"]
+    assert groups.held_back(new, live, waiting) == {"demo-rollout-1", "demo-rollout-2"}
+    stale = waiting + _group_pods(old[0][0])  # old pods still ready: not the new template
+    assert groups.held_back(new, live, stale) == {"demo-rollout-1", "demo-rollout-2"}
+    # Back, every pod ready on the new template: the next replica goes.
+    back = waiting + _group_pods(live["demo-rollout-0"])
+    assert groups.held_back(new, live, back) == {"demo-rollout-2"}
+    # A replica that is down anyway takes the new template at once; a serving one waits for it.
+    down = [p for p in back if p["metadata"]["labels"]["aflowrl.io/replica"] != "2"]
+    down += _group_pods(live["demo-rollout-2"], ready=False)
+    assert groups.held_back(new, live, down) == {"demo-rollout-1"}
+    # Nothing runs (suspended, held by Kueue): every replica takes it.
+    stopped = children.Scale(services=False, environment_replicas=2, trainer_suspended=True)
+    assert groups.held_back(_replica_sets(changed, stopped), live, pods) == set()
+    # What a held replica is applied with: its live template, its new count.
+    kept = groups.keep_template(new[1][0], live["demo-rollout-1"])
+    assert (
+        kept["spec"]["leaderWorkerTemplate"]
+        == live["demo-rollout-1"]["spec"]["leaderWorkerTemplate"]
+    )
+    assert (
+        kept["metadata"]["annotations"]["aflowrl.io/template-hash"]
+        == live["demo-rollout-1"]["metadata"]["annotations"]["aflowrl.io/template-hash"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "replicas", "accepted"),
+    [("r" * 38, 64, True), ("r" * 39, 9, True), ("r" * 39, 64, False), ("r" * 40, 1, False)],
+)
+def test_the_longest_names_accepted_leave_the_lws_controller_room(name, replicas, accepted):
+    doc = copy.deepcopy(ROLLING)
+    doc["rollout"]["replicas"] = replicas
+    serve = {"model": "/m", "replicas": replicas, "nodesPerReplica": 2, "resources": {"gpus": 8}}
+    doc["environment"] = {"executor": {"type": "openai", "model": "exec", "serve": serve}}
+    document = {
+        "apiVersion": "aflowrl.io/v1alpha1",
+        "kind": "TrainingRun",
+        "metadata": {"name": name},
+        "spec": doc,
+    }
+    if not accepted:  # refused, naming the field, before any child is built
+        with pytest.raises(ConfigError) as refused:
+            RunSpec.from_document(document)
+        assert refused.value.fields == ["metadata.name"]
+        assert f"{name}-executor-{replicas - 1}" in str(refused.value)
+        return
+    spec = RunSpec.from_document(document)
+    run = RunRef(name=name, namespace="team-a", uid="u")
+    desired = children.build(run, spec, RUNNING, monitoring_api=False)
+    names = [c.name for c in desired.children if c.kind == "LeaderWorkerSet"]
+    assert len(names) == 2 * replicas
+    for lws in names:
+        # The LWS controller's worker StatefulSet "<lws>-0": its pods carry
+        # "<statefulset>-<10-character revision hash>" in a 63-character label.
+        assert len(f"{lws}-0-0123456789") <= 63
