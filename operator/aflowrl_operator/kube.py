@@ -234,11 +234,16 @@ class KubeApi:
         *,
         subresource: str = "",
         api_version: str | None = None,
+        field_manager: str | None = None,
     ) -> JsonDict | None:
         """JSON-merge-patch an object (RFC 7386); None when it no longer exists. A patch that
-        carries ``metadata.resourceVersion`` fails (HTTP 409) if the object changed since."""
+        carries ``metadata.resourceVersion`` fails (HTTP 409) if the object changed since;
+        ``field_manager`` names the manager its fields are recorded under."""
         path = _kind(kind, api_version).path(namespace, name, subresource)
-        status, payload = await self._call("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        query = [("fieldManager", field_manager)] if field_manager else None
+        status, payload = await self._call(
+            "PATCH", path, query=query, body=patch, content_type=MERGE_PATCH
+        )
         if status == 404:
             return None
         result: JsonDict = self._check("PATCH", path, status, payload)

@@ -8,17 +8,22 @@ component (:func:`aflowrl_operator.children.kueue_workload`), so Kueue admits th
 (rollout, learner, environment, trainer and a served executor) at once or not at all, with its
 quota, preemption and fair sharing. The Workload is created once and kept for the run's life:
 
-- until it is admitted the run is held (every component at zero, the trainer Job suspended):
-  a queued run is created suspended and starts on admission, with the admitted flavors' node
-  labels and tolerations and any admission check's ``podSetUpdates`` on each pod set's pods
-  (:func:`placement`, :func:`place`);
-- on eviction (``Evicted``) the run is held again; once none of its pods runs, the operator
-  gives the quota back exactly as Kueue's job reconciler does (:func:`release`: ``Requeued``,
-  ``QuotaReserved`` false, ``status.admission`` cleared), and Kueue requeues and readmits the
-  same Workload (its backoff, ``requeueState`` and ``active`` kept);
+- until it is admitted the run is held (every component at zero, the trainer Job suspended)
+  and its ``spec.suspend`` is true, written by the operator as Kueue's job integration with the
+  :data:`RUN_SUSPENDED_BY` marker (:func:`suspend_patch`; the chart's optional
+  MutatingAdmissionPolicy sets both at creation, as Kueue's defaulting webhooks do): a queued
+  run is created suspended and starts on admission (``spec.suspend`` false again), with the
+  admitted flavors' node labels and tolerations and any admission check's ``podSetUpdates`` on
+  each pod set's pods (:func:`placement`, :func:`place`);
+- on eviction (``Evicted``) the run is held (and marked suspended) again; once none of its pods
+  runs, the operator gives the quota back exactly as Kueue's job reconciler does
+  (:func:`release`: ``Requeued``, ``QuotaReserved`` false, ``status.admission`` cleared), and
+  Kueue requeues and readmits the same Workload (its backoff, ``requeueState`` and ``active``
+  kept);
 - ``spec.active: false`` (Kueue's backoff limit, maximum execution time, or an administrator)
   keeps the run held and is reported; the operator never turns it back on, except where it
-  turned it off itself for the run's ``spec.suspend`` (:data:`SUSPENDED_BY`);
+  turned it off itself for a user's ``spec.suspend`` (one without the marker;
+  :data:`SUSPENDED_BY`), which the operator never turns off;
 - ``PodsReady`` is kept on the Workload's status (:func:`pods_ready`) for ``waitForPodsReady``;
 - a finished run marks its Workload ``Finished`` (:func:`finished`), which releases the quota.
 
@@ -41,6 +46,12 @@ VERSIONS = ("v1beta2", "v1beta1")
 SUSPENDED_BY = "aflowrl.io/deactivated-for-suspend"
 """Workload annotation: the operator set ``spec.active: false`` for the run's ``spec.suspend``
 (so it turns it back on when the run resumes; a deactivation by Kueue is never undone)."""
+RUN_SUSPENDED_BY = "aflowrl.io/suspended-by"
+"""TrainingRun annotation, value :data:`RUN_SUSPENDED_BY_KUEUE`: the run's ``spec.suspend: true``
+was written by the operator acting as Kueue's job integration (the run is queued or evicted),
+not by the user; the operator sets it false again on admission. A ``spec.suspend: true``
+without it is the user's, which the operator never turns off."""
+RUN_SUSPENDED_BY_KUEUE = "kueue"
 WORKLOAD_PRIORITY_CLASS = "WorkloadPriorityClass"
 PRIORITY_CLASS = "PriorityClass"
 _REQUEUED_REASONS = frozenset({"Preempted", "NodeFailures"})
@@ -317,3 +328,42 @@ def finished(workload: JsonDict, succeeded: bool, message: str, now: str) -> Jso
         now,
     )
     return _status_patch(workload, conditions)
+
+
+def suspended_by_kueue(run: JsonDict) -> bool:
+    """Whether the run's ``spec.suspend`` is the operator's (Kueue's) rather than the user's."""
+    annotations = (run.get("metadata") or {}).get("annotations") or {}
+    return bool(
+        (run.get("spec") or {}).get("suspend")
+        and annotations.get(RUN_SUSPENDED_BY) == RUN_SUSPENDED_BY_KUEUE
+    )
+
+
+def suspend_patch(run: JsonDict, *, held: bool) -> JsonDict | None:
+    """The merge patch that makes a run's ``spec.suspend`` tell whether Kueue holds it, as
+    Kueue's own job integrations keep ``spec.suspend`` of their jobs; None when it does.
+
+    ``held``: the run would run but Kueue has not admitted it (queued, evicted, its Workload
+    being replaced). Held and not suspended: ``spec.suspend: true`` with the
+    :data:`RUN_SUSPENDED_BY` marker. Not held and the marker set: ``spec.suspend: false``,
+    the marker removed. A suspend without the marker (the user's) is never touched: a held
+    run is never user-suspended. The patch carries the run's ``resourceVersion``, so a user's
+    write meanwhile wins (HTTP 409) and the next pass decides again.
+    """
+    meta = run.get("metadata") or {}
+    marked = (meta.get("annotations") or {}).get(RUN_SUSPENDED_BY) == RUN_SUSPENDED_BY_KUEUE
+    suspend = bool((run.get("spec") or {}).get("suspend"))
+    version = {"resourceVersion": meta["resourceVersion"]} if meta.get("resourceVersion") else {}
+    if held and not (suspend and marked):
+        if suspend:  # the user's suspend: the run is not held (callers never ask this)
+            return None
+        return {
+            "metadata": {**version, "annotations": {RUN_SUSPENDED_BY: RUN_SUSPENDED_BY_KUEUE}},
+            "spec": {"suspend": True},
+        }
+    if not held and marked:
+        patch: JsonDict = {"metadata": {**version, "annotations": {RUN_SUSPENDED_BY: None}}}
+        if suspend:
+            patch["spec"] = {"suspend": False}
+        return patch
+    return None

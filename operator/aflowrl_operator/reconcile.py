@@ -12,8 +12,11 @@ operator in the middle of a pass repeats nothing and duplicates nothing. The pas
    and holds the run (everything at zero, the trainer suspended) until Kueue admits it, placing
    the pods as admitted (flavors' node labels and tolerations, pod set updates); an evicted run
    is held, and once its pods are gone its quota is given back so Kueue requeues the same
-   Workload; the Workload's ``PodsReady``, ``active`` (for ``spec.suspend``) and ``Finished``
-   follow the run (:mod:`aflowrl_operator.kueue`);
+   Workload; the Workload's ``PodsReady``, ``active`` (for a user's ``spec.suspend``) and
+   ``Finished`` follow the run (:mod:`aflowrl_operator.kueue`); the run's own ``spec.suspend``
+   says whether Kueue holds it, as Kueue's job integrations keep their jobs' (written true,
+   marked ``aflowrl.io/suspended-by: kueue``, while held; false on admission), and a user's
+   unmarked ``spec.suspend`` is never turned off;
 3. builds the children (:mod:`aflowrl_operator.children`) for the spec and the scale (suspended,
    finished unless ``trainer.keepPodsAfterEnd`` keeps them, queued, the HPA's environment
    count) and server-side applies each, on every pass, so hand edits are taken back
@@ -68,6 +71,8 @@ REPORTING_COMPONENT = "aflowrl-operator"
 """``reportingComponent`` of the operator's Events."""
 _MAX_EVENT_MESSAGE = 1024
 """Longest Event message (what ``kubectl describe`` shows comfortably)."""
+_SUSPEND_WRITE_TRIES = 3
+"""Writes of a run's spec.suspend tried in one pass, each after reading the run again."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,6 +266,9 @@ class Reconciler:
         if new_spec is not None and accepted is not None:
             rejection = immutable_changes(accepted, new_spec)
         spec = new_spec if rejection is None else accepted
+        if spec is not None and kueue.suspended_by_kueue(current):
+            # The operator's own suspend (the run is held by Kueue) is not the user's.
+            spec = spec.model_copy(update={"suspend": False})
         if spec is None:
             observation = status.Observation(spec=None, rejection=rejection)
         else:
@@ -273,6 +281,7 @@ class Reconciler:
                 queue=labels.get(KUEUE_QUEUE_LABEL),
                 priority=labels.get(KUEUE_PRIORITY_LABEL),
                 previous_status=current.get("status") or {},
+                body=current,
             )
         new_status = status.compute(observation, current.get("status"), generation, _now())
         written = status.changed(new_status, current.get("status"))
@@ -329,6 +338,7 @@ class Reconciler:
         queue: str | None = None,
         priority: str | None = None,
         previous_status: JsonDict | None = None,
+        body: Mapping[str, Any] | None = None,
     ) -> status.Observation:
         ns = run.namespace
         job_live = await self.api.get("Job", ns, run.trainer)
@@ -370,6 +380,10 @@ class Reconciler:
         ) != _annotation(workload_manifest, PODSETS_HASH)
         admitted = admission.admitted and admission.active and not reshaped
         held = queue is not None and wants_running and not admitted
+        if body is not None and await self._suspend_for_kueue(
+            run, dict(body), held=held, actions=actions
+        ):
+            held = True
         services = wants_running and not held
         scale = children.Scale(
             services=services,
@@ -526,6 +540,46 @@ class Reconciler:
             ),
         )
         return observed
+
+    async def _suspend_for_kueue(
+        self, run: RunRef, body: JsonDict, *, held: bool, actions: list[str]
+    ) -> bool:
+        """Make the run's ``spec.suspend`` say whether Kueue holds it (:func:`kueue.suspend_patch`),
+        merge-patched on the run itself (not its status) under the operator's field manager.
+
+        The patch carries the run's ``resourceVersion``: on a conflict the run is read again and
+        the decision taken on what it now says, so a user's suspend written meanwhile is never
+        overwritten. Returns whether the run must stay stopped this pass although Kueue admits
+        it: the operator's suspend could not be turned off (a user's suspend arrived meanwhile,
+        or the run is gone); the next pass, which that write triggers, decides again.
+        """
+        attempted = False
+        for _ in range(_SUSPEND_WRITE_TRIES):
+            patch = kueue.suspend_patch(body, held=held)
+            if patch is None:
+                break
+            attempted = True
+            try:
+                written = await self.api.patch(
+                    KIND, run.namespace, run.name, patch, field_manager=FIELD_MANAGER
+                )
+            except ApiRejectedError as exc:
+                if exc.status != 409:
+                    raise
+                logger.info("TrainingRun %s/%s changed meanwhile: %s", run.namespace, run.name, exc)
+                written = None
+                fresh = await self.api.get(KIND, run.namespace, run.name)
+                if fresh is None or (fresh.get("metadata") or {}).get("uid") != run.uid:
+                    return True
+                body = fresh
+                continue
+            if written is None:
+                return True
+            action = "suspended for Kueue" if held else "unsuspended on admission"
+            actions.append(f"spec.suspend {action}")
+            body = written
+            break
+        return attempted and not held and bool((body.get("spec") or {}).get("suspend"))
 
     async def _placement(self, admitted: kueue.Admission) -> dict[str, kueue.Placement]:
         """Per pod set, what its admission adds to its pods (:func:`kueue.placement`)."""

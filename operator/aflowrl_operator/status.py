@@ -49,6 +49,9 @@ _BAD_WAITING = (
     "CreateContainerError",
     "RunContainerError",
 )
+# Reasons a service states when it refuses to start (its termination message carries the reason
+# in parentheses: ``aflowrl.common.rdma.check``); a crash-looping pod reports that reason.
+_STARTUP_REFUSALS = ("RdmaUnavailable",)
 # Degraded's reason when several problems are present: the first one found in this order.
 _DEGRADED_PRIORITY = (
     "InvalidSpec",
@@ -56,6 +59,7 @@ _DEGRADED_PRIORITY = (
     "ChildConflict",
     "ChildRejected",
     "MultiNodeUnavailable",
+    "RdmaUnavailable",
     "Unschedulable",
     *_BAD_WAITING,
     "ReplicasUnavailable",
@@ -218,7 +222,13 @@ def pod_problems(pod: JsonDict) -> list[Problem]:
         waiting = (cs.get("state") or {}).get("waiting") or {}
         reason = waiting.get("reason")
         if reason in _BAD_WAITING:
-            last = ((cs.get("lastState") or {}).get("terminated") or {}).get("reason")
+            terminated = (cs.get("lastState") or {}).get("terminated") or {}
+            last = terminated.get("reason")
+            said = terminated.get("message") or ""
+            refused = next((r for r in _STARTUP_REFUSALS if f"({r})" in said), None)
+            if refused is not None:  # the service said why it stopped: that is the problem
+                found.append((refused, f"pod {name} container {cs.get('name')}: {said.strip()}"))
+                continue
             detail = waiting.get("message") or (f"last exit: {last}" if last else "")
             message = f"pod {name} container {cs.get('name')}: {reason}"
             found.append((reason, f"{message} ({detail})" if detail else message))

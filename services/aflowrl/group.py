@@ -39,7 +39,8 @@ from typing import Any
 
 from aflowrl import envs
 from aflowrl.config import RunSpec
-from aflowrl.config.rollout import VllmEngineSpec
+from aflowrl.config.policy import LoraSpec
+from aflowrl.config.rollout import VLLM_LORA_RANKS, VllmEngineSpec
 from aflowrl.errors import FailedPreconditionError
 
 logger = logging.getLogger(__name__)
@@ -192,32 +193,51 @@ def check_worker(spec: RunSpec, topology: GroupTopology | None) -> GroupTopology
     return topology
 
 
-def engine_args(spec: RunSpec, model_dir: str, *, cuda: bool) -> dict[str, Any]:
-    """The ``EngineArgs`` of the policy's engine on this pod, but its parallelism: a worker's
-    engine configuration must equal its leader's (model, dtype, lengths, memory, LoRA), so both
-    take it from here. (``aflowrl.rollout.vllm_engine`` builds the leader's today with the same
-    values; moving it onto this function is the rollout's side of multi-node replicas.)"""
-    from aflowrl.config.rollout import VLLM_LORA_RANKS
+def vllm_lora_rank(rank: int) -> int:
+    """The ``max_lora_rank`` to start vLLM with for adapters of ``rank``: vLLM takes only the
+    values of :data:`VLLM_LORA_RANKS` (rank 4 is refused at start), and serves any adapter of a
+    rank up to it. The run spec refuses ranks above the largest."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above {VLLM_LORA_RANKS[-1]}, vLLM's largest")
 
-    engine, policy = spec.rollout.vllm, spec.policy
-    dtype = policy.dtype if policy.dtype != "auto" else ("bfloat16" if cuda else "float32")
+
+def engine_args(
+    engine: VllmEngineSpec,
+    model_dir: str,
+    *,
+    dtype: str,
+    trust_remote_code: bool,
+    lora: LoraSpec | None,
+    cuda: bool,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The ``EngineArgs`` of the policy's engine, but its parallelism
+    (:func:`engine_parallel_args`): the leader's engine
+    (:class:`aflowrl.rollout.vllm_engine.VllmEngine`) and every worker pod's ranks
+    (:func:`run_worker`) take it from here, since a worker's configuration must equal its
+    leader's (model, dtype, lengths, memory, LoRA, and the worker extension the weight updates
+    call on every rank)."""
+    from aflowrl.rollout import vllm_worker
+
     args: dict[str, Any] = {
         "model": model_dir,
-        "dtype": dtype,
-        "seed": 0,
+        "dtype": dtype if dtype != "auto" else ("bfloat16" if cuda else "float32"),
+        "seed": seed,
         "max_model_len": engine.max_model_len,
         "enforce_eager": engine.enforce_eager or not cuda,
         "gpu_memory_utilization": engine.gpu_memory_utilization,
         "enable_prefix_caching": engine.enable_prefix_caching,
         "max_num_seqs": engine.max_num_seqs,
         "max_num_batched_tokens": engine.max_num_batched_tokens,
-        "trust_remote_code": policy.trust_remote_code,
+        "trust_remote_code": trust_remote_code,
         "logprobs_mode": "processed_logprobs",
         "disable_log_stats": True,
+        "worker_extension_cls": vllm_worker.EXTENSION,
     }
-    if policy.lora is not None:
-        rank = next(r for r in VLLM_LORA_RANKS if r >= policy.lora.rank)
-        args.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
+    if lora is not None:
+        args.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora.rank), max_loras=1)
     return args
 
 
@@ -229,7 +249,15 @@ def run_worker(spec: RunSpec, model_dir: str, topology: GroupTopology) -> None:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
-    kwargs = engine_args(spec, model_dir, cuda=torch.cuda.is_available())
+    policy = spec.policy
+    kwargs = engine_args(
+        spec.rollout.vllm,
+        model_dir,
+        dtype=policy.dtype,
+        trust_remote_code=policy.trust_remote_code,
+        lora=policy.lora,
+        cuda=torch.cuda.is_available(),
+    )
     args = EngineArgs(**kwargs, **engine_parallel_args(spec.rollout.vllm, topology))
     config = args.create_engine_config(headless=True)
     logger.info(

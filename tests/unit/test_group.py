@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from aflowrl import group
@@ -80,13 +82,60 @@ def test_across_pods_mp_names_the_master_and_this_node_s_rank():
     }
 
 
+def _engine_args(spec: RunSpec, *, cuda: bool) -> dict[str, object]:
+    policy = spec.policy
+    return group.engine_args(
+        spec.rollout.vllm,
+        "/models/p",
+        dtype=policy.dtype,
+        trust_remote_code=policy.trust_remote_code,
+        lora=policy.lora,
+        cuda=cuda,
+    )
+
+
 def test_a_worker_is_configured_like_its_leader():
     spec = RunSpec.from_yaml((MULTI % "mp") + "policy: {model: tiny, lora: {rank: 12}}\n")
-    args = group.engine_args(spec, "/models/p", cuda=True)
+    args = _engine_args(spec, cuda=True)
     assert args["model"] == "/models/p" and args["dtype"] == "bfloat16"
     assert (args["enable_lora"], args["max_lora_rank"]) == (True, 16)
     assert args["max_model_len"] == spec.rollout.vllm.max_model_len
-    assert group.engine_args(spec, "/models/p", cuda=False)["enforce_eager"] is True
+    assert args["worker_extension_cls"] == "aflowrl.rollout.vllm_worker.AflowrlWorkerExtension"
+    assert _engine_args(spec, cuda=False)["enforce_eager"] is True
+
+
+@pytest.mark.parametrize("backend", ["mp", "ray"])
+def test_the_leader_s_engine_spans_the_group(backend):
+    """The leader's engine (``VllmEngine``) is built from the worker's arguments plus the
+    group's parallelism: mp names the master and node 0, ray leaves placement to Ray; its weight
+    group has every rank of the replica (tensor x pipeline parallel)."""
+    from aflowrl.rollout.vllm_engine import VllmEngine
+
+    spec = _spec(backend)
+    engine = VllmEngine(
+        Path("/models/p"),
+        engine_spec=spec.rollout.vllm,
+        dtype=spec.policy.dtype,
+        trust_remote_code=spec.policy.trust_remote_code,
+        lora=spec.policy.lora,
+    )
+    leader = group.GroupTopology(leader="leader.ns", size=2, rank=0, port=29610)
+    args = engine.engine_arguments(leader, cuda=True)
+    expected = _engine_args(spec, cuda=True) | group.engine_parallel_args(spec.rollout.vllm, leader)
+    assert args == expected
+    assert args["distributed_executor_backend"] == backend
+    assert args["tensor_parallel_size"] * args["pipeline_parallel_size"] == 16
+    if backend == "mp":
+        assert (args["nnodes"], args["node_rank"], args["master_addr"]) == (2, 0, "leader.ns")
+        assert args["master_port"] == 29610
+    else:
+        assert "nnodes" not in args and "master_addr" not in args
+    assert engine.weight_group_ranks == spec.rollout.engine_gpus == 16
+    # Outside a group: one pod's engine, in-process for one GPU.
+    alone = VllmEngine(Path("/models/p"))
+    single = alone.engine_arguments(None, cuda=False)
+    assert single["distributed_executor_backend"] == "uni" and "nnodes" not in single
+    assert single["dtype"] == "float32" and alone.weight_group_ranks == 1
 
 
 def test_a_worker_pod_checks_where_it_runs(tmp_path, monkeypatch, capsys):

@@ -164,3 +164,14 @@ containers:
       capabilities:
         drop: ["ALL"]
 {{- end }}
+
+{{/* The CEL of the Kueue suspend policy (kueue-suspend-policy.yaml). */}}
+{{- define "aflow-rl.kueueQueuedCondition" -}}
+has(object.metadata.labels) && 'kueue.x-k8s.io/queue-name' in object.metadata.labels && object.metadata.labels['kueue.x-k8s.io/queue-name'] != ''
+{{- end }}
+{{- define "aflow-rl.kueueNotSuspendedCondition" -}}
+!has(object.spec) || !has(object.spec.suspend) || !object.spec.suspend
+{{- end }}
+{{- define "aflow-rl.kueueSuspendMutation" -}}
+Object{metadata: Object.metadata{annotations: {'aflowrl.io/suspended-by': 'kueue'}}, spec: Object.spec{suspend: true}}
+{{- end }}

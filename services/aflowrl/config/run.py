@@ -107,7 +107,10 @@ class RunSpec(SpecModel):
     """Who may reach the run's pods (Kubernetes NetworkPolicies; off by default)."""
     suspend: bool = False
     """Scale every component to zero, keeping the run's checkpoints and status; false resumes.
-    Under Kueue the run is also held (scaled to zero) until its Workload is admitted."""
+    Under Kueue (a kueue.x-k8s.io/queue-name label) the operator sets it true while the run's
+    Workload is not admitted, marked by the annotation aflowrl.io/suspended-by: kueue, and false
+    on admission; a suspend without that annotation is the user's: it deactivates the Workload
+    and the operator never turns it off."""
 
     cel_rules = (
         CelRule(

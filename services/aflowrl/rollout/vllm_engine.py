@@ -72,9 +72,9 @@ from typing import Any
 
 import torch
 
-from aflowrl import envs
+from aflowrl import envs, group
 from aflowrl.config.policy import LoraSpec
-from aflowrl.config.rollout import VLLM_LORA_RANKS, VllmEngineSpec
+from aflowrl.config.rollout import VllmEngineSpec
 from aflowrl.models import loading, weights
 from aflowrl.models.broadcast import (
     RECEIVER_WAIT_FACTOR,
@@ -89,7 +89,6 @@ from aflowrl.models.errors import (
     WeightMismatchError,
 )
 from aflowrl.models.logprobs import effective_temperature
-from aflowrl.rollout import vllm_worker
 from aflowrl.rollout.engine import (
     CompletionResult,
     PromptResult,
@@ -108,16 +107,6 @@ _WATCH_S = 1.0
 """Seconds between two looks of the watchdog at the engine (dead core, overrun call)."""
 
 logger = logging.getLogger(__name__)
-
-
-def vllm_lora_rank(rank: int) -> int:
-    """The ``max_lora_rank`` to start vLLM with for adapters of ``rank``: vLLM takes only the
-    values of :data:`VLLM_LORA_RANKS` (rank 4 is refused at start), and serves any adapter of a
-    rank up to it. The run spec refuses ranks above the largest."""
-    for allowed in VLLM_LORA_RANKS:
-        if allowed >= rank:
-            return allowed
-    raise ValueError(f"LoRA rank {rank} is above {VLLM_LORA_RANKS[-1]}, vLLM's largest")
 
 
 @dataclass
@@ -170,7 +159,11 @@ class VllmEngine(RolloutEngine):
     ) -> None:
         self.model_dir = model_dir
         self.engine_spec = engine_spec or VllmEngineSpec()
-        self.weight_group_ranks = self.engine_spec.tensor_parallel_size
+        self.weight_group_ranks = (
+            self.engine_spec.tensor_parallel_size * self.engine_spec.pipeline_parallel_size
+        )
+        """Every rank of the engine joins the nccl weight group (``RolloutSpec.engine_gpus``):
+        tensor x pipeline parallel, over every pod of a multi-node replica."""
         self._lora = lora
         self._lora_request: Any = None
         self._lora_ids = itertools.count(1)
@@ -218,41 +211,33 @@ class VllmEngine(RolloutEngine):
         prompt = self.tokenizer("warm up", add_special_tokens=False).input_ids or [0]
         await self.generate([prompt], SamplingOptions(temperature=0.0, max_tokens=2))
 
+    def engine_arguments(
+        self, topology: group.GroupTopology | None, *, cuda: bool
+    ) -> dict[str, Any]:
+        """The ``EngineArgs`` keywords of this engine: the policy's (:func:`group.engine_args`,
+        which the worker pods of a multi-node replica use too) and its parallelism on this pod
+        (:func:`group.engine_parallel_args`; the leader of a group spans every pod's ranks)."""
+        return {
+            **group.engine_args(
+                self.engine_spec,
+                str(self.model_dir),
+                dtype=self._dtype,
+                trust_remote_code=self._trust_remote_code,
+                lora=self._lora,
+                cuda=cuda,
+                seed=self._seed,
+            ),
+            **group.engine_parallel_args(self.engine_spec, topology),
+        }
+
     def _create(self) -> Any:
         cuda = torch.cuda.is_available()
         envs.set_default("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if cuda else "0")
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        spec = self.engine_spec
-        dtype = self._dtype if self._dtype != "auto" else ("bfloat16" if cuda else "float32")
-        args = EngineArgs(
-            model=str(self.model_dir),
-            dtype=dtype,
-            seed=self._seed,
-            max_model_len=spec.max_model_len,
-            enforce_eager=spec.enforce_eager or not cuda,
-            gpu_memory_utilization=spec.gpu_memory_utilization,
-            tensor_parallel_size=spec.tensor_parallel_size,
-            enable_prefix_caching=spec.enable_prefix_caching,
-            max_num_seqs=spec.max_num_seqs,
-            max_num_batched_tokens=spec.max_num_batched_tokens,
-            trust_remote_code=self._trust_remote_code,
-            logprobs_mode="processed_logprobs",
-            disable_log_stats=True,
-            worker_extension_cls=vllm_worker.EXTENSION,
-            distributed_executor_backend="uni" if spec.tensor_parallel_size == 1 else None,
-            **(
-                {
-                    "enable_lora": True,
-                    "max_lora_rank": vllm_lora_rank(self._lora.rank),
-                    "max_loras": 1,
-                }
-                if self._lora is not None
-                else {}
-            ),
-        )
-        return LLMEngine.from_engine_args(args)
+        arguments = self.engine_arguments(group.GroupTopology.from_env(), cuda=cuda)
+        return LLMEngine.from_engine_args(EngineArgs(**arguments))
 
     def _run(self, ready: asyncio.Future[None], loop: asyncio.AbstractEventLoop) -> None:
         try:

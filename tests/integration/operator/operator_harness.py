@@ -8,7 +8,7 @@ import contextlib
 import copy
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -240,3 +240,18 @@ def chart_denies(requests: set[tuple[str, str, str]]) -> list[tuple[str, str, st
         )
 
     return sorted(request for request in requests if not allowed(*request))
+
+
+@contextlib.asynccontextmanager
+async def emulated_cluster(*tables: dict[str, tuple[str, bool, bool]]) -> AsyncIterator[Cluster]:
+    """An emulated API server declaring ``tables`` of resources, and the operator running
+    against it (stopped on exit)."""
+    async with KubeEmulator() as emulator, kmock.Server(emulator) as server:
+        for table in tables:
+            emulator.declare(table)
+        harness = Cluster(emulator, server)
+        await harness.start_operator()
+        try:
+            yield harness
+        finally:
+            await harness.stop_operator()

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import kmock
 import kubernetes_validate
 import pytest
-from kube_emulator import COSCHEDULING, GROUPS, KUEUE, MONITORING, PEERING, RESOURCES, KubeEmulator
-from operator_harness import NAMESPACE, Cluster, chart_denies
+from kube_emulator import COSCHEDULING, GROUPS, KUEUE, MONITORING, PEERING, RESOURCES
+from operator_harness import NAMESPACE, Cluster, chart_denies, emulated_cluster
 
 import leaderworkerset
 
@@ -58,31 +57,18 @@ MULTI: dict = {
 }
 
 
-async def _cluster(*, groups: bool) -> AsyncIterator[Cluster]:
-    async with KubeEmulator() as emulator, kmock.Server(emulator) as server:
-        for table in (RESOURCES, MONITORING, KUEUE, COSCHEDULING, PEERING):
-            emulator.declare(table)
-        if groups:
-            emulator.declare(GROUPS)
-        harness = Cluster(emulator, server)
-        await harness.start_operator()
-        try:
-            yield harness
-        finally:
-            await harness.stop_operator()
-
-
 @pytest.fixture()
 async def lws_cluster() -> AsyncIterator[Cluster]:
     """An emulated cluster serving the LeaderWorkerSet API, and a running operator."""
-    async for harness in _cluster(groups=True):
+    tables = (RESOURCES, MONITORING, KUEUE, COSCHEDULING, PEERING, GROUPS)
+    async with emulated_cluster(*tables) as harness:
         yield harness
 
 
 @pytest.fixture()
 async def plain_cluster() -> AsyncIterator[Cluster]:
     """An emulated cluster without the LeaderWorkerSet API, and a running operator."""
-    async for harness in _cluster(groups=False):
+    async with emulated_cluster(RESOURCES, MONITORING, KUEUE, COSCHEDULING, PEERING) as harness:
         yield harness
 
 

@@ -5,20 +5,17 @@ status and ``spec.active`` the way Kueue does; the operator's part is the real o
 is created suspended and starts on admission, an eviction suspends it and gives the quota back
 on the same Workload, which Kueue's requeue readmits; ``PodsReady``, priority, flavors'
 tolerations and pod set updates, deactivation, ``spec.suspend`` and both Workload versions.
+The run's own ``spec.suspend`` tells whether Kueue holds it (the operator writes it, marked
+``aflowrl.io/suspended-by: kueue``), as Kueue's job integrations keep their jobs'; a user's
+suspend (unmarked) deactivates the Workload and is never turned off by the operator.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from operator_harness import NAMESPACE, Cluster
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "charts"))
-import build_manifests
+from operator_harness import NAMESPACE, RUNS, Cluster, chart_denies
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -98,6 +95,16 @@ def _events(cluster: Cluster, reason: str) -> list[dict[str, Any]]:
     return [e for e in cluster.emulator.all("v1/events", NAMESPACE) if e["reason"] == reason]
 
 
+MARKER = "aflowrl.io/suspended-by"
+
+
+def _suspend(cluster: Cluster) -> tuple[bool, str | None]:
+    """The run's ``spec.suspend`` and who suspended it (the operator's marker)."""
+    run = cluster.run("demo")
+    annotations = run["metadata"].get("annotations") or {}
+    return bool(run["spec"].get("suspend")), annotations.get(MARKER)
+
+
 async def test_a_queued_run_is_created_suspended_and_starts_only_on_admission(cluster: Cluster):
     await _flavor(cluster)
     await cluster.emulator.put_object(
@@ -122,8 +129,9 @@ async def test_a_queued_run_is_created_suspended_and_starts_only_on_admission(cl
         "kind": "WorkloadPriorityClass",
         "name": "high",
     }
-    # Created suspended: nothing runs before Kueue admits the run.
+    # Created suspended: nothing runs before Kueue admits the run, and the run says so.
     await cluster.eventually(lambda: cluster.child(JOBS, "demo-trainer"), what="the Job")
+    await cluster.eventually(lambda: _suspend(cluster) == (True, "kueue"), what="suspended")
     assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
     assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0
     assert cluster.child(STATEFULSETS, "demo-learner")["spec"]["replicas"] == 0
@@ -149,6 +157,7 @@ async def test_a_queued_run_is_created_suspended_and_starts_only_on_admission(cl
     checks = [{"name": "prov", "state": "Ready", "message": "", "podSetUpdates": [update]}]
     await _admit(cluster, admissionChecks=checks)
     await cluster.wait_condition("demo", "Ready", reason="ComponentsStarting")
+    await cluster.eventually(lambda: _suspend(cluster) == (False, None), what="unsuspended")
     rollout = cluster.child(DEPLOYMENTS, "demo-rollout")
     assert rollout["spec"]["replicas"] == 1
     pod = rollout["spec"]["template"]["spec"]
@@ -383,6 +392,7 @@ async def test_the_chart_grants_every_kueue_request_the_operator_makes(cluster: 
     await cluster.eventually(
         lambda: "admission" not in _workload(cluster)["status"], what="the quota released"
     )
+    await _admit(cluster)  # readmitted: the run's spec.suspend is the user's again
     await cluster.patch_spec("demo", {"suspend": True})
     await cluster.eventually(
         lambda: _workload(cluster)["spec"].get("active") is False, what="deactivated"
@@ -393,13 +403,6 @@ async def test_the_chart_grants_every_kueue_request_the_operator_makes(cluster: 
     await cluster.emulator.set_status(JOBS, NAMESPACE, "demo-trainer", complete)
     await cluster.eventually(lambda: _cond(_workload(cluster), "Finished"), what="Finished")
 
-    rules = [
-        rule
-        for _, text in build_manifests.rendered_documents()
-        for doc in [yaml.safe_load(text)]
-        if doc["kind"] == "ClusterRole"
-        for rule in doc["rules"]
-    ]
     made = {r for r in cluster.emulator.operator_requests() if r[1] in KUEUE_GROUPS}
     assert {
         ("get", "kueue.x-k8s.io", "resourceflavors"),
@@ -408,12 +411,108 @@ async def test_the_chart_grants_every_kueue_request_the_operator_makes(cluster: 
         ("patch", "kueue.x-k8s.io", "workloads/status"),
         ("watch", "kueue.x-k8s.io", "workloads"),
     } <= made
-    denied = sorted(
-        (verb, group, resource)
-        for verb, group, resource in made
-        if not any(
-            group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
-            for rule in rules
-        )
-    )
+    denied = chart_denies(made)
     assert denied == [], f"the chart's RBAC refuses requests the operator makes: {denied}"
+
+
+async def test_spec_suspend_says_whether_kueue_holds_the_run_and_a_user_suspend_is_kept(
+    cluster: Cluster,
+):
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    # Queued: suspended by the operator as Kueue's job integration, from its first pass.
+    await cluster.eventually(lambda: _suspend(cluster) == (True, "kueue"), what="suspended")
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    uid = workload["metadata"]["uid"]
+    await cluster.wait_condition("demo", "Ready", reason="Queued")  # not the user's Suspended
+    assert workload["spec"].get("active", True) is True  # the operator's suspend stays queued
+    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0
+    template = cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["template"]["metadata"]
+    pod_hash = template["annotations"]["aflowrl.io/spec-hash"]
+
+    # Admission: spec.suspend false, the marker gone, the run scales up.
+    await _admit(cluster)
+    await cluster.eventually(lambda: _suspend(cluster) == (False, None), what="unsuspended")
+    await cluster.eventually(
+        lambda: cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 1,
+        what="scaled up",
+    )
+    # The write of spec.suspend changes no pod template (no restart, no hash change).
+    template = cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["template"]["metadata"]
+    assert template["annotations"]["aflowrl.io/spec-hash"] == pod_hash
+    await _pods(cluster, ready=True)
+
+    # Eviction: suspended again by the operator, every component to zero.
+    evicted = _admitted()
+    evicted["conditions"].append({"type": "Evicted", "status": "True", "reason": "Preempted"})
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", evicted)
+    await cluster.eventually(lambda: _suspend(cluster) == (True, "kueue"), what="re-suspended")
+    await cluster.eventually(
+        lambda: (
+            cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0
+            and cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+        ),
+        what="scaled to zero",
+    )
+    await _pods(cluster, ready=False)
+    await cluster.eventually(
+        lambda: "admission" not in _workload(cluster)["status"], what="the quota released"
+    )
+    assert _suspend(cluster) == (True, "kueue")
+
+    # Kueue requeues and readmits the same Workload: unsuspended again.
+    await _admit(cluster)
+    await cluster.eventually(lambda: _suspend(cluster) == (False, None), what="resumed")
+    assert _workload(cluster)["metadata"]["uid"] == uid
+    await _pods(cluster, ready=True)
+
+    # The user suspends the admitted run: the Workload is deactivated and the user's suspend
+    # is never turned off by the operator.
+    await cluster.patch_spec("demo", {"suspend": True})
+    await cluster.eventually(
+        lambda: _workload(cluster)["spec"].get("active") is False, what="deactivated"
+    )
+    await cluster.wait_condition("demo", "Ready", reason="Suspended")
+    await cluster.settle()
+    assert _suspend(cluster) == (True, None)
+    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0
+
+    # The user resumes: the Workload is reactivated, the run waits for (re)admission and
+    # resumes on it.
+    await _pods(cluster, ready=False)
+    await cluster.emulator.set_status(
+        f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", {"conditions": []}
+    )
+    await cluster.patch_spec("demo", {"suspend": False})
+    await cluster.eventually(
+        lambda: _workload(cluster)["spec"].get("active", True) is True, what="reactivated"
+    )
+    await cluster.eventually(lambda: _suspend(cluster) == (True, "kueue"), what="queued again")
+    await _admit(cluster)
+    await cluster.eventually(lambda: _suspend(cluster) == (False, None), what="readmitted")
+    await cluster.eventually(
+        lambda: cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 1,
+        what="scaled up again",
+    )
+    assert _workload(cluster)["metadata"]["uid"] == uid
+    assert cluster.emulator.count_created("workloads") == 1
+    # The operator wrote spec.suspend on the run itself (not its status) as its field manager.
+    managers = {m.get("manager") for m in cluster.run("demo")["metadata"].get("managedFields", [])}
+    assert "aflowrl-operator" in managers
+
+
+async def test_removing_the_marker_makes_a_queued_runs_suspend_the_users(cluster: Cluster):
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    await cluster.eventually(lambda: _suspend(cluster) == (True, "kueue"), what="suspended")
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    # The user takes the queued run's suspend over: the Workload is deactivated (no quota is
+    # asked for), and Kueue's admission would not start the run.
+    await cluster.emulator.patch_object(
+        RUNS, NAMESPACE, "demo", {"metadata": {"annotations": {MARKER: None}}}
+    )
+    await cluster.eventually(
+        lambda: _workload(cluster)["spec"].get("active") is False, what="deactivated"
+    )
+    await cluster.wait_condition("demo", "Admitted", reason="Suspended")
+    await cluster.settle()
+    assert _suspend(cluster) == (True, None)
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True

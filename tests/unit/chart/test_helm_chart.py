@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import cel
 import helm_python as helm
 import kubernetes_validate
 import pytest
@@ -299,3 +300,73 @@ def test_hooks_upgrade_the_crd_and_test_the_install():
     # manifests/install.yaml (kubectl apply) carries no hooks.
     installed = yaml.safe_load_all((ROOT / "manifests" / "install.yaml").read_text())
     assert not any(_hook(d) for d in installed if d)
+
+
+# The API versions of MutatingAdmissionPolicy, with a Kubernetes version whose schemas have it:
+# v1beta1 from 1.34 (feature gate), v1 from 1.36.
+_POLICY_APIS = {
+    "admissionregistration.k8s.io/v1": "1.36.0",
+    "admissionregistration.k8s.io/v1beta1": "1.34.0",
+}
+
+
+def _policy(docs: list[dict]) -> tuple[dict, dict]:
+    return (
+        _one(docs, "MutatingAdmissionPolicy", "aflow-rl-kueue-suspend"),
+        _one(docs, "MutatingAdmissionPolicyBinding", "aflow-rl-kueue-suspend"),
+    )
+
+
+@pytest.mark.parametrize("api_version", sorted(_POLICY_APIS))
+def test_the_kueue_suspend_policy_is_valid_kubernetes_and_off_by_default(api_version):
+    assert not any("MutatingAdmission" in d["kind"] for d in _render())
+    values = {"kueueSuspendPolicy": {"enabled": True, "apiVersion": api_version}}
+    docs = _render({**values, "watchNamespaces": ["team-a"]})
+    policy, binding = _policy(docs)
+    for doc in (policy, binding):
+        assert doc["apiVersion"] == api_version
+        kubernetes_validate.validate(doc, _POLICY_APIS[api_version], strict=True)
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    selector = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert selector == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}
+    ]
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"], rule["operations"]) == (
+        ["aflowrl.io"],
+        ["trainingruns"],
+        ["CREATE"],
+    )
+    # Watching every namespace: the binding matches TrainingRuns everywhere.
+    _, everywhere = _policy(_render(values))
+    assert "matchResources" not in everywhere["spec"]
+
+
+def test_the_kueue_suspend_policy_matches_only_queued_unsuspended_runs():
+    """The policy's match conditions, evaluated with the CEL library the CRD rule tests use
+    (common-expression-language); its ApplyConfiguration mutation builds ``Object{...}``
+    structs, which that library does not evaluate ("feature not enabled"), so it is compiled
+    (a syntax check) and its text checked."""
+    policy, _ = _policy(_render({"kueueSuspendPolicy": {"enabled": True}}))
+    conditions = {
+        c["name"]: cel.compile(c["expression"]) for c in policy["spec"]["matchConditions"]
+    }
+
+    def matches(run: dict) -> bool:
+        context = cel.Context()
+        context.add_variable("object", run)
+        return all(program.execute(context) is True for program in conditions.values())
+
+    queue = {"kueue.x-k8s.io/queue-name": "team-a"}
+    assert matches({"metadata": {"labels": queue}, "spec": {}})
+    assert matches({"metadata": {"labels": queue}, "spec": {"suspend": False}})
+    assert not matches({"metadata": {"labels": queue}, "spec": {"suspend": True}})  # the user's
+    assert not matches({"metadata": {"labels": {"app": "x"}}, "spec": {}})
+    assert not matches({"metadata": {}, "spec": {}})
+    assert not matches({"metadata": {"labels": {"kueue.x-k8s.io/queue-name": ""}}, "spec": {}})
+    (mutation,) = policy["spec"]["mutations"]
+    assert mutation["patchType"] == "ApplyConfiguration"
+    expression = mutation["applyConfiguration"]["expression"]
+    cel.compile(expression)
+    assert "spec: Object.spec{suspend: true}" in expression
+    assert "'aflowrl.io/suspended-by': 'kueue'" in expression  # the operator's marker

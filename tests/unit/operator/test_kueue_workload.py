@@ -141,3 +141,38 @@ def test_priority_fields_per_api_version():
     missing = kueue.Priority("gone", kueue.PRIORITY_CLASS, None)
     assert kueue.priority_fields("kueue.x-k8s.io/v1beta2", missing) == {}
     assert kueue.priority_fields("kueue.x-k8s.io/v1beta2", None) == {}
+
+
+def _run(suspend: bool, marker: str | None = None) -> dict:
+    annotations = {kueue.RUN_SUSPENDED_BY: marker} if marker else {}
+    return {
+        "metadata": {"name": "demo", "resourceVersion": "7", "annotations": annotations},
+        "spec": {"suspend": suspend},
+    }
+
+
+def test_a_held_run_is_suspended_by_the_operator_with_its_marker():
+    assert kueue.suspend_patch(_run(False), held=True) == {
+        "metadata": {"resourceVersion": "7", "annotations": {"aflowrl.io/suspended-by": "kueue"}},
+        "spec": {"suspend": True},
+    }
+    assert kueue.suspend_patch(_run(True, "kueue"), held=True) is None  # already
+    assert kueue.suspended_by_kueue(_run(True, "kueue"))
+    assert not kueue.suspended_by_kueue(_run(True))
+    assert not kueue.suspended_by_kueue(_run(True, "someone-else"))
+
+
+def test_admission_unsuspends_only_the_operators_own_suspend():
+    assert kueue.suspend_patch(_run(True, "kueue"), held=False) == {
+        "metadata": {"resourceVersion": "7", "annotations": {"aflowrl.io/suspended-by": None}},
+        "spec": {"suspend": False},
+    }
+    # A user's suspend (no marker) is never turned off, held or not.
+    assert kueue.suspend_patch(_run(True), held=False) is None
+    assert kueue.suspend_patch(_run(True), held=True) is None
+    assert kueue.suspend_patch(_run(True, "someone-else"), held=False) is None
+    # A marker left behind on a running run is removed; nothing else changes.
+    assert kueue.suspend_patch(_run(False, "kueue"), held=False) == {
+        "metadata": {"resourceVersion": "7", "annotations": {"aflowrl.io/suspended-by": None}}
+    }
+    assert kueue.suspend_patch(_run(False), held=False) is None

@@ -119,6 +119,42 @@ def test_pod_problems_explain_what_is_wrong():
     assert "ImagePullBackOff" in conds["Degraded"]["message"]
 
 
+def test_a_pod_that_refuses_to_start_without_its_rdma_device_says_so(tmp_path):
+    from aflowrl.common import rdma
+    from aflowrl.errors import FailedPreconditionError
+
+    with pytest.raises(FailedPreconditionError) as refused:  # what `aflowrl serve` stops with
+        rdma.check(1, root=tmp_path)
+    pod = {
+        "metadata": {"name": "demo-learner-0"},
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "learner",
+                    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}},
+                    "lastState": {
+                        "terminated": {
+                            "reason": "Error",
+                            "exitCode": 1,
+                            "message": str(refused.value),
+                        }
+                    },
+                }
+            ]
+        },
+    }
+    problems = status.pod_problems(pod)
+    assert [reason for reason, _ in problems] == ["RdmaUnavailable"]
+    assert "resources.rdma=1" in problems[0][1] and "demo-learner-0" in problems[0][1]
+    crashing = {**pod["status"]["containerStatuses"][0], "lastState": {}}
+    plain = status.pod_problems({**pod, "status": {"containerStatuses": [crashing]}})
+    assert [reason for reason, _ in plain] == ["CrashLoopBackOff"]
+    obs = _ok(learner=status.Workload(exists=True, desired=1, ready=0, problems=tuple(problems)))
+    conds = _conds(status.compute(obs, None, 1, NOW))
+    assert conds["Degraded"]["reason"] == "RdmaUnavailable"
+    assert conds["LearnerReady"]["reason"] == "RdmaUnavailable"
+
+
 def test_finished_runs_report_success_or_failure():
     done = _ok(
         trainer=status.job_state(

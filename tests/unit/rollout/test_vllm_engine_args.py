@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from aflowrl.config.rollout import VLLM_LORA_RANKS
-from aflowrl.rollout.vllm_engine import vllm_lora_rank
+from aflowrl.group import vllm_lora_rank
 
 
 def test_the_lora_rank_is_rounded_up_to_one_vllm_takes():

