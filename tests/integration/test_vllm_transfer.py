@@ -10,13 +10,16 @@ weight group of :mod:`aflowrl.models.broadcast`, gloo on a CPU) and reaches it w
 1. A push from a real learner (``NcclWeightSync``) reaches a vllm rollout service through the
    weight-transfer engine (vLLM logs that it built ``AflowrlWeightTransferEngine``, the rollout
    logs the engine and backend the workers report), by broadcast (no fallback), and the served
-   log-probs match the learner's to 1e-4.
-2. A broadcast whose load fails midway on the receiver (the model's ``load_weights`` raises an
-   out-of-memory error after the first bucket, inside vLLM's worker, in this process) leaves the
-   old version served (same greedy tokens and log-probs, label unchanged, SERVING: the old
-   weights were put back, ``keepWeightsOnLoad``); a retry over a new group completes and serves
-   the new weights with log-probs equal to a reference model's to 1e-4. vLLM's worker state
-   shows the ``aflowrl`` engine was the one in use.
+   log-probs match the learner's to 1e-4; in-process and in vLLM's multi-process mode (its GPU
+   default: the backend is registered in the engine-core process, where the worker extension
+   module is imported).
+2. A broadcast that fails midway, on the receiver (the model's ``load_weights`` raises an
+   out-of-memory error after the first bucket, inside vLLM's worker, in this process) or on the
+   sender (lost after half of the tensors, its group closed), leaves the old version served
+   (same greedy tokens and log-probs, label unchanged, SERVING: the old weights were put back,
+   ``keepWeightsOnLoad``); a retry over a new group completes and serves the new weights with
+   log-probs equal to a reference model's to 1e-4. vLLM's worker state shows the ``aflowrl``
+   engine was the one in use.
 
 Run with ``make test-vllm`` (skipped where vllm is not installed).
 """
@@ -70,7 +73,8 @@ rollout:
 """
 
 
-async def test_an_nccl_push_reaches_vllm_through_its_weight_transfer_engine(tmp_path):
+@pytest.mark.parametrize("multiprocess", ["0", "1"])
+async def test_an_nccl_push_reaches_vllm_through_its_weight_transfer_engine(tmp_path, multiprocess):
     spec_text = (
         SPEC
         + VLLM
@@ -83,8 +87,9 @@ async def test_an_nccl_push_reaches_vllm_through_its_weight_transfer_engine(tmp_
     spec = RunSpec.from_document(yaml.safe_load(spec_text))
     started = []
     try:
-        for service in ("learner", "rollout"):
-            started.append(start_service(service, spec_file, tmp_path, timeout=300))
+        started.append(start_service("learner", spec_file, tmp_path, timeout=300))
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": multiprocess}
+        started.append(start_service("rollout", spec_file, tmp_path, timeout=300, env=env))
         learner_service, rollout_service = started
         channels, learner, rollout = _stubs(learner_service, rollout_service)
         reply, sequences = await _sample(rollout, seed=31)
@@ -142,14 +147,27 @@ class Learner:
             rendezvous, torch.device("cpu"), store=self.store.store
         )
 
-    def send(self, version: int) -> broadcast.BroadcastResult:
+    def send(self, version: int, lost_after: int | None) -> broadcast.BroadcastResult:
+        """Broadcast every tensor; with ``lost_after``, the sender is lost after that many
+        tensors (its group closes, as a dead process's sockets do)."""
         assert self.group is not None
         specs = [weights.spec_of(n, t) for n, t in self.tensors.items()]
-        return broadcast.send_weights(
-            [self.group], version, self.tensors.items(), specs, bucket_bytes=64 * 1024
-        )
 
-    async def push(self, stub: Any, name: str, version: int) -> Any:
+        def tensors() -> Any:
+            for index, item in enumerate(self.tensors.items()):
+                if index == lost_after:
+                    raise ConnectionError("injected: the learner is gone")
+                yield item
+
+        try:
+            return broadcast.send_weights(
+                [self.group], version, tensors(), specs, bucket_bytes=64 * 1024
+            )
+        except ConnectionError:
+            self.group.close()
+            raise
+
+    async def push(self, stub: Any, name: str, version: int, lost_after: int | None = None) -> Any:
         """Join group ``name`` with the replica, then broadcast; the replica's answer (or
         error) and the sender's result."""
         join = rollout_pb2.JoinWeightGroupRequest(
@@ -165,7 +183,7 @@ class Learner:
             rollout_pb2.ReceiveWeightsRequest(group=name, version=version)
         )
         answers = await asyncio.gather(
-            receive, asyncio.to_thread(self.send, version), return_exceptions=True
+            receive, asyncio.to_thread(self.send, version, lost_after), return_exceptions=True
         )
         assert self.group is not None
         self.group.close()
@@ -183,9 +201,13 @@ def _transfer_engines(engine: Any) -> Any:
 
 
 @pytest.mark.filterwarnings("default")  # vLLM warns as it starts, in this process
+@pytest.mark.parametrize("fault", ["load", "sender"])
 async def test_an_nccl_push_failing_midway_keeps_the_old_version_and_a_retry_completes(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, fault
 ):
+    """``load``: the model's own ``load_weights``, called by the weight-transfer engine inside
+    vLLM's worker, runs out of memory on the second bucket (the broadcast is drained to its
+    end). ``sender``: the learner is lost after half of the tensors (its group closes)."""
     from safetensors.torch import load_file
     from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 
@@ -208,25 +230,29 @@ async def test_an_nccl_push_failing_midway_keeps_the_old_version_and_a_retry_com
         assert await _transfer_engines(engine) == [("AflowrlWeightTransferEngine", "aflowrl")]
         before = await _greedy(stub)
 
-        # The model's own load_weights, called by the weight-transfer engine inside vLLM's
-        # worker, runs out of memory on the second bucket.
         real = Qwen2ForCausalLM.load_weights
         calls = [0]
 
-        def failing(self: Any, tensors: Any) -> Any:
+        def counted(self: Any, tensors: Any) -> Any:
             calls[0] += 1
-            if calls[0] == 2:
+            if fault == "load" and calls[0] == 2:
                 raise torch.OutOfMemoryError("injected: out of memory in the second bucket")
             return real(self, tensors)
 
-        monkeypatch.setattr(Qwen2ForCausalLM, "load_weights", failing)
-        error, sent = await sender.push(stub, "g1", 1)
+        monkeypatch.setattr(Qwen2ForCausalLM, "load_weights", counted)
+        lost_after = len(new) // 2 if fault == "sender" else None
+        error, sent = await sender.push(stub, "g1", 1, lost_after=lost_after)
         monkeypatch.setattr(Qwen2ForCausalLM, "load_weights", real)
-        assert calls[0] >= 2
+        assert calls[0] >= 2  # buckets were loaded into the model before the fault
         assert isinstance(error, aio.AioRpcError), error
         assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
-        assert "failed midway" in error.details() and "old weights were put back" in error.details()
-        assert isinstance(sent, broadcast.BroadcastResult) and not sent.broken  # drained
+        # "put back": the workers loaded buckets, then restored the served weights.
+        assert "old weights were put back" in error.details(), error.details()
+        if fault == "load":
+            assert "failed midway" in error.details()
+            assert isinstance(sent, broadcast.BroadcastResult) and not sent.broken  # drained
+        else:
+            assert isinstance(sent, ConnectionError)
         assert await _version(stub) == 0 and not servicer.needs_reload
         assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
         again = await _greedy(stub)
