@@ -17,7 +17,8 @@ weight group of :mod:`aflowrl.models.broadcast`, gloo on a CPU) and reaches it w
    out-of-memory error after the first bucket, inside vLLM's worker, in this process) or on the
    sender (lost after half of the tensors, its group closed), leaves the old version served
    (same greedy tokens and log-probs, label unchanged, SERVING: the old weights were put back,
-   ``keepWeightsOnLoad``); a retry over a new group completes and serves the new weights with
+   ``keepWeightsOnLoad``), or without ``keepWeightsOnLoad`` serves nothing (NOT_SERVING, the
+   label unchanged); a retry over a new group completes and serves the new weights with
    log-probs equal to a reference model's to 1e-4. vLLM's worker state shows the ``aflowrl``
    engine was the one in use.
 
@@ -201,13 +202,15 @@ def _transfer_engines(engine: Any) -> Any:
 
 
 @pytest.mark.filterwarnings("default")  # vLLM warns as it starts, in this process
-@pytest.mark.parametrize("fault", ["load", "sender"])
-async def test_an_nccl_push_failing_midway_keeps_the_old_version_and_a_retry_completes(
-    tmp_path, monkeypatch, fault
+@pytest.mark.parametrize(("fault", "keep"), [("load", True), ("sender", True), ("load", False)])
+async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_completes(
+    tmp_path, monkeypatch, fault, keep
 ):
     """``load``: the model's own ``load_weights``, called by the weight-transfer engine inside
     vLLM's worker, runs out of memory on the second bucket (the broadcast is drained to its
-    end). ``sender``: the learner is lost after half of the tensors (its group closes)."""
+    end). ``sender``: the learner is lost after half of the tensors (its group closes). With
+    ``keepWeightsOnLoad`` the old version serves on; without it the replica serves nothing
+    (NOT_SERVING, UNAVAILABLE) until the retry completes; the version label is unchanged."""
     from safetensors.torch import load_file
     from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 
@@ -221,10 +224,12 @@ async def test_an_nccl_push_failing_midway_keeps_the_old_version_and_a_retry_com
         model_dir,
         dtype="float32",
         engine_spec=VllmEngineSpec(
-            max_model_len=512, gpu_memory_utilization=0.05, enforce_eager=True
+            max_model_len=512,
+            gpu_memory_utilization=0.05,
+            enforce_eager=True,
+            keep_weights_on_load=keep,
         ),
     )
-    assert engine.engine_spec.keep_weights_on_load
     sender = Learner(new)
     async with serve_engine(engine) as (servicer, stub, health):
         assert await _transfer_engines(engine) == [("AflowrlWeightTransferEngine", "aflowrl")]
@@ -246,28 +251,37 @@ async def test_an_nccl_push_failing_midway_keeps_the_old_version_and_a_retry_com
         assert calls[0] >= 2  # buckets were loaded into the model before the fault
         assert isinstance(error, aio.AioRpcError), error
         assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
-        # "put back": the workers loaded buckets, then restored the served weights.
-        assert "old weights were put back" in error.details(), error.details()
         if fault == "load":
             assert "failed midway" in error.details()
             assert isinstance(sent, broadcast.BroadcastResult) and not sent.broken  # drained
         else:
             assert isinstance(sent, ConnectionError)
-        assert await _version(stub) == 0 and not servicer.needs_reload
-        assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
-        again = await _greedy(stub)
-        assert again.weight_version == 0
-        assert list(again.results[0].completions[0].token_ids) == list(
-            before.results[0].completions[0].token_ids
-        )
-        assert list(again.results[0].completions[0].logprobs) == list(
-            before.results[0].completions[0].logprobs
-        )
+        assert await _version(stub) == 0
+        if keep:
+            # "put back": the workers loaded buckets, then restored the served weights.
+            assert "old weights were put back" in error.details(), error.details()
+            assert not servicer.needs_reload
+            assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
+            again = await _greedy(stub)
+            assert again.weight_version == 0
+            assert list(again.results[0].completions[0].token_ids) == list(
+                before.results[0].completions[0].token_ids
+            )
+            assert list(again.results[0].completions[0].logprobs) == list(
+                before.results[0].completions[0].logprobs
+            )
+        else:
+            assert "put back" not in error.details() and servicer.needs_reload
+            assert await health_status(health) == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(aio.AioRpcError) as info:
+                await _greedy(stub)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
 
         # The retry: a new group (the replica left the failed one), the whole version.
         reply, sent = await sender.push(stub, "g2", 1)
         assert isinstance(reply, rollout_pb2.UpdateWeightsResponse), reply
         assert reply.weight_version == 1 and reply.buckets == sent.buckets > 1
+        assert not servicer.needs_reload
         assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
         served = await stub.Generate(
             rollout_pb2.GenerateRequest(
