@@ -784,8 +784,15 @@ def receive_through_transfer_engine(
     except Exception as exc:
         if _is_engine_dead(exc):
             raise
-        # vLLM ended the session on its side; the backend still finalizes what it started.
+        # The backend never raises out of update_weights, so this failed in vLLM's worker before
+        # reaching it (that worker's session is over) or in the RPC: the workers still in their
+        # session finish it (the others refuse the finish), and report no success.
         logger.error("vLLM's update_weights failed: %s", exc)
+        try:
+            engine.collective_rpc("finish_weight_update")
+        except Exception as finish_exc:
+            if _is_engine_dead(finish_exc):
+                raise
     else:
         engine.collective_rpc("finish_weight_update")
     answers: list[dict[str, Any]] = engine.collective_rpc("aflowrl_transfer_outcome")

@@ -108,6 +108,8 @@ class AflowrlWeightTransferEngine(
         self._reloading = False
         """The layer-wise reload is under way (started once the manifest was accepted)."""
         self._kept: vllm_worker.KeptWeights | None = None
+        self._loaded = 0
+        """Buckets handed to the model's ``load_weights`` in this session (a failing one too)."""
         self._outcome: dict[str, Any] | None = None
 
     # ---- the group ---------------------------------------------------------------------------
@@ -143,6 +145,7 @@ class AflowrlWeightTransferEngine(
         """A new session: nothing is touched until the broadcast's manifest is accepted."""
         self._reloading = False
         self._kept = None
+        self._loaded = 0
         self._outcome = None
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
@@ -163,7 +166,6 @@ class AflowrlWeightTransferEngine(
             return
         expected = update_info.expectation()
         tied = vllm_worker.HEAD not in expected.shapes
-        loaded = [0]
 
         def start() -> None:
             from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -174,11 +176,10 @@ class AflowrlWeightTransferEngine(
             self._reloading = True
 
         def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
+            self._loaded += 1  # before: a load that raises may have written some layers
             self.model.load_weights(vllm_worker.with_head(self.model, bucket, tied))
-            loaded[0] += 1
 
         self._outcome = self._receive(group, expected, start, load)
-        self._outcome["loaded"] = loaded[0]
 
     def _receive(
         self, group: broadcast.WeightGroup, expected: broadcast.Expectation, start: Any, load: Any
@@ -210,11 +211,16 @@ class AflowrlWeightTransferEngine(
 
         outcome = self._outcome or {"kind": "broken", "message": "no weights were received"}
         kept, self._kept = self._kept, None
+        outcome["loaded"] = self._loaded
         if self._reloading:
             self._reloading = False
             finalize_layerwise_reload(self.model, self.model_config)
-        if outcome["kind"] == "ok" or not outcome.get("loaded"):
-            outcome["intact"] = outcome["kind"] != "ok"
+        # intact: a failed update left the served weights as they were (it loaded nothing, or
+        # the kept ones were put back); a completed one replaced them.
+        if outcome["kind"] == "ok":
+            outcome["intact"] = False
+        elif not self._loaded:
+            outcome["intact"] = True
         else:
             outcome["intact"] = kept is not None and vllm_worker.restore_weights(self.model, kept)
         outcome["engine"] = type(self).__name__
