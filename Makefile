@@ -88,7 +88,7 @@ $(VLLM_STAMP): pyproject.toml
 	@touch $@
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python -m pytest -m vllm tests/integration/test_vllm_backend.py tests/integration/test_vllm_group.py $(PYTEST_ARGS)
+	$(VLLM_VENV)/bin/python -m pytest -m vllm tests/integration/test_vllm_backend.py tests/integration/test_vllm_group.py tests/integration/test_vllm_transfer.py $(PYTEST_ARGS)
 
 proto: $(STAMP)
 	$(PY) protos/run_codegen.py

@@ -218,7 +218,7 @@ def engine_args(
     (:class:`aflowrl.rollout.vllm_engine.VllmEngine`) and every worker pod's ranks
     (:func:`run_worker`) take it from here, since a worker's configuration must equal its
     leader's (model, dtype, lengths, memory, LoRA, and the worker extension the weight updates
-    call on every rank)."""
+    call on every rank, and the weight-transfer backend)."""
     from aflowrl.rollout import vllm_worker
 
     args: dict[str, Any] = {
@@ -235,6 +235,8 @@ def engine_args(
         "logprobs_mode": "processed_logprobs",
         "disable_log_stats": True,
         "worker_extension_cls": vllm_worker.EXTENSION,
+        # The nccl transport's receiving end: vLLM's weight-transfer engine, backend "aflowrl".
+        "weight_transfer_config": dict(vllm_worker.TRANSFER_CONFIG),
     }
     if lora is not None:
         args.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora.rank), max_loras=1)

@@ -20,16 +20,18 @@ from typing import Any
 
 import grpc
 import pytest
+import yaml
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from aflowrl._proto.v1 import common_pb2, learner_pb2, rollout_pb2, rollout_pb2_grpc
 from aflowrl.common.client import ChannelOptions, make_channel
+from aflowrl.config import RunSpec
 from aflowrl.config.rollout import VllmEngineSpec
 from aflowrl.trainer import weight_sync
 
 sys.path.insert(0, str(Path(__file__).parent))
-from policy_services import SPEC, start_service
+from policy_services import SPEC, free_port, start_service
 from test_learner_service import TOL, _chat, _max_gap, _sample, _signed_samples, _stubs
 from test_rollout_service import _greedy, _version, failing_halfway, health_status, serve_engine
 
@@ -190,10 +192,12 @@ async def test_vllm_tensor_parallel_engine_takes_pushed_weights(services, tmp_pa
         rollout_service.stop()
 
 
-async def test_vllm_lora_engine_takes_pushed_adapters_alone(tmp_path):
+@pytest.mark.parametrize("transport", ["grpc", "nccl"])
+async def test_vllm_lora_engine_takes_pushed_adapters_alone(tmp_path, transport):
     """With ``policy.lora`` vLLM starts with LoRA enabled and a push carries the adapters alone
     (a small fraction of the model), registered as the serving adapter: the engine then serves
-    the new version with log-probs that match the learner's adapted policy."""
+    the new version with log-probs that match the learner's adapted policy. Over nccl the
+    workers' weight-transfer engine receives the adapters over the replica's group."""
     import math
 
     from aflowrl.models import builtin, weights
@@ -209,6 +213,13 @@ async def test_vllm_lora_engine_takes_pushed_adapters_alone(tmp_path):
         "  engine: vllm\n"
         "  vllm: {maxModelLen: 4096, gpuMemoryUtilization: 0.05, enforceEager: true}\n"
     )
+    if transport == "nccl":
+        spec.write_text(
+            spec.read_text()
+            + f"trainer: {{checkpointDir: {tmp_path / 'checkpoints'}}}\n"
+            + f"weightTransport: {{type: nccl, port: {free_port()}, timeoutS: 120, "
+            + f"fallbackPath: {tmp_path / 'fallback'}}}\n"
+        )
     started = []
     try:
         for service in ("learner", "rollout"):
@@ -225,10 +236,13 @@ async def test_vllm_lora_engine_takes_pushed_adapters_alone(tmp_path):
         assert _max_gap(reply, scored) < TOL  # B = 0: the base model on both sides
         samples = _signed_samples(sequences, scored)
         trained = await learner.Train(learner_pb2.TrainRequest(samples=samples, iteration=0))
-        sync = weight_sync.GrpcWeightSync(learner_service.target, [rollout_service.target])
+        run = RunSpec.from_document(yaml.safe_load(spec.read_text()))
+        sync = weight_sync.make_weight_sync(run, learner_service.target, [rollout_service.target])
+        assert type(sync).__name__ == f"{transport.capitalize()}WeightSync"
         report = await sync.push()
         await sync.close()
         assert report.ok and report.replicas[0].version == trained.policy_version
+        assert not report.replicas[0].fallback
         model_bytes = 4 * sum(
             math.prod(shape)
             for shape in weights.shapes_from_config(builtin.ensure("tiny")).values()

@@ -101,6 +101,8 @@ def test_a_worker_is_configured_like_its_leader():
     assert (args["enable_lora"], args["max_lora_rank"]) == (True, 16)
     assert args["max_model_len"] == spec.rollout.vllm.max_model_len
     assert args["worker_extension_cls"] == "aflowrl.rollout.vllm_worker.AflowrlWorkerExtension"
+    # Every rank's worker builds the project's weight-transfer engine (the nccl receive path).
+    assert args["weight_transfer_config"] == {"backend": "aflowrl"}
     assert _engine_args(spec, cuda=False)["enforce_eager"] is True
 
 

@@ -43,8 +43,13 @@ class BroadcastBrokenError(UnavailableError):
     """A weight broadcast broke off (a member died, a collective timed out, a garbled header).
 
     A receiver that had started loading is left with some new and some old weights: it must not
-    serve until a complete version is loaded.
+    serve until a complete version is loaded, unless ``intact``: it loaded nothing, or put every
+    old weight back (``rollout.vllm.keepWeightsOnLoad``), and serves the old version on.
     """
+
+    def __init__(self, message: str, *, intact: bool = False) -> None:
+        self.intact = intact
+        super().__init__(message)
 
 
 class IncompleteWeightsError(UnavailableError):

