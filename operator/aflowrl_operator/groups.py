@@ -195,6 +195,25 @@ def _role(template: JsonDict, role: str) -> JsonDict:
     return template
 
 
+def replica_sets(
+    run: RunRef, component: str, replicas: int, *, size: int, leader: JsonDict, worker: JsonDict
+) -> list[JsonDict]:
+    """One run-owned LeaderWorkerSet per replica of ``component`` (``<run>-<component>-<i>``),
+    each a group of ``size`` pods from the same leader and worker templates."""
+    return [
+        leader_worker_set(
+            run,
+            replica_group_name(run, component, index),
+            component,
+            size=size,
+            leader=leader,
+            worker=worker,
+            replica=index,
+        )
+        for index in range(replicas)
+    ]
+
+
 def leader_worker_set(
     run: RunRef,
     name: str,
@@ -277,19 +296,14 @@ def rollout(
             admitted_node_labels=node_labels,
         )
 
-    leader, worker = template(True), template(False)
-    sets = [
-        leader_worker_set(
-            run,
-            replica_group_name(run, "rollout", index),
-            "rollout",
-            size=ro.nodes_per_replica,
-            leader=leader,
-            worker=worker,
-            replica=index,
-        )
-        for index in range(ro.replicas)
-    ]
+    sets = replica_sets(
+        run,
+        "rollout",
+        ro.replicas,
+        size=ro.nodes_per_replica,
+        leader=template(True),
+        worker=template(False),
+    )
     ports: list[tuple[str, int, str | None]] = [
         ("grpc", ro.port, "grpc"),
         ("metrics", metrics, "http"),
@@ -359,19 +373,9 @@ def executor(
             out["spec"]["containers"][0].update(leader_probes(GROUP_PORT))
         return out
 
-    leader, worker = template(True), template(False)
-    sets = [
-        leader_worker_set(
-            run,
-            replica_group_name(run, "executor", index),
-            "executor",
-            size=nodes,
-            leader=leader,
-            worker=worker,
-            replica=index,
-        )
-        for index in range(serve.replicas)
-    ]
+    sets = replica_sets(
+        run, "executor", serve.replicas, size=nodes, leader=template(True), worker=template(False)
+    )
     return [*sets, executor_service(run, leaders_only=LEADERS)]
 
 
