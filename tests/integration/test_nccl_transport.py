@@ -39,8 +39,14 @@ from aflowrl.config import RunSpec
 from aflowrl.trainer import weight_sync
 
 sys.path.insert(0, str(Path(__file__).parent))
-from policy_services import SPEC, build_model, free_port, metrics_text, start_service
-from test_learner_service import TOL, _chat, _max_gap, _sample, _stubs
+from policy_services import (
+    SPEC,
+    build_model,
+    metrics_text,
+    nccl_transport,
+    start_service,
+)
+from test_learner_service import _chat, _sample, _stubs, agrees
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available() and torch.cuda.device_count() < 2,
@@ -74,14 +80,6 @@ async def _train(learner, rollout, iteration: int) -> int:
     return int(trained.policy_version)
 
 
-async def _agrees(learner, rollout, seed: int, version: int) -> None:
-    reply, sequences = await _sample(rollout, seed=seed)
-    assert reply.weight_version == version
-    scored = await learner.ComputeLogProbs(learner_pb2.ComputeLogProbsRequest(sequences=sequences))
-    assert scored.policy_version == version
-    assert _max_gap(reply, scored) < TOL
-
-
 async def _wait_for(condition, what: str) -> None:
     """Poll ``condition`` (an event the services report), failing after two minutes."""
     loop = asyncio.get_running_loop()
@@ -94,12 +92,9 @@ async def _wait_for(condition, what: str) -> None:
 async def test_one_group_per_replica_and_a_replica_killed_midway_costs_only_itself(tmp_path):
     model = tmp_path / "model"
     nbytes = build_model(model, hidden=256, layers=4)
-    spec_text = (
-        SPEC.replace("policy: {dtype: float32}", f"policy: {{model: {model}, dtype: float32}}")
-        + f"trainer: {{checkpointDir: {tmp_path / 'checkpoints'}}}\n"
-        + f"weightTransport: {{type: nccl, port: {free_port()}, bucketMib: 1, timeoutS: 60, "
-        + f"fallbackPath: {tmp_path / 'fallback'}}}\n"
-    )
+    spec_text = SPEC.replace(
+        "policy: {dtype: float32}", f"policy: {{model: {model}, dtype: float32}}"
+    ) + nccl_transport(tmp_path, timeout_s=60)
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(spec_text)
     spec = RunSpec.from_document(yaml.safe_load(spec_text))
@@ -123,8 +118,8 @@ async def test_one_group_per_replica_and_a_replica_killed_midway_costs_only_itse
         assert buckets == _buckets(b) >= nbytes // (1024 * 1024)
         log = learner_service.log.read_text()
         assert f"broadcast weights v{version}" in log and f"{int(buckets)} buckets" in log
-        await _agrees(learner, rollout_a, 11, version)
-        await _agrees(learner, rollout_b, 12, version)
+        await agrees(learner, rollout_a, 11, version)
+        await agrees(learner, rollout_b, 12, version)
         again = await sync.push()  # nothing new: no broadcast
         assert again.ok and all(r.skipped for r in again.replicas) and _buckets(a) == buckets
 
@@ -164,7 +159,7 @@ async def test_one_group_per_replica_and_a_replica_killed_midway_costs_only_itse
         assert f"broadcast weights v{version}" in log and "to 1/2 groups" in log
         status = await rollout_a.Status(rollout_pb2.RolloutStatusRequest())
         assert not status.needs_reload and status.weight_version == version
-        await _agrees(learner, rollout_a, 13, version)
+        await agrees(learner, rollout_a, 13, version)
 
         # 3. The next iteration: train, push; A's group is reused, B is unreachable.
         version = await _train(learner, rollout_a, 2)
@@ -174,7 +169,7 @@ async def test_one_group_per_replica_and_a_replica_killed_midway_costs_only_itse
         assert result_a.error is None and not result_a.fallback and result_a.version == version
         assert result_b.error is not None
         assert _buckets(a) > before and sync._groups[0].name == groups[0]
-        await _agrees(learner, rollout_a, 14, version)
+        await agrees(learner, rollout_a, 14, version)
 
         # 4. B restarted at the same address: a new incarnation, a new group for B alone.
         replicas[1] = b = start_service(
@@ -187,8 +182,8 @@ async def test_one_group_per_replica_and_a_replica_killed_midway_costs_only_itse
         assert sync._groups[0].name == groups[0]  # A's group untouched
         assert sync._groups[1].name != groups[1]  # B's formed anew
         assert _buckets(b) > 0
-        await _agrees(learner, rollout_a, 15, version)
-        await _agrees(learner, rollout_b, 16, version)
+        await agrees(learner, rollout_a, 15, version)
+        await agrees(learner, rollout_b, 16, version)
 
         # 5. A's engine left its group behind the trainer's back: the learner finds the group
         # broken, A alone is reloaded from the fallback export, B takes it over its own group.
@@ -202,8 +197,8 @@ async def test_one_group_per_replica_and_a_replica_killed_midway_costs_only_itse
         assert result_a.error is None and result_a.fallback and result_a.version == version
         assert result_b.error is None and not result_b.fallback and result_b.version == version
         assert sync._groups[1].name == b_group and 0 not in sync._groups
-        await _agrees(learner, rollout_a, 17, version)
-        await _agrees(learner, rollout_b, 18, version)
+        await agrees(learner, rollout_a, 17, version)
+        await agrees(learner, rollout_b, 18, version)
         await sync.close()
         for channel in (*channels, *more):
             await channel.close()

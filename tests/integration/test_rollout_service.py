@@ -504,6 +504,18 @@ async def _greedy(stub: rollout_pb2_grpc.RolloutServiceStub) -> rollout_pb2.Gene
     )
 
 
+async def serves_as_before(
+    stub: rollout_pb2_grpc.RolloutServiceStub, before: rollout_pb2.GenerateResponse
+) -> None:
+    """The replica still serves version 0 with ``before``'s greedy tokens and log-probs, bit for
+    bit (the old weights, put back after a failed load)."""
+    again = await _greedy(stub)
+    assert again.weight_version == 0
+    got, expected = again.results[0].completions[0], before.results[0].completions[0]
+    assert list(got.token_ids) == list(expected.token_ids)
+    assert list(got.logprobs) == list(expected.logprobs)
+
+
 async def test_a_load_failing_halfway_keeps_the_old_weights(reference_model, tmp_path, monkeypatch):
     """hf backend: an out-of-memory error after half the tensors of a LoadWeights puts the old
     weights back (they serve on, bit for bit), the version is unchanged, and a retry of the same
@@ -526,14 +538,7 @@ async def test_a_load_failing_halfway_keeps_the_old_weights(reference_model, tmp
         assert "version 0 keeps serving" in info.value.details()
         assert await _version(stub) == 0 and not servicer.needs_reload
         assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
-        again = await _greedy(stub)
-        assert again.weight_version == 0
-        assert (
-            again.results[0].completions[0].token_ids == before.results[0].completions[0].token_ids
-        )
-        assert list(again.results[0].completions[0].logprobs) == list(
-            before.results[0].completions[0].logprobs
-        )
+        await serves_as_before(stub, before)
         for name, tensor in base.items():
             assert torch.equal(engine._targets[name], tensor), name
 

