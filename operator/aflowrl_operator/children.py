@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from aflowrl.config import API_GROUP, PLURAL, OpenAIExecutorSpec, RunSpec
+from aflowrl.config import API_GROUP, PLURAL, RunSpec, served_executor
 from aflowrl_operator import groups, kueue
 from aflowrl_operator.names import (
     COMPONENT_LABEL,
@@ -246,9 +246,9 @@ def gpu_pods(spec: RunSpec) -> dict[str, int]:
         counts["rollout"] = spec.rollout.replicas * spec.rollout.nodes_per_replica
     if spec.learner.resources.gpus:
         counts["learner"] = spec.learner.nodes
-    exe = spec.environment.executor
-    if isinstance(exe, OpenAIExecutorSpec) and exe.serve is not None and exe.serve.resources.gpus:
-        counts["executor"] = exe.serve.replicas * exe.serve.nodes_per_replica
+    serve = served_executor(spec)
+    if serve is not None and serve.resources.gpus:
+        counts["executor"] = serve.replicas * serve.nodes_per_replica
     return counts
 
 
@@ -284,9 +284,10 @@ def kueue_workload(
     all the replicas or none. The Workload is created once per shape (:data:`PODSETS_HASH` of
     counts and requests) and replaced only when the shape changes while it holds no quota.
     """
+    serve = served_executor(spec)
     counts = {
-        "executor": _serve_replicas(spec) * groups.pods_per_replica(spec, "executor"),
-        "rollout": spec.rollout.replicas * groups.pods_per_replica(spec, "rollout"),
+        "executor": serve.replicas * serve.nodes_per_replica if serve is not None else 0,
+        "rollout": spec.rollout.replicas * spec.rollout.nodes_per_replica,
         "learner": spec.learner.nodes,
         "environment": spec.environment.replicas.max,
     }
@@ -320,11 +321,6 @@ def kueue_workload(
     }
 
 
-def _serve_replicas(spec: RunSpec) -> int:
-    exe = spec.environment.executor
-    return exe.serve.replicas if isinstance(exe, OpenAIExecutorSpec) and exe.serve else 0
-
-
 def build(
     run: RunRef, spec: RunSpec, scale: Scale, *, monitoring_api: bool, group_api: bool = True
 ) -> Desired:
@@ -341,8 +337,7 @@ def build(
     absent: list[tuple[str, str]] = []
     if spec.storage.size is not None:
         children.append(Child(checkpoint_claim(run, spec)))
-    exe = spec.environment.executor
-    serve = exe.serve if isinstance(exe, OpenAIExecutorSpec) else None
+    serve = served_executor(spec)
     lws = groups.KIND
     pruned: list[Pruned] = []
 

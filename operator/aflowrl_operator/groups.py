@@ -53,9 +53,16 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aflowrl.config import OpenAIExecutorSpec, RunSpec
+from aflowrl.config import RunSpec, multi_node_replicas, served_executor
 from aflowrl_operator import pods
-from aflowrl_operator.names import COMPONENT_LABEL, REPLICA_LABEL, TEMPLATE_HASH, RunRef, digest
+from aflowrl_operator.names import (
+    COMPONENT_LABEL,
+    REPLICA_LABEL,
+    TEMPLATE_HASH,
+    RunRef,
+    annotation,
+    digest,
+)
 from aflowrl_operator.workloads import (
     VLLM_SERVER,
     component_service,
@@ -92,18 +99,12 @@ def replica_group_name(run: RunRef, component: str, index: int) -> str:
     return run.child(f"{component}-{index}")
 
 
-def _served(spec: RunSpec) -> Any:
-    exe = spec.environment.executor
-    return exe.serve if isinstance(exe, OpenAIExecutorSpec) else None
-
-
 def rollout_grouped(spec: RunSpec) -> bool:
-    return spec.rollout.nodes_per_replica > 1
+    return "rollout" in multi_node_replicas(spec)
 
 
 def executor_grouped(spec: RunSpec) -> bool:
-    serve = _served(spec)
-    return serve is not None and serve.nodes_per_replica > 1
+    return "executor" in multi_node_replicas(spec)
 
 
 def learner_grouped(spec: RunSpec) -> bool:
@@ -112,14 +113,7 @@ def learner_grouped(spec: RunSpec) -> bool:
 
 def needs_api(spec: RunSpec) -> list[str]:
     """The components that cannot run without the LeaderWorkerSet API (the learner can)."""
-    return [
-        name
-        for name, grouped in (
-            ("rollout", rollout_grouped(spec)),
-            ("executor", executor_grouped(spec)),
-        )
-        if grouped
-    ]
+    return list(multi_node_replicas(spec))
 
 
 def unavailable_message(spec: RunSpec) -> str:
@@ -127,7 +121,7 @@ def unavailable_message(spec: RunSpec) -> str:
         f"{name} (nodesPerReplica={count})"
         for name, count in (
             ("rollout", spec.rollout.nodes_per_replica),
-            ("executor", getattr(_served(spec), "nodes_per_replica", 1)),
+            ("executor", getattr(served_executor(spec), "nodes_per_replica", 1)),
         )
         if count > 1
     )
@@ -136,15 +130,6 @@ def unavailable_message(spec: RunSpec) -> str:
         f"({LWS_API}); install the LeaderWorkerSet controller (kubernetes-sigs/lws) or set "
         "nodesPerReplica to 1"
     )
-
-
-def pods_per_replica(spec: RunSpec, component: str) -> int:
-    """Pods of one replica of a component (a group's size; 1 for plain pods)."""
-    if component == "rollout":
-        return spec.rollout.nodes_per_replica
-    if component == "executor":
-        return getattr(_served(spec), "nodes_per_replica", 1)
-    return 1
 
 
 def pod_template_of(workload: JsonDict) -> JsonDict | None:
@@ -316,7 +301,7 @@ def executor(
     run: RunRef, spec: RunSpec, *, spec_hash_: str, node_labels: dict[str, str] | None = None
 ) -> list[JsonDict]:
     """One LeaderWorkerSet per served executor replica + their ClusterIP Service of leaders."""
-    serve = _served(spec)
+    serve = served_executor(spec)
     assert serve is not None
     nodes = serve.nodes_per_replica
     args = executor_args(spec)
@@ -416,32 +401,71 @@ def stamp(group: JsonDict) -> None:
 
 
 def _template_hash(obj: Mapping[str, Any] | None) -> str | None:
-    found = ((obj or {}).get("metadata") or {}).get("annotations") or {}
-    value = found.get(TEMPLATE_HASH)
-    return str(value) if value is not None else None
+    return annotation(obj, TEMPLATE_HASH)
 
 
-def _serving(group: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether every pod of a replica's group is ready and runs its LeaderWorkerSet's template."""
+SERVING, NOT_READY, DOWN = "serving", "not-ready", "down"
+"""States of a replica's group (:func:`replica_state`)."""
+
+
+def _own_pods(
+    group: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The pods of a replica's group that are not being deleted."""
     labels = group["metadata"].get("labels") or {}
+    return [
+        pod
+        for pod in pods
+        if not (pod.get("metadata") or {}).get("deletionTimestamp")
+        and all(
+            ((pod.get("metadata") or {}).get("labels") or {}).get(key) == labels.get(key)
+            for key in (COMPONENT_LABEL, REPLICA_LABEL)
+        )
+    ]
+
+
+def _running(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod runs (phase Running, no container waiting in CrashLoopBackOff)."""
+    state = pod.get("status") or {}
+    looping = any(
+        ((c.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff"
+        for c in state.get("containerStatuses") or []
+    )
+    return state.get("phase") == "Running" and not looping
+
+
+def replica_state(group: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> str:
+    """What a replica's LeaderWorkerSet ``group`` runs, from the run's ``pods``:
+
+    - :data:`SERVING`: every pod of its group ready, on the object's template;
+    - :data:`DOWN`: nothing of it runs: the object at 0 replicas, no leader pod, or a leader
+      that is not running (Pending, CrashLoopBackOff, failed);
+    - :data:`NOT_READY`: its leader runs but the group is not serving (a readiness probe
+      failing, a worker missing, pods on another template, an unstamped object).
+    """
+    if not (group.get("spec") or {}).get("replicas"):
+        return DOWN
+    own = _own_pods(group, pods)
+    leaders = [
+        p
+        for p in own
+        if ((p.get("metadata") or {}).get("labels") or {}).get(WORKER_INDEX_LABEL) == "0"
+    ]
+    if not any(_running(p) for p in leaders):
+        return DOWN
     want = _template_hash(group)
-    if want is None:  # not stamped (made before): what its pods run is unknown
-        return False
-    ready = 0
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        own = meta.get("labels") or {}
-        if meta.get("deletionTimestamp") or any(
-            own.get(key) != labels.get(key) for key in (COMPONENT_LABEL, REPLICA_LABEL)
-        ):
-            continue
-        conditions = (pod.get("status") or {}).get("conditions") or []
-        if _template_hash(pod) == want and any(
-            c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
-        ):
-            ready += 1
+    ready = sum(
+        1
+        for pod in own
+        if want is not None
+        and _template_hash(pod) == want
+        and any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (pod.get("status") or {}).get("conditions") or []
+        )
+    )
     size = int(((group.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size") or 1)
-    return ready >= size
+    return SERVING if ready >= size else NOT_READY
 
 
 def held_back(
@@ -452,27 +476,39 @@ def held_back(
     """The replica LeaderWorkerSets of one component that keep their live template this pass.
 
     ``sets``: each replica's manifest (stamped, :func:`stamp`) and desired count, in index
-    order; ``live``: the existing ones by name; ``pods``: the run's pods. A replica whose
-    template changes may take it when nothing of it runs (new, at zero, or some pod of its
-    group not ready or on another template: it is down anyway); a serving one only when every
-    other replica serves too, and one per pass: the next waits until that one's group is back,
-    every pod ready on the new template. A template that never gets ready stops there, with
-    the other replicas serving the old one.
+    order; ``live``: the existing ones by name; ``pods``: the run's pods. A new template
+    reaches one replica at a time, as a Deployment's ``maxUnavailable: 1`` would:
+
+    - a replica that is :data:`DOWN` (:func:`replica_state`) takes it at once: nothing of it
+      runs to be lost (so do new replicas and every replica of a stopped run);
+    - otherwise one replica per pass, and only while no replica already on the new template is
+      still coming up (the replacement in flight; a new template that never gets ready stops
+      the roll there, the others keeping the old one);
+    - that one is a :data:`NOT_READY` replica if there is one (it is unavailable already), a
+      :data:`SERVING` one only when every other replica serves, so a serving replica is never
+      taken down while another is unavailable. Several replicas not ready at once (every
+      leader failing its probe under load, say) are replaced one after the other, not together.
     """
-    serving = {name: _serving(group, pods) for name, group in live.items()}
-    held: set[str] = set()
-    replacing = False
+    states = {name: replica_state(group, pods) for name, group in live.items()}
+    changing: list[str] = []
+    in_flight = False
     for manifest, replicas in sets:
         name = manifest["metadata"]["name"]
         current = live.get(name)
-        if current is None or replicas == 0 or _template_hash(current) == _template_hash(manifest):
+        if current is None or replicas == 0:
             continue
-        if not (current.get("spec") or {}).get("replicas") or not serving[name]:
-            continue
-        if not replacing and all(ok for other, ok in serving.items() if other != name):
-            replacing = True
-            continue
-        held.add(name)
+        if _template_hash(current) == _template_hash(manifest):
+            in_flight |= states[name] != SERVING
+        elif states[name] != DOWN:
+            changing.append(name)
+    held = set(changing)
+    if in_flight or not changing:
+        return held
+    not_ready = [name for name in changing if states[name] == NOT_READY]
+    if not_ready:
+        held.discard(not_ready[0])
+    elif all(state == SERVING for state in states.values()):
+        held.discard(changing[0])
     return held
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from aflowrl.config import API_GROUP, API_VERSION, KIND
@@ -150,6 +151,12 @@ class RunRef:
     def learner_host(self, ordinal: int = 0) -> str:
         """Stable DNS name of one learner pod (through the headless Service)."""
         return f"{self.learner}-{ordinal}.{self.learner}.{self.namespace}.svc"
+
+
+def annotation(obj: Mapping[str, Any] | None, key: str) -> str | None:
+    """The annotation ``key`` of a Kubernetes object (None for no object or no annotation)."""
+    value = (((obj or {}).get("metadata") or {}).get("annotations") or {}).get(key)
+    return str(value) if value is not None else None
 
 
 def digest(doc: Any) -> str:

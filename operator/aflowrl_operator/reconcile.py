@@ -60,6 +60,7 @@ from aflowrl_operator.names import (
     RUN_LABEL,
     TEMPLATE_HASH,
     RunRef,
+    annotation,
 )
 from aflowrl_operator.validation import Rejection, immutable_changes, validate
 
@@ -93,13 +94,6 @@ def _now() -> str:
 
 def _version(obj: JsonDict | None) -> str | None:
     return ((obj or {}).get("metadata") or {}).get("resourceVersion")
-
-
-def _annotation(obj: JsonDict | None, key: str) -> str | None:
-    if obj is None:
-        return None
-    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(key)
-    return str(value) if value is not None else None
 
 
 class Reconciler:
@@ -202,7 +196,7 @@ class Reconciler:
                 f"Job {run.trainer} already exists and is not controlled by TrainingRun "
                 f"{run.name}; rename the run or delete that Job"
             )
-        if live is not None and _annotation(live, TEMPLATE_HASH) != _annotation(
+        if live is not None and annotation(live, TEMPLATE_HASH) != annotation(
             manifest, TEMPLATE_HASH
         ):
             state = status.job_state(live)
@@ -218,9 +212,7 @@ class Reconciler:
             else:
                 manifest = copy.deepcopy(manifest)
                 manifest["spec"]["template"] = live["spec"]["template"]
-                manifest["metadata"]["annotations"][TEMPLATE_HASH] = _annotation(
-                    live, TEMPLATE_HASH
-                )
+                manifest["metadata"]["annotations"][TEMPLATE_HASH] = annotation(live, TEMPLATE_HASH)
         if live is not None and status.job_state(live).finished:
             manifest = copy.deepcopy(manifest)
             manifest["spec"]["suspend"] = bool(live["spec"].get("suspend"))  # stays as it ended
@@ -376,9 +368,9 @@ class Reconciler:
                 priority=await self._priority(spec, priority, version),
                 api_version=version,
             )
-        reshaped = workload_live is not None and _annotation(
+        reshaped = workload_live is not None and annotation(
             workload_live, PODSETS_HASH
-        ) != _annotation(workload_manifest, PODSETS_HASH)
+        ) != annotation(workload_manifest, PODSETS_HASH)
         admitted = admission.admitted and admission.active and not reshaped
         held = queue is not None and wants_running and not admitted
         if body is not None and await self._suspend_for_kueue(
@@ -716,7 +708,7 @@ class Reconciler:
             live, action = await ensure(self.api, run, manifest)
             if action != "unchanged":
                 self._record(actions, "Workload", run.workload, action)
-        ours = _annotation(live, kueue.SUSPENDED_BY) is not None
+        ours = annotation(live, kueue.SUSPENDED_BY) is not None
         if suspended and admitted.active:
             patch = {
                 "metadata": {"annotations": {kueue.SUSPENDED_BY: "true"}},

@@ -18,7 +18,16 @@ from aflowrl.config.monitoring import GrpcSpec, MonitoringSpec
 from aflowrl.config.policy import BUILT_IN_MODELS, TINY_MODEL, PolicySpec
 from aflowrl.config.resources import ImageSpec, ResourceSpec, SecretKeyRef
 from aflowrl.config.rollout import RolloutSpec, SamplingSpec
-from aflowrl.config.run import API_GROUP, API_VERSION, KIND, PLURAL, RunSpec, StorageSpec
+from aflowrl.config.run import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    PLURAL,
+    RunSpec,
+    StorageSpec,
+    multi_node_replicas,
+    served_executor,
+)
 from aflowrl.config.status import CONDITION_TYPES, Condition, TrainingRunStatus
 from aflowrl.config.trainer import TrainerSpec
 from aflowrl.config.transport import (
@@ -62,4 +71,6 @@ __all__ = [
     "SurrogateExecutorSpec",
     "TrainerSpec",
     "TrainingRunStatus",
+    "multi_node_replicas",
+    "served_executor",
 ]

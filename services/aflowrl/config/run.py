@@ -18,7 +18,13 @@ from pydantic import Field, ValidationError, model_validator
 from aflowrl import documents
 from aflowrl.config import _cel
 from aflowrl.config._base import CelRule, DnsSubdomain, FieldRuleError, SpecModel
-from aflowrl.config.environment import MIXED, NEEDS_DATA_DIR, EnvironmentSpec
+from aflowrl.config.environment import (
+    MIXED,
+    NEEDS_DATA_DIR,
+    EnvironmentSpec,
+    OpenAIExecutorSpec,
+    ServedExecutorSpec,
+)
 from aflowrl.config.errors import ConfigError
 from aflowrl.config.learner import GiGPOSpec, GRPOSpec, LearnerSpec, PPOSpec
 from aflowrl.config.monitoring import GrpcSpec, MonitoringSpec
@@ -487,12 +493,20 @@ CLUSTER_RULES: tuple[CelRule, ...] = (
 """The CEL twins of :func:`cluster_problems`, on the CRD's ``spec``."""
 
 
-def _multi_node_replicas(spec: RunSpec) -> dict[str, int]:
-    """Replica counts of the components whose replicas span nodes (one LeaderWorkerSet each)."""
+def served_executor(spec: RunSpec) -> ServedExecutorSpec | None:
+    """The executor the run serves itself (``environment.executor.serve``), None for an
+    external endpoint or the surrogate."""
+    exe = spec.environment.executor
+    return exe.serve if isinstance(exe, OpenAIExecutorSpec) else None
+
+
+def multi_node_replicas(spec: RunSpec) -> dict[str, int]:
+    """Replica counts of the components whose replicas span nodes (``rollout``, ``executor``:
+    one LeaderWorkerSet each on Kubernetes)."""
     out = {}
     if spec.rollout.nodes_per_replica > 1:
         out["rollout"] = spec.rollout.replicas
-    serve = getattr(spec.environment.executor, "serve", None)
+    serve = served_executor(spec)
     if serve is not None and serve.nodes_per_replica > 1:
         out["executor"] = serve.replicas
     return out
@@ -501,7 +515,7 @@ def _multi_node_replicas(spec: RunSpec) -> dict[str, int]:
 def group_name_problems(name: str, spec: RunSpec) -> list[tuple[str, str]]:
     """A run name too long for its replicas' LeaderWorkerSets (:data:`MAX_GROUP_NAME`)."""
     problems = []
-    for component, replicas in _multi_node_replicas(spec).items():
+    for component, replicas in multi_node_replicas(spec).items():
         longest = f"{name}-{component}-{replicas - 1}"
         if len(longest) > MAX_GROUP_NAME:
             problems.append(

@@ -7,6 +7,7 @@ deployment controller.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator
 
 import kubernetes_validate
@@ -72,6 +73,16 @@ async def plain_cluster() -> AsyncIterator[Cluster]:
         yield harness
 
 
+def _unnumbered(lwt: dict) -> dict:
+    """A replica's ``leaderWorkerTemplate`` without its replica label and template hash."""
+    lwt = copy.deepcopy(lwt)
+    for role in ("leaderTemplate", "workerTemplate"):
+        meta = lwt[role]["metadata"]
+        assert meta["labels"].pop("aflowrl.io/replica") is not None
+        assert meta["annotations"].pop("aflowrl.io/template-hash") is not None
+    return lwt
+
+
 def _env(container: dict) -> dict:
     return {e["name"]: e.get("value") for e in container["env"]}
 
@@ -116,11 +127,10 @@ async def test_every_multi_node_replica_is_a_leader_worker_set_of_its_own(lws_cl
         lwt = group["spec"]["leaderWorkerTemplate"]
         for template in (lwt["leaderTemplate"], lwt["workerTemplate"]):
             assert template["metadata"]["labels"]["aflowrl.io/replica"] == str(index % 2)
-    assert replicas[0]["spec"]["leaderWorkerTemplate"] == {
-        **replicas[1]["spec"]["leaderWorkerTemplate"],
-        "leaderTemplate": replicas[0]["spec"]["leaderWorkerTemplate"]["leaderTemplate"],
-        "workerTemplate": replicas[0]["spec"]["leaderWorkerTemplate"]["workerTemplate"],
-    }
+    # The replicas differ only in their index and the template hash that follows from it.
+    first, second = (_unnumbered(r["spec"]["leaderWorkerTemplate"]) for r in replicas)
+    assert first == second
+    assert first["leaderTemplate"] != first["workerTemplate"]  # the comparison compares
     workload = await cluster.eventually(
         lambda: cluster.child("kueue.x-k8s.io/v1beta2/workloads", "demo-kueue")
     )
@@ -390,7 +400,10 @@ async def _run_group(cluster: Cluster, name: str) -> list[str]:
             "metadata": {
                 "name": f"{name}-0" + (f"-{index}" if index else ""),
                 "namespace": NAMESPACE,
-                "labels": template["metadata"]["labels"],
+                "labels": {
+                    **template["metadata"]["labels"],
+                    "leaderworkerset.sigs.k8s.io/worker-index": str(index),
+                },
                 "annotations": template["metadata"]["annotations"],
             },
             "spec": template["spec"],

@@ -719,9 +719,6 @@ def test_every_multi_node_replica_is_a_leader_worker_set_of_its_own():
             labels = lwt[role]["metadata"]["labels"]
             assert labels["aflowrl.io/replica"] == index
             assert labels["scheduling.x-k8s.io/pod-group"] == "demo-gpu"
-        # Within what the LWS controller can name: its worker StatefulSet is <name>-0 and
-        # that StatefulSet's pods carry "<name>-0-<revision hash>" as a 63-character label.
-        assert len(f"{name}-0-0123456789") <= 63
     # Only the spec's replicas may exist; the others of the run's are deleted.
     keep = {p.labels[COMPONENT_LABEL]: p.keep for p in desired.pruned}
     assert keep == {
@@ -758,36 +755,62 @@ def _replica_sets(doc: dict, scale: children.Scale = RUNNING) -> list[tuple[dict
     ]
 
 
-def _group_pods(group: dict, *, ready: bool = True) -> list[dict]:
-    """The pods of a replica's group as the LWS controller makes them from its live object."""
+def _group_pods(group: dict, *, ready: bool = True, phase: str = "Running") -> list[dict]:
+    """The pods of a replica's group as the LWS controller makes them from its live object:
+    running (``phase``), ready or not."""
     lwt = group["spec"]["leaderWorkerTemplate"]
     return [
         {
             "metadata": {
                 "name": f"{group['metadata']['name']}-0-{k}",
-                "labels": lwt["leaderTemplate"]["metadata"]["labels"],
+                "labels": {
+                    **lwt["leaderTemplate"]["metadata"]["labels"],
+                    "leaderworkerset.sigs.k8s.io/worker-index": str(k),
+                },
                 "annotations": lwt["leaderTemplate"]["metadata"]["annotations"],
             },
-            "status": {"conditions": [{"type": "Ready", "status": str(ready)}]},
+            "status": {
+                "phase": phase,
+                "conditions": [{"type": "Ready", "status": str(ready and phase == "Running")}],
+            },
         }
         for k in range(lwt["size"])
     ]
 
 
-def test_a_new_template_reaches_the_replica_groups_one_at_a_time():
+def _rolling_replicas() -> tuple[list, dict, list]:
+    """Three serving rollout replicas (their live objects) and the sets of a new template."""
     old = _replica_sets(ROLLING)
     live = {m["metadata"]["name"]: {**m, "spec": {**m["spec"], "replicas": 1}} for m, _ in old}
     changed = copy.deepcopy(ROLLING)
     changed["rollout"]["pod"] = {"annotations": {"example.com/team": "rl"}}
-    new = _replica_sets(changed)
+    return old, live, _replica_sets(changed)
+
+
+def _pods_of(live: dict, **states: dict) -> list[dict]:
+    """The pods of every live replica: ready and running unless ``states[<replica index>]``
+    says otherwise (keyword arguments of :func:`_group_pods`)."""
+    return [
+        pod
+        for group in live.values()
+        for pod in _group_pods(group, **states.get(f"r{group['metadata']['name'][-1]}", {}))
+    ]
+
+
+def _live_on(manifest: dict) -> dict:
+    return {**manifest, "spec": {**manifest["spec"], "replicas": 1}}
+
+
+def test_a_new_template_reaches_the_replica_groups_one_at_a_time():
+    old, live, new = _rolling_replicas()
     hashes = [m["metadata"]["annotations"]["aflowrl.io/template-hash"] for m, _ in old + new]
     assert len(set(hashes)) == 6  # each replica's own, and every one changed
-    pods = [pod for group in live.values() for pod in _group_pods(group)]
+    pods = _pods_of(live)
     # Every replica serves the old template: the first takes the new one, alone.
     assert groups.held_back(new, live, pods) == {"demo-rollout-1", "demo-rollout-2"}
     # Its group is being recreated: the others wait (its object has the new template, its
     # pods are not ready on it yet).
-    live["demo-rollout-0"] = {**new[0][0], "spec": {**new[0][0]["spec"], "replicas": 1}}
+    live["demo-rollout-0"] = _live_on(new[0][0])
     waiting = [p for p in pods if p["metadata"]["labels"]["aflowrl.io/replica"] != "0"]
     assert groups.held_back(new, live, waiting) == {"demo-rollout-1", "demo-rollout-2"}
     stale = waiting + _group_pods(old[0][0])  # old pods still ready: not the new template
@@ -795,12 +818,15 @@ def test_a_new_template_reaches_the_replica_groups_one_at_a_time():
     # Back, every pod ready on the new template: the next replica goes.
     back = waiting + _group_pods(live["demo-rollout-0"])
     assert groups.held_back(new, live, back) == {"demo-rollout-2"}
-    # A replica that is down anyway takes the new template at once; a serving one waits for it.
+    # A replica that is down (its leader Pending) takes the new template at once; a serving
+    # one waits for it.
     down = [p for p in back if p["metadata"]["labels"]["aflowrl.io/replica"] != "2"]
-    down += _group_pods(live["demo-rollout-2"], ready=False)
+    down += _group_pods(live["demo-rollout-2"], ready=False, phase="Pending")
     assert groups.held_back(new, live, down) == {"demo-rollout-1"}
     # Nothing runs (suspended, held by Kueue): every replica takes it.
     stopped = children.Scale(services=False, environment_replicas=2, trainer_suspended=True)
+    changed = copy.deepcopy(ROLLING)
+    changed["rollout"]["pod"] = {"annotations": {"example.com/team": "rl"}}
     assert groups.held_back(_replica_sets(changed, stopped), live, pods) == set()
     # What a held replica is applied with: its live template, its new count.
     kept = groups.keep_template(new[1][0], live["demo-rollout-1"])
@@ -812,6 +838,82 @@ def test_a_new_template_reaches_the_replica_groups_one_at_a_time():
         kept["metadata"]["annotations"]["aflowrl.io/template-hash"]
         == live["demo-rollout-1"]["metadata"]["annotations"]["aflowrl.io/template-hash"]
     )
+
+
+def test_replicas_running_but_not_ready_take_a_new_template_one_per_pass():
+    _, live, new = _rolling_replicas()
+    not_ready = {"ready": False}
+    # Every leader running, none ready (a failing broadcast, probes timing out under load):
+    # one replica is replaced, the others keep running the old template.
+    pods = _pods_of(live, r0=not_ready, r1=not_ready, r2=not_ready)
+    assert groups.held_back(new, live, pods) == {"demo-rollout-1", "demo-rollout-2"}
+    # While it comes back, the next waits, however unready the others are.
+    live["demo-rollout-0"] = _live_on(new[0][0])
+    assert groups.held_back(new, live, pods) == {"demo-rollout-1", "demo-rollout-2"}
+    # The one not ready goes before the serving ones, which are not taken down meanwhile.
+    _, live, new = _rolling_replicas()
+    assert groups.held_back(new, live, _pods_of(live, r1=not_ready)) == {
+        "demo-rollout-0",
+        "demo-rollout-2",
+    }
+
+
+@pytest.mark.parametrize(
+    ("how", "pod_state"),
+    [
+        ("leader pending", {"phase": "Pending"}),
+        ("leader failed", {"phase": "Failed"}),
+        ("no pod", None),
+        ("at zero", None),
+    ],
+)
+def test_a_replica_that_is_down_takes_a_new_template_at_once(how, pod_state):
+    _, live, new = _rolling_replicas()
+    states = {"r0": {"ready": False}, "r1": {"ready": False}}
+    pods = [
+        p
+        for p in _pods_of(live, **states, r2=pod_state or {})
+        if pod_state is not None or p["metadata"]["labels"]["aflowrl.io/replica"] != "2"
+    ]
+    if how == "at zero":
+        live["demo-rollout-2"]["spec"]["replicas"] = 0
+    # Replica 2 is down: it takes the template with the one not-ready replica allowed.
+    assert groups.held_back(new, live, pods) == {"demo-rollout-1"}
+
+
+def test_a_crash_looping_leader_is_down():
+    _, live, _ = _rolling_replicas()
+    group = live["demo-rollout-0"]
+    pods = _group_pods(group, ready=False)
+    assert groups.replica_state(group, pods) == groups.NOT_READY
+    pods[0]["status"]["containerStatuses"] = [
+        {"name": "rollout", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}
+    ]
+    assert groups.replica_state(group, pods) == groups.DOWN
+    assert groups.replica_state(group, _group_pods(group)) == groups.SERVING
+
+
+def test_a_scale_down_in_the_middle_of_a_roll_keeps_one_replica_replacing():
+    _, live, new = _rolling_replicas()
+    live["demo-rollout-0"] = _live_on(new[0][0])  # replica 0 is being replaced
+    pods = [p for p in _pods_of(live) if p["metadata"]["labels"]["aflowrl.io/replica"] != "0"]
+    # Down to two replicas: replica 2 is no longer wanted (the reconciler deletes it), and
+    # replica 1 still waits for replica 0.
+    fewer = new[:2]
+    mine = {name: group for name, group in live.items() if name != "demo-rollout-2"}
+    assert groups.held_back(fewer, mine, pods) == {"demo-rollout-1"}
+    # Down to one, the replica being replaced: nothing else to hold.
+    assert groups.held_back(new[:1], {"demo-rollout-0": live["demo-rollout-0"]}, pods) == set()
+    # Replica 0 back: replica 1 goes.
+    pods += _group_pods(live["demo-rollout-0"])
+    assert groups.held_back(fewer, mine, pods) == set()
+    # The replica being replaced is the one scaled away: the next of those left goes.
+    _, live, new = _rolling_replicas()
+    live["demo-rollout-2"] = _live_on(new[2][0])
+    pods = [p for p in _pods_of(live) if p["metadata"]["labels"]["aflowrl.io/replica"] != "2"]
+    assert groups.held_back(new, live, pods) == {"demo-rollout-0", "demo-rollout-1"}
+    mine = {name: group for name, group in live.items() if name != "demo-rollout-2"}
+    assert groups.held_back(new[:2], mine, pods) == {"demo-rollout-1"}
 
 
 @pytest.mark.parametrize(
