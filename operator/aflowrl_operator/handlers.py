@@ -112,9 +112,16 @@ WATCHED_CHILDREN: tuple[tuple[str, str | None, str], ...] = (
     ("", "v1", "configmaps"),
     ("autoscaling", "v2", "horizontalpodautoscalers"),
     ("kueue.x-k8s.io", None, "workloads"),
+    ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
 )
 """Every child kind whose changes the status or the run depends on (labelled by the run); no
-version: the version the cluster prefers (Kueue's Workload is ``v1beta2`` or ``v1beta1``)."""
+version: the version the cluster prefers (Kueue's Workload is ``v1beta2`` or ``v1beta1``).
+
+A LeaderWorkerSet's ``readyReplicas`` is written by its controller after the pod events, so
+its own events are watched too. Kinds the cluster does not serve (no Kueue, no
+LeaderWorkerSet CRD) are not watched: kopf logs one warning per scan of the cluster's APIs
+("Unresolved resources cannot be served") and starts watching when the CRD appears; the run
+says ``MultiNodeUnavailable`` meanwhile (:mod:`aflowrl_operator.groups`)."""
 
 
 @dataclasses.dataclass

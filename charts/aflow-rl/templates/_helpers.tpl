@@ -103,10 +103,10 @@ written with server-side apply (patch, which also creates) and watched (list, wa
   resources: ["podmonitors"]
   verbs: ["get", "create", "patch", "delete"]
 # One LeaderWorkerSet per multi-node replica: a smaller count deletes the run's own ones beyond
-# it, found by label (list).
+# it, found by label (list); their status changes (ready groups) are watched.
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- if .Values.rbac.gangScheduling }}
 - apiGroups: ["scheduling.x-k8s.io"]
   resources: ["podgroups"]

@@ -7,7 +7,9 @@ deployment controller.
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import dataclasses
 from collections.abc import AsyncIterator
 
 import kubernetes_validate
@@ -376,6 +378,7 @@ async def test_replica_groups_restart_scale_suspend_and_go_back_to_deployments(
     assert {
         ("get", "leaderworkerset.x-k8s.io", "leaderworkersets"),
         ("list", "leaderworkerset.x-k8s.io", "leaderworkersets"),  # the surplus, by label
+        ("watch", "leaderworkerset.x-k8s.io", "leaderworkersets"),  # their ready groups
         ("patch", "leaderworkerset.x-k8s.io", "leaderworkersets"),  # server-side apply
         ("delete", "leaderworkerset.x-k8s.io", "leaderworkersets"),
     } <= made
@@ -454,6 +457,44 @@ async def test_a_new_template_reaches_the_replica_groups_one_at_a_time(lws_clust
     # Its group is back on the new template: the other replica's turn.
     await _run_group(cluster, first)
     await cluster.eventually(lambda: len(updated()) == 2, what="the second replica's turn")
+
+
+async def test_a_leader_worker_set_status_change_alone_updates_the_run(lws_cluster: Cluster):
+    cluster = lws_cluster
+    # No resync within the test: only an event can run a pass.
+    await cluster.stop_operator()
+    cluster.operator.config = dataclasses.replace(cluster.config, resync_interval_s=3600.0)
+    await cluster.start_operator()
+    await cluster.create_run("demo", {k: v for k, v in MULTI.items() if k != "scheduling"})
+    for name in ("demo-rollout-0", "demo-rollout-1"):
+        await cluster.eventually(
+            lambda name=name: (cluster.child(LWS, name) or {}).get("spec", {}).get("replicas"),
+            what=f"{name} running",
+        )
+    waiting = await cluster.wait_condition("demo", "RolloutReady", status="False")
+    assert waiting["message"].startswith("0/2 ")
+    await _quiet(cluster)
+    # The LWS controller marks both groups ready; no pod, no other object changes.
+    for name in ("demo-rollout-0", "demo-rollout-1"):
+        await cluster.emulator.set_status(LWS, NAMESPACE, name, {"readyReplicas": 1})
+    # Promptly: well before the resync, and before kopf's watches of other kinds restart (which
+    # list their objects again, about a minute in here, and would run a pass too).
+    ready = await cluster.eventually(
+        lambda: (cluster.condition("demo", "RolloutReady") or {}).get("status") == "True",
+        within=30.0,
+        what="RolloutReady after the groups' status alone",
+    )
+    assert ready and cluster.condition("demo", "RolloutReady")["message"].startswith("2/2 ")
+
+
+async def _quiet(cluster: Cluster) -> None:
+    """Wait until the operator has made no pass for a while (so that a pass that follows is
+    one an event caused)."""
+    while True:
+        before = cluster.passes()
+        await asyncio.sleep(2.0)
+        if cluster.passes() == before:
+            return
 
 
 async def test_without_the_leader_worker_set_api_the_run_says_so(plain_cluster: Cluster):
