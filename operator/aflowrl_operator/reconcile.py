@@ -66,6 +66,9 @@ from aflowrl_operator.validation import Rejection, immutable_changes, validate
 
 logger = logging.getLogger(__name__)
 
+STATUS_REFUSED = "StatusRejected"
+"""Reason of the Warning Event about a run whose status the API server refuses."""
+
 JsonDict = dict[str, Any]
 
 MONITORING_API = "monitoring.coreos.com/v1"
@@ -114,6 +117,7 @@ class Reconciler:
         self._monitoring: tuple[float, bool] | None = None
         self._groups: tuple[float, bool] | None = None
         self._warned_no_monitoring: set[str] = set()
+        self._status_refusals: set[str] = set()  # runs whose status the API server refuses
         self._nodes: tuple[float, list[JsonDict]] | None = None
         self._kueue: tuple[float, str] | None = None
         self._warned_priority: set[tuple[str, str]] = set()
@@ -279,14 +283,39 @@ class Reconciler:
         new_status = status.compute(observation, current.get("status"), generation, _now())
         written = status.changed(new_status, current.get("status"))
         if written:
-            await self.api.patch(
-                KIND, run.namespace, run.name, {"status": new_status}, subresource="status"
-            )
-            for type_, reason, message in status.transitions(current.get("status"), new_status):
-                await self._event(run, type_, reason, message)
+            try:
+                await self.api.patch(
+                    KIND, run.namespace, run.name, {"status": new_status}, subresource="status"
+                )
+            except ApiRejectedError as exc:
+                written = False
+                await self._status_refused(run, exc)
+            else:
+                self._status_refusals.discard(run.uid)
+                for type_, reason, message in status.transitions(current.get("status"), new_status):
+                    await self._event(run, type_, reason, message)
         if actions:
             await self._event(run, "Normal", "Reconciled", ", ".join(actions))
         return Outcome(status=new_status, rejection=rejection, status_written=written)
+
+    async def _status_refused(self, run: RunRef, exc: ApiRejectedError) -> None:
+        """The API server refuses the run's status: say so once, in an Event and the log.
+
+        The CRD's root validation rules (the name against the replicas spanning nodes,
+        :data:`aflowrl.config.run.GROUP_NAME_RULES`) run on every write of the run, its status
+        included, so a run created before a rule that it breaks can no longer be given a
+        status; retrying cannot help, and the pass goes on (its children are still applied).
+        """
+        if run.uid in self._status_refusals:
+            return
+        self._status_refusals.add(run.uid)
+        message = (
+            f"the API server refuses this TrainingRun's status ({exc}); the run breaks a "
+            "validation rule of the TrainingRun CRD (one added after it was created, such as "
+            "the name's length against its multi-node replicas): recreate it so that it passes"
+        )
+        logger.warning("%s/%s: %s", run.namespace, run.name, message)
+        await self._event(run, "Warning", STATUS_REFUSED, message)
 
     async def _event(self, run: RunRef, type_: str, reason: str, message: str) -> None:
         """Post a core/v1 Event about the run (``kubectl describe trainingrun`` lists them).

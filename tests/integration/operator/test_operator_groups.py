@@ -487,6 +487,39 @@ async def test_a_leader_worker_set_status_change_alone_updates_the_run(lws_clust
     assert ready and cluster.condition("demo", "RolloutReady")["message"].startswith("2/2 ")
 
 
+async def test_a_run_whose_status_is_refused_is_told_once_and_still_reconciled(
+    lws_cluster: Cluster,
+):
+    cluster = lws_cluster
+    await cluster.create_run("demo", {k: v for k, v in MULTI.items() if k != "scheduling"})
+    await cluster.wait_condition("demo", "RolloutReady", status="False")
+    # As the API server answers every write of a run that breaks a root rule of the CRD added
+    # after it was created (they run on status writes too): 422.
+    cluster.emulator.fail_next("PATCH", "trainingruns", 422, times=10_000)
+    for name in ("demo-rollout-0", "demo-rollout-1"):
+        await cluster.emulator.set_status(LWS, NAMESPACE, name, {"readyReplicas": 1})
+
+    def refusals() -> list[dict]:
+        return [
+            e
+            for e in cluster.emulator.all("v1/events", NAMESPACE)
+            if e.get("reason") == "StatusRejected"
+        ]
+
+    told = await cluster.eventually(refusals, what="a StatusRejected event")
+    assert told[0]["type"] == "Warning" and "HTTP 422" in told[0]["message"]
+    await cluster.settle(passes=5)  # the operator goes on, and says it once
+    assert len(refusals()) == 1
+    assert cluster.condition("demo", "RolloutReady")["status"] == "False"
+    # Children are still applied: a third replica appears.
+    await cluster.patch_spec("demo", {"rollout": {"replicas": 3}})
+    await cluster.eventually(lambda: cluster.child(LWS, "demo-rollout-2"), what="a third replica")
+    # The run fixed (here: the API server accepts it again), its status follows.
+    cluster.emulator.clear_failures()
+    await cluster.emulator.set_status(LWS, NAMESPACE, "demo-rollout-2", {"readyReplicas": 1})
+    await cluster.wait_condition("demo", "RolloutReady", status="True")
+
+
 async def _quiet(cluster: Cluster) -> None:
     """Wait until the operator has made no pass for a while (so that a pass that follows is
     one an event caused)."""
