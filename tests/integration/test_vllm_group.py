@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import json
 import os
 import re
 import socket
@@ -51,6 +52,7 @@ rollout:
     gpuMemoryUtilization: 0.05
     enforceEager: true
     tensorParallelSize: 2
+    pipelineParallelSize: 1
     distributedBackend: %s
 """
 )
@@ -95,8 +97,9 @@ def _spec_text(backend: str, tmp: Path, nccl_port: int) -> str:
     return (GROUP_SPEC % backend) + nccl_transport(tmp, port=nccl_port, checkpoints=False)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def learner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str]]:
+    """A learner at version 0 for each test (each starts a replica from the base model)."""
     tmp = tmp_path_factory.mktemp("group-learner")
     text = _spec_text("mp", tmp, free_port())
     spec = tmp / "spec.yaml"
@@ -157,13 +160,36 @@ async def _push_and_serve(learner: Service, spec_text: str, leader: Service) -> 
         await channel.close()
 
 
+def _layers_loaded(log: Path) -> list[list[list[int]]]:
+    """The decoder layers each rank loaded, per weight update (the leader's
+    ``vllm_engine.log_loaded`` lines)."""
+    text = log.read_text(errors="replace")
+    return [json.loads(m) for m in re.findall(r"decoder layers per rank (\[.*\])", text)]
+
+
+def _check_stages(updates: list[list[list[int]]], pp: int) -> None:
+    """Both pushes (grpc, then the broadcast) reached both ranks, and each pipeline stage loaded
+    only its own consecutive share of the decoder layers (every tensor-parallel rank all)."""
+    assert len(updates) == 2, updates
+    for ranks in updates:
+        layers = sorted(set().union(*ranks))
+        assert layers == list(range(len(layers))) and len(layers) >= 2
+        share = len(layers) // pp
+        stages = [layers[i * share : (i + 1) * share] for i in range(pp)]
+        assert ranks == [stage for stage in stages for _ in range(2 // pp)], ranks
+
+
 def _ranks_in(log: Path) -> set[str]:
     """The vLLM worker processes a log names (vLLM prefixes their lines ``(Worker_TPn ...``)."""
-    return set(re.findall(r"\((Worker_TP\d)", log.read_text(errors="replace")))
+    return set(re.findall(r"\((Worker_[TP]P\d)", log.read_text(errors="replace")))
 
 
-async def test_one_replica_spans_two_processes_with_mp(learner, tmp_path):
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+async def test_one_replica_spans_two_processes_with_mp(learner, tmp_path, tp, pp):
     learner_service, text = learner
+    text = text.replace("tensorParallelSize: 2", f"tensorParallelSize: {tp}").replace(
+        "pipelineParallelSize: 1", f"pipelineParallelSize: {pp}"
+    )
     spec = tmp_path / "spec.yaml"
     spec.write_text(text)
     port = free_port()
@@ -175,8 +201,10 @@ async def test_one_replica_spans_two_processes_with_mp(learner, tmp_path):
             assert worker.process.poll() is None, worker.log.read_text()[-4000:]
             await _push_and_serve(learner_service, text, leader)
             # Rank 0 ran beside the leader's engine, rank 1 in the worker's process.
-            assert _ranks_in(leader.log) == {"Worker_TP0"}
-            assert _ranks_in(worker.log) == {"Worker_TP1"}
+            _check_stages(_layers_loaded(leader.log), pp)
+            kind = "TP" if tp > 1 else "PP"
+            assert _ranks_in(leader.log) == {f"Worker_{kind}0"}
+            assert _ranks_in(worker.log) == {f"Worker_{kind}1"}
         finally:
             leader.stop()
 

@@ -34,6 +34,7 @@ class RecordingEngine:
         self.largest_string = 0
         self.pieces: list[tuple[Any, Any]] = []
         self.prefix_cache_resets = 0
+        self.names: set[str] = set()
 
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
         # By name: the worker extension's method (vllm_worker.AflowrlWorkerExtension).
@@ -46,6 +47,9 @@ class RecordingEngine:
             specs, parts, _tied = args
             if len(self.pieces) < 3:
                 self.pieces.append((specs, parts))
+            self.names.update(str(name) for name, _dtype, _shape in specs)
+        if method == "aflowrl_finish_update":  # one rank that loaded every name it was sent
+            return [vllm_worker.loaded_report(self.names)]
         return [None]
 
     def reset_prefix_cache(self) -> None:
