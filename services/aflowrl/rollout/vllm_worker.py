@@ -1,7 +1,8 @@
 """What runs inside vLLM's workers: weight reloads in pieces, and the weight-transfer backend.
 
 :class:`~aflowrl.rollout.vllm_engine.VllmEngine` calls these through vLLM's ``collective_rpc``
-(every worker of the engine runs them: one per tensor-parallel rank), by name: vLLM mixes
+(every worker of the engine runs them: one per rank, tensor x pipeline parallel; a pipeline
+stage's model loads only the layers it holds and skips the other names), by name: vLLM mixes
 :class:`AflowrlWorkerExtension` into its worker class (``worker_extension_cls``), whose methods
 call the module-level functions here with the worker first. Arguments and answers are plain
 data, which vLLM's msgpack channel carries without pickle.
@@ -149,6 +150,8 @@ def load_piece(
     with _config(worker):
         # A pipeline stage's model skips the names of the layers it does not hold.
         loaded = model.load_weights(with_head(model, bucket, tied))
+    if getattr(worker, _LOADED, None) is None:  # a piece without start_update
+        setattr(worker, _LOADED, set())
     getattr(worker, _LOADED).update(loaded or ())
     return sum(len(b) for data in parts for b in data)
 
