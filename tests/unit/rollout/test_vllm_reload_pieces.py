@@ -34,6 +34,7 @@ class RecordingEngine:
         self.largest_string = 0
         self.pieces: list[tuple[Any, Any]] = []
         self.prefix_cache_resets = 0
+        self.names: set[str] = set()
 
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
         # By name: the worker extension's method (vllm_worker.AflowrlWorkerExtension).
@@ -46,6 +47,9 @@ class RecordingEngine:
             specs, parts, _tied = args
             if len(self.pieces) < 3:
                 self.pieces.append((specs, parts))
+            self.names.update(str(name) for name, _dtype, _shape in specs)
+        if method == "aflowrl_finish_update":  # one rank that loaded every name it was sent
+            return [vllm_worker.loaded_report(self.names)]
         return [None]
 
     def reset_prefix_cache(self) -> None:
@@ -137,3 +141,16 @@ def test_a_restore_puts_back_each_layer_s_kernel_as_well_as_its_tensors():
 
     other = torch.nn.Sequential(torch.nn.Linear(4, 3))
     assert not vllm_worker.restore_weights(other, vllm_worker.keep_weights(model))
+
+
+def test_a_rank_reports_the_decoder_layers_of_the_parameters_it_loaded():
+    # What a second pipeline stage of a 4-layer model loads (vLLM's parameter names).
+    stage = [
+        "model.layers.2.self_attn.qkv_proj.weight",
+        "model.layers.2.mlp.gate_up_proj.weight",
+        "model.layers.3.mlp.down_proj.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+    ]
+    assert vllm_worker.loaded_report(stage) == {"parameters": 5, "layers": [2, 3]}
+    assert vllm_worker.loaded_report([]) == {"parameters": 0, "layers": []}
