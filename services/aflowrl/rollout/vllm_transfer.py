@@ -24,14 +24,18 @@ where vLLM's API has no place for it:
 * **Outcome.** ``update_weights`` and ``finish_weight_update`` return nothing, and an exception
   out of ``update_weights`` ends vLLM's session without a finish (layers left in loading mode).
   So this engine never raises out of a session: it records the outcome (ok, refused, stale,
-  broken, and whether the old weights are intact), which the rollout reads after the finish
-  through the worker extension (``aflowrl_transfer_outcome``).
+  broken, and whether the old weights are intact), which the worker extension's
+  ``aflowrl_receive_weights`` (vLLM's start, update and finish on the worker) returns.
 * **Nothing touched before the manifest is checked.** The layer-wise reload starts when the
   broadcast's manifest has been accepted (version, names, shapes), not at
   ``start_weight_update``: a refused broadcast is drained without touching the model.
 * **keepWeightsOnLoad.** With ``keep`` the served weights are copied to host memory before the
-  reload starts and put back at the finish if the load failed midway (the replica then serves
-  the old version, its label unchanged).
+  reload starts and held past the finish: the rollout then puts them back on every worker if
+  any worker's update failed (:meth:`AflowrlWeightTransferEngine.settle`; the replica serves
+  the old version, its label unchanged), or drops them.
+* **The finish never raises** either: vLLM's worker ends its session only when the engine's
+  finish returns (one that raised would refuse every later start and leave), so a failed
+  finalize is recorded as a broken update with the old weights not intact.
 * **LoRA adapters** are not a weight update of the model (vLLM's finish would drop every loaded
   adapter): :meth:`receive_adapters` takes them over the same group and writes them as a PEFT
   adapter file, which the rollout registers through vLLM's LoRA API.
