@@ -635,17 +635,17 @@ class VllmEngine(RolloutEngine):
             "timeout_s": rendezvous.timeout_s,
         }
         self._group_timeout_s = rendezvous.timeout_s
-        await self._call(
-            lambda engine: engine.collective_rpc(
-                "init_weight_transfer_engine", kwargs={"init_info": init_info}
-            )
+        failures = await self._call(
+            lambda engine: engine.collective_rpc("aflowrl_join_weight_group", args=(init_info,))
         )
+        _raise_failures(failures)
 
     async def leave_weight_group(self) -> None:
         if self._thread is not None and self._thread.is_alive() and not self._closed:
-            await self._call(
-                lambda engine: engine.collective_rpc("shutdown_weight_transfer_engine")
+            failures = await self._call(
+                lambda engine: engine.collective_rpc("aflowrl_leave_weight_group")
             )
+            _raise_failures(failures)
 
     async def receive_weights(
         self, expectation: Expectation, on_bucket: Callable[[int], None] | None = None
@@ -807,6 +807,15 @@ def receive_through_transfer_engine(
             f"vLLM's weight update failed: {type(exc).__name__}: {exc}", intact=False
         ) from exc
     return answers
+
+
+def _raise_failures(failures: Sequence[str]) -> None:
+    """The workers' answers to a group call (vLLM's init or shutdown of the weight-transfer
+    engine, through :mod:`aflowrl.rollout.vllm_worker`, which answers rather than raises so
+    that vLLM reads every worker's reply): a RuntimeError naming the ranks that failed."""
+    failed = [f"rank {rank}: {failure}" for rank, failure in enumerate(failures) if failure]
+    if failed:
+        raise RuntimeError("; ".join(failed))
 
 
 def _is_engine_dead(exc: BaseException) -> bool:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -261,6 +261,26 @@ def receive_session(worker: Any, update_info: dict[str, Any]) -> dict[str, Any]:
     return engine.outcome()
 
 
+def _failure(call: Callable[[], None], what: str) -> str:
+    """``call``'s failure as an answer ("" when it succeeded): see :func:`receive_session`."""
+    try:
+        call()
+    except Exception as exc:  # an answer, not a raise (receive_session)
+        logger.exception("%s failed", what)
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def join_group(worker: Any, init_info: dict[str, Any]) -> str:
+    """vLLM's ``init_weight_transfer_engine`` on this worker; its failure as an answer."""
+    return _failure(lambda: worker.init_weight_transfer_engine(init_info), "joining the group")
+
+
+def leave_group(worker: Any) -> str:
+    """vLLM's ``shutdown_weight_transfer_engine`` on this worker; its failure as an answer."""
+    return _failure(worker.shutdown_weight_transfer_engine, "leaving the group")
+
+
 def settle_session(worker: Any, restore: bool) -> bool:
     """Put the session's kept weights back (``restore``) or drop them
     (:meth:`~aflowrl.rollout.vllm_transfer.AflowrlWeightTransferEngine.settle`); never raises."""
@@ -296,6 +316,12 @@ class AflowrlWorkerExtension:
 
     def aflowrl_drop_kept_weights(self) -> None:
         drop_kept_weights(self)
+
+    def aflowrl_join_weight_group(self, init_info: dict[str, Any]) -> str:
+        return join_group(self, init_info)
+
+    def aflowrl_leave_weight_group(self) -> str:
+        return leave_group(self)
 
     def aflowrl_receive_weights(self, update_info: dict[str, Any]) -> dict[str, Any]:
         return receive_session(self, update_info)

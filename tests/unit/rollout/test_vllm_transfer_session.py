@@ -121,3 +121,20 @@ def test_a_worker_session_answers_and_never_stays_open(active, update_raises, fi
 def test_a_worker_without_the_backend_answers_broken():
     answer = vllm_worker.receive_session(object(), {"version": 1})
     assert answer["kind"] == "broken" and "weight-transfer engine" in answer["message"]
+
+
+def test_a_group_call_failing_on_one_rank_is_an_answer_and_the_rollout_names_the_rank():
+    class Unreachable(FakeWorker):
+        def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+            raise RuntimeError(f"no store at {init_info['master_address']}")
+
+        def shutdown_weight_transfer_engine(self) -> None:
+            pass
+
+    worker = Unreachable(active=False, update_raises=False)
+    failure = vllm_worker.join_group(worker, {"master_address": "10.0.0.9"})
+    assert failure == "RuntimeError: no store at 10.0.0.9"
+    assert vllm_worker.leave_group(worker) == ""
+    with pytest.raises(RuntimeError, match=r"^rank 1: RuntimeError: no store at 10\.0\.0\.9$"):
+        vllm_engine._raise_failures(["", failure])
+    vllm_engine._raise_failures(["", ""])
