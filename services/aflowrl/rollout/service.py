@@ -636,7 +636,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                         raise
                     except EngineUnavailableError:
                         raise
-                    except Exception as exc:  # an engine that did not say: assume a mix
+                    except Exception as exc:  # an engine that did not say what it left
                         # As _load: assume a mix, serve none until a complete version is
                         # loaded; where the group's stream stands is unknown, so the next push
                         # joins a new group (joining leaves this one).
