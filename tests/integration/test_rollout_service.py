@@ -546,3 +546,48 @@ async def test_a_load_failing_halfway_keeps_the_old_weights(reference_model, tmp
         assert reply.weight_version == 1
         for name, tensor in new.items():
             assert torch.equal(engine._targets[name], tensor), name
+
+
+async def test_a_broadcast_receive_failing_unexpectedly_serves_nothing_until_reloaded(
+    reference_model, tmp_path, monkeypatch
+):
+    """ReceiveWeights (nccl transport): an engine that fails with an error that is none of the
+    weight errors (a bug, a fault it did not classify) may have loaded part of the version, so
+    the replica serves nothing (NOT_SERVING, UNAVAILABLE, label unchanged) and forgets the group
+    (the next push joins a new one), as a LoadWeights that fails so does; a complete load
+    brings it back."""
+    from aflowrl.rollout.hf_engine import HfEngine
+
+    _, _, base = reference_model
+    model_dir = builtin.ensure("tiny")
+    path = weights.version_dir(tmp_path, 1)
+    weights.write_weights_dir(path, _perturbed(base, seed=77), version=1, model_dir=model_dir)
+    engine = HfEngine(model_dir, dtype="float32")
+
+    async def joined(rendezvous: Any) -> None:
+        pass
+
+    async def receive(expectation: Any, on_bucket: Any = None) -> Any:
+        raise ValueError("injected: an unclassified fault")
+
+    monkeypatch.setattr(engine, "join_weight_group", joined)
+    monkeypatch.setattr(engine, "receive_weights", receive)
+    async with serve_engine(engine) as (servicer, stub, health):
+        join = rollout_pb2.JoinWeightGroupRequest(
+            master_address="127.0.0.1", port=29500, group="g1", rank_offset=1, world_size=2
+        )
+        await stub.JoinWeightGroup(join)
+        with pytest.raises(aio.AioRpcError) as info:
+            await stub.ReceiveWeights(rollout_pb2.ReceiveWeightsRequest(group="g1", version=1))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value.details()
+        assert "injected: an unclassified fault" in info.value.details()
+        assert "serving nothing" in info.value.details()
+        assert servicer.needs_reload and await _version(stub) == 0
+        assert await health_status(health) == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(aio.AioRpcError) as info:
+            await stub.ReceiveWeights(rollout_pb2.ReceiveWeightsRequest(group="g1", version=1))
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # the group is gone
+
+        reply = await stub.LoadWeights(rollout_pb2.LoadWeightsRequest(path=str(path), version=1))
+        assert reply.weight_version == 1 and not servicer.needs_reload
+        assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING

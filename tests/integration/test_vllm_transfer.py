@@ -5,7 +5,7 @@ engine's ``weight_transfer_config``; the rollout's engine is built with the proj
 ``aflowrl`` (:mod:`aflowrl.rollout.vllm_transfer`: vLLM's engine protocol over the abortable
 weight group of :mod:`aflowrl.models.broadcast`, gloo on a CPU) and reaches it with vLLM's
 ``init_weight_transfer_engine`` / ``start_weight_update`` / ``update_weights`` /
-``finish_weight_update`` calls.
+``finish_weight_update`` worker calls (the last three in one extension call per update).
 
 1. A push from a real learner (``NcclWeightSync``) reaches a vllm rollout service through the
    weight-transfer engine (vLLM logs that it built ``AflowrlWeightTransferEngine``, the rollout
@@ -14,8 +14,9 @@ weight group of :mod:`aflowrl.models.broadcast`, gloo on a CPU) and reaches it w
    default: the backend is registered in the engine-core process, where the worker extension
    module is imported).
 2. A broadcast that fails midway, on the receiver (the model's ``load_weights`` raises an
-   out-of-memory error after the first bucket, inside vLLM's worker, in this process) or on the
-   sender (lost after half of the tensors, its group closed), leaves the old version served
+   out-of-memory error after the first bucket, inside vLLM's worker, in this process; or vLLM's
+   ``finalize_layerwise_reload`` raises at the finish) or on the sender (lost after half of the
+   tensors, its group closed), leaves the old version served
    (same greedy tokens and log-probs, label unchanged, SERVING: the old weights were put back,
    ``keepWeightsOnLoad``), or without ``keepWeightsOnLoad`` serves nothing (NOT_SERVING, the
    label unchanged); a retry over a new group completes and serves the new weights with
@@ -28,6 +29,7 @@ Run with ``make test-vllm`` (skipped where vllm is not installed).
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -105,7 +107,7 @@ async def test_an_nccl_push_reaches_vllm_through_its_weight_transfer_engine(tmp_
             "AflowrlWeightTransferEngine (backend 'aflowrl')"
         ) in log
         buckets = metrics_text(rollout_service)
-        assert 'aflowrl_rollout_weight_update_buckets_total{transport="nccl"} 0.0' not in buckets
+        assert re.search(r'weight_update_buckets_total\{transport="nccl"\} [1-9]', buckets), buckets
 
         await agrees(learner, rollout, 32, trained.policy_version)
         for channel in channels:
@@ -185,16 +187,22 @@ def _transfer_engines(engine: Any) -> Any:
 
 
 @pytest.mark.filterwarnings("default")  # vLLM warns as it starts, in this process
-@pytest.mark.parametrize(("fault", "keep"), [("load", True), ("sender", True), ("load", False)])
+@pytest.mark.parametrize(
+    ("fault", "keep"),
+    [("load", True), ("sender", True), ("load", False), ("finalize", True), ("finalize", False)],
+)
 async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_completes(
     tmp_path, monkeypatch, fault, keep
 ):
     """``load``: the model's own ``load_weights``, called by the weight-transfer engine inside
     vLLM's worker, runs out of memory on the second bucket (the broadcast is drained to its
-    end). ``sender``: the learner is lost after half of the tensors (its group closes). With
+    end). ``finalize``: vLLM's ``finalize_layerwise_reload`` at the finish raises after the
+    whole version was loaded (vLLM's worker would keep its session open if the finish raised).
+    ``sender``: the learner is lost after half of the tensors (its group closes). With
     ``keepWeightsOnLoad`` the old version serves on; without it the replica serves nothing
     (NOT_SERVING, UNAVAILABLE) until the retry completes; the version label is unchanged."""
     from safetensors.torch import load_file
+    from vllm.model_executor.model_loader import reload
     from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 
     from aflowrl.models import builtin, loading
@@ -230,18 +238,28 @@ async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_comple
                 raise torch.OutOfMemoryError("injected: out of memory in the second bucket")
             return real(self, tensors)
 
+        real_finalize = reload.finalize_layerwise_reload
+
+        def finalize(*args: Any, **kwargs: Any) -> None:
+            real_finalize(*args, **kwargs)
+            if fault == "finalize":
+                raise torch.OutOfMemoryError("injected: out of memory while finalizing")
+
         monkeypatch.setattr(Qwen2ForCausalLM, "load_weights", counted)
+        monkeypatch.setattr(reload, "finalize_layerwise_reload", finalize)
         lost_after = len(new) // 2 if fault == "sender" else None
         error, sent = await sender.push(stub, "g1", 1, lost_after=lost_after)
         monkeypatch.setattr(Qwen2ForCausalLM, "load_weights", real)
+        monkeypatch.setattr(reload, "finalize_layerwise_reload", real_finalize)
         assert calls[0] >= 2  # buckets were loaded into the model before the fault
         assert isinstance(error, aio.AioRpcError), error
         assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
-        if fault == "load":
-            assert "failed midway" in error.details()
-            assert isinstance(sent, broadcast.BroadcastResult) and not sent.broken  # drained
-        else:
+        if fault == "sender":
             assert isinstance(sent, ConnectionError)
+        else:
+            assert isinstance(sent, broadcast.BroadcastResult) and not sent.broken  # drained
+            failed = {"load": "failed midway", "finalize": "finalizing the update failed"}
+            assert failed[fault] in error.details(), error.details()
         assert await _version(stub) == 0
         if keep:
             # "put back": the workers loaded buckets, then restored the served weights.

@@ -63,10 +63,11 @@ class VllmEngineSpec(SpecModel):
     layer by layer through vLLM's reload path: no message grows with the model (vLLM's
     msgpack channel refuses byte strings over 4 GiB) and host memory stays within one piece."""
     keep_weights_on_load: bool = True
-    """Before a weight load (grpc and filesystem transports), copy the served weights to host
-    memory (one model's worth per worker, e.g. 15 GB for a 7B bf16 policy), so a load that
-    fails midway (an out-of-memory error) puts them back and the replica serves on. Off: such a
-    replica serves nothing until a complete version is loaded."""
+    """Before a weight load (every transport; with nccl once the broadcast's manifest is
+    accepted), copy the served weights to host memory (one model's worth per worker, e.g. 15 GB
+    for a 7B bf16 policy), so a load that fails midway (an out-of-memory error, a broken
+    broadcast, on any tensor-parallel rank) puts them back on every worker and the replica
+    serves on. Off: such a replica serves nothing until a complete version is loaded."""
     engine_timeout_s: float = Field(default=300.0, ge=5.0, le=3600.0)
     """Deadline of one call into the engine (a scheduler step, a weight piece, a control call),
     in seconds. An engine that overruns it, or whose engine-core process died, is dead: the

@@ -45,9 +45,10 @@ class BroadcastBrokenError(UnavailableError):
     A receiver that had started loading is left with some new and some old weights: it must not
     serve until a complete version is loaded, unless ``intact``: it loaded nothing, or put every
     old weight back (``rollout.vllm.keepWeightsOnLoad``), and serves the old version on.
+    ``None``: the receiver did not say (the rollout then judges by whether any bucket landed).
     """
 
-    def __init__(self, message: str, *, intact: bool = False) -> None:
+    def __init__(self, message: str, *, intact: bool | None = None) -> None:
         self.intact = intact
         super().__init__(message)
 

@@ -61,7 +61,8 @@ class RolloutMetrics(ComponentMetrics):
             self.weight_update_bytes.labels(transport)
         self.weight_update_buckets = self.counter(
             "weight_update_buckets_total",
-            "Pieces weights reached the engine in (broadcast buckets, reload calls).",
+            "Pieces of weights loaded into the engine (reload calls; broadcast buckets handed to"
+            " the model, counted when the broadcast ends, none for a refused one).",
             ["transport"],
         )
         self.weight_updates_running = self.gauge(

@@ -630,10 +630,25 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                         )
                     except BroadcastBrokenError as exc:
                         self._joined = None  # the engine left the broken group
-                        if self._landed and not exc.intact:
+                        if exc.intact is False or (exc.intact is None and self._landed):
                             # Some weights may be new: serve none until reloaded.
                             await self._set_complete(False)
                         raise
+                    except EngineUnavailableError:
+                        raise
+                    except Exception as exc:  # an engine that did not say what it left
+                        # As _load: assume a mix, serve none until a complete version is
+                        # loaded; where the group's stream stands is unknown, so the next push
+                        # joins a new group (joining leaves this one).
+                        self._joined = None
+                        await self._set_complete(False)
+                        logger.error("receiving weights v%d failed: %r", request.version, exc)
+                        raise BroadcastBrokenError(
+                            f"receiving weights version {request.version} failed "
+                            f"({type(exc).__name__}: {exc}); serving nothing until a complete "
+                            "version is loaded",
+                            intact=False,
+                        ) from exc
                     finally:
                         self.metrics.weight_updates_running.dec()
                     self.gate.version = result.manifest.version

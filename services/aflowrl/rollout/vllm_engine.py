@@ -639,17 +639,17 @@ class VllmEngine(RolloutEngine):
             "timeout_s": rendezvous.timeout_s,
         }
         self._group_timeout_s = rendezvous.timeout_s
-        await self._call(
-            lambda engine: engine.collective_rpc(
-                "init_weight_transfer_engine", kwargs={"init_info": init_info}
-            )
+        failures = await self._call(
+            lambda engine: engine.collective_rpc("aflowrl_join_weight_group", args=(init_info,))
         )
+        _raise_failures(failures)
 
     async def leave_weight_group(self) -> None:
         if self._thread is not None and self._thread.is_alive() and not self._closed:
-            await self._call(
-                lambda engine: engine.collective_rpc("shutdown_weight_transfer_engine")
+            failures = await self._call(
+                lambda engine: engine.collective_rpc("aflowrl_leave_weight_group")
             )
+            _raise_failures(failures)
 
     async def receive_weights(
         self, expectation: Expectation, on_bucket: Callable[[int], None] | None = None
@@ -670,7 +670,7 @@ class VllmEngine(RolloutEngine):
                 )
                 return answers
             answers = receive_through_transfer_engine(engine, update_info)
-            if any(a["kind"] == "ok" or a.get("loaded") for a in answers):
+            if any(a["kind"] == "ok" or a.get("loaded") or a.get("restored") for a in answers):
                 engine.reset_prefix_cache()
             return answers
 
@@ -696,9 +696,8 @@ class VllmEngine(RolloutEngine):
         for answer in answers:
             if answer["kind"] == "broken":
                 intact = all(a.get("intact", False) for a in answers)
-                restored = (
-                    "; the old weights were put back" if intact and answer.get("loaded") else ""
-                )
+                back = intact and any(a.get("restored") for a in answers)
+                restored = "; the old weights were put back" if back else ""
                 raise BroadcastBrokenError(answer["message"] + restored, intact=intact)
         for answer in answers:
             if answer["kind"] == "stale":
@@ -707,7 +706,13 @@ class VllmEngine(RolloutEngine):
                 raise WeightMismatchError(answer["message"], field=answer.get("field"))
         first = answers[0]
         if adapter is not None:
-            await self._swap_adapter(adapter)
+            try:
+                await self._swap_adapter(adapter)
+            except BaseException:
+                serving = self._lora_request
+                if serving is None or Path(serving.lora_path) != adapter:  # not swapped in
+                    shutil.rmtree(adapter, ignore_errors=True)
+                raise
         else:
             logger.info(
                 "weights v%d received through vLLM's weight-transfer engine %s (backend %r)",
@@ -790,29 +795,43 @@ def receive_through_transfer_engine(
     engine: Any, update_info: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """One broadcast through vLLM's weight-transfer API on every worker of ``engine`` (an
-    ``LLMEngine``): ``start_weight_update``, ``update_weights`` (the workers receive the
-    broadcast and load it), ``finish_weight_update`` (always, so no layer stays in loading
-    mode), then each worker's outcome (:meth:`AflowrlWeightTransferEngine.outcome`: vLLM's calls
-    return nothing)."""
-    engine.collective_rpc("start_weight_update")
+    ``LLMEngine``), each worker's outcome as its answer.
+
+    One ``collective_rpc`` runs the session on every worker
+    (:func:`~aflowrl.rollout.vllm_worker.receive_session`: vLLM's ``start_weight_update``,
+    ``update_weights``, ``finish_weight_update``, then the backend's outcome, never raising,
+    so vLLM reads every worker's reply). A second settles the kept weights
+    (``keepWeightsOnLoad``) on every worker at once: put back on all of them when any worker
+    failed (a worker that loaded the whole version would otherwise serve it beside the old
+    one), dropped otherwise. An RPC that fails anyway (vLLM's own channel) is a broken
+    broadcast with the weights assumed mixed."""
     try:
-        engine.collective_rpc("update_weights", kwargs={"update_info": update_info})
+        answers: list[dict[str, Any]] = engine.collective_rpc(
+            "aflowrl_receive_weights", args=(update_info,)
+        )
+        failed = any(a["kind"] != "ok" for a in answers)
+        if any(a.get("kept") for a in answers):
+            restored = engine.collective_rpc("aflowrl_settle_weights", args=(failed,))
+            if failed:
+                for answer, back in zip(answers, restored, strict=True):
+                    answer["intact"] = bool(answer.get("intact")) or bool(back)
+                    answer["restored"] = bool(back)
     except Exception as exc:
         if _is_engine_dead(exc):
             raise
-        # The backend never raises out of update_weights, so this failed in vLLM's worker before
-        # reaching it (that worker's session is over) or in the RPC: the workers still in their
-        # session finish it (the others refuse the finish), and report no success.
-        logger.error("vLLM's update_weights failed: %s", exc)
-        try:
-            engine.collective_rpc("finish_weight_update")
-        except Exception as finish_exc:
-            if _is_engine_dead(finish_exc):
-                raise
-    else:
-        engine.collective_rpc("finish_weight_update")
-    answers: list[dict[str, Any]] = engine.collective_rpc("aflowrl_transfer_outcome")
+        raise BroadcastBrokenError(
+            f"vLLM's weight update failed: {type(exc).__name__}: {exc}", intact=False
+        ) from exc
     return answers
+
+
+def _raise_failures(failures: Sequence[str]) -> None:
+    """The workers' answers to a group call (vLLM's init or shutdown of the weight-transfer
+    engine, through :mod:`aflowrl.rollout.vllm_worker`, which answers rather than raises so
+    that vLLM reads every worker's reply): a RuntimeError naming the ranks that failed."""
+    failed = [f"rank {rank}: {failure}" for rank, failure in enumerate(failures) if failure]
+    if failed:
+        raise RuntimeError("; ".join(failed))
 
 
 def _is_engine_dead(exc: BaseException) -> bool:

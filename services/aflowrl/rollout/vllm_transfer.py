@@ -24,14 +24,18 @@ where vLLM's API has no place for it:
 * **Outcome.** ``update_weights`` and ``finish_weight_update`` return nothing, and an exception
   out of ``update_weights`` ends vLLM's session without a finish (layers left in loading mode).
   So this engine never raises out of a session: it records the outcome (ok, refused, stale,
-  broken, and whether the old weights are intact), which the rollout reads after the finish
-  through the worker extension (``aflowrl_transfer_outcome``).
+  broken, and whether the old weights are intact), which the worker extension's
+  ``aflowrl_receive_weights`` (vLLM's start, update and finish on the worker) returns.
 * **Nothing touched before the manifest is checked.** The layer-wise reload starts when the
   broadcast's manifest has been accepted (version, names, shapes), not at
   ``start_weight_update``: a refused broadcast is drained without touching the model.
 * **keepWeightsOnLoad.** With ``keep`` the served weights are copied to host memory before the
-  reload starts and put back at the finish if the load failed midway (the replica then serves
-  the old version, its label unchanged).
+  reload starts and held past the finish: the rollout then puts them back on every worker if
+  any worker's update failed (:meth:`AflowrlWeightTransferEngine.settle`; the replica serves
+  the old version, its label unchanged), or drops them.
+* **The finish never raises** either: vLLM's worker ends its session only when the engine's
+  finish returns (one that raised would refuse every later start and leave), so a failed
+  finalize is recorded as a broken update with the old weights not intact.
 * **LoRA adapters** are not a weight update of the model (vLLM's finish would drop every loaded
   adapter): :meth:`receive_adapters` takes them over the same group and writes them as a PEFT
   adapter file, which the rollout registers through vLLM's LoRA API.
@@ -107,6 +111,9 @@ class AflowrlWeightTransferEngine(
         self.group: broadcast.WeightGroup | None = None
         self._reloading = False
         """The layer-wise reload is under way (started once the manifest was accepted)."""
+        self._disturbed = False
+        """A step of the layer-wise reload failed partway (its initialize or finalize): some
+        layers may be neither as served nor as sent."""
         self._kept: vllm_worker.KeptWeights | None = None
         self._loaded = 0
         """Buckets handed to the model's ``load_weights`` in this session (a failing one too)."""
@@ -146,6 +153,7 @@ class AflowrlWeightTransferEngine(
     def start_weight_update(self) -> None:
         """A new session: nothing is touched until the broadcast's manifest is accepted."""
         self._reloading = False
+        self._disturbed = False
         self._kept = None
         self._loaded = 0
         self._names = set()
@@ -156,11 +164,14 @@ class AflowrlWeightTransferEngine(
         try:
             info = self.parse_update_info(update_info)
             self.receive_weights(info)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
         except Exception as exc:  # recorded: vLLM would end the session unfinished
+            # Not a transport failure the stream recovered from (a bug, a bad manifest, a
+            # device fault): where the group's stream stands is unknown, so leave it.
             logger.exception("weight update failed")
+            self.shutdown()
             self._outcome = {"kind": "broken", "message": f"{type(exc).__name__}: {exc}"}
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def receive_weights(self, update_info: AflowrlTransferUpdateInfo) -> None:
         group = self.group
@@ -175,8 +186,12 @@ class AflowrlWeightTransferEngine(
 
             if update_info.keep:
                 self._kept = vllm_worker.keep_weights(self.model)
-            initialize_layerwise_reload(self.model)
+            # Before the call: one that fails partway has put some layers in loading mode,
+            # which only the finish's finalize takes out of it.
             self._reloading = True
+            self._disturbed = True
+            initialize_layerwise_reload(self.model)
+            self._disturbed = False
 
         def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
             self._loaded += 1  # before: a load that raises may have written some layers
@@ -209,54 +224,88 @@ class AflowrlWeightTransferEngine(
         }
 
     def finish_weight_update(self) -> None:
-        """Finalize vLLM's layer-wise reload (layers that got nothing get their old tensors back);
-        after a load that failed midway, put the kept weights back."""
+        """Finalize vLLM's layer-wise reload (layers that got nothing get their old tensors back)
+        and record whether the served weights are as they were; never raises (vLLM's worker ends
+        its session only when the finish returns). Kept weights stay kept until :meth:`settle`:
+        with tensor parallelism the rollout restores every worker when any one failed."""
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         outcome = self._outcome or {"kind": "broken", "message": "no weights were received"}
-        kept, self._kept = self._kept, None
         outcome["loaded"] = self._loaded
         outcome["stage"] = vllm_worker.loaded_report(self._names)
         self._names = set()
         if self._reloading:
             self._reloading = False
-            finalize_layerwise_reload(self.model, self.model_config)
-        # intact: a failed update left the served weights as they were (it loaded nothing, or
-        # the kept ones were put back); a completed one replaced them.
-        if outcome["kind"] == "ok":
-            outcome["intact"] = False
-        elif not self._loaded:
-            outcome["intact"] = True
-        else:
-            outcome["intact"] = kept is not None and vllm_worker.restore_weights(self.model, kept)
+            try:
+                finalize_layerwise_reload(self.model, self.model_config)
+            except Exception as exc:  # recorded: a raise would leave vLLM's session open
+                logger.exception("finalizing the weight update failed")
+                self._disturbed = True
+                outcome = {
+                    "kind": "broken",
+                    "message": f"finalizing the update failed: {type(exc).__name__}: {exc}",
+                    "loaded": self._loaded,
+                }
+        # intact: a failed update left the served weights as they were (it loaded nothing and
+        # every reload step it took completed); a completed one replaced them.
+        outcome["intact"] = outcome["kind"] != "ok" and not self._loaded and not self._disturbed
+        outcome["kept"] = self._kept is not None
         outcome["engine"] = type(self).__name__
         outcome["backend"] = str(self.config.backend)
         self._outcome = outcome
 
+    def settle(self, restore: bool) -> bool:
+        """End the session's hold on the kept weights: put them back (``restore``; True when
+        they were) or drop them (False)."""
+        kept, self._kept = self._kept, None
+        if not restore or kept is None:
+            return False
+        try:
+            return vllm_worker.restore_weights(self.model, kept)
+        except Exception:  # an answer, not a raise: the rollout reads every worker's reply
+            logger.exception("putting the kept weights back failed")
+            return False
+
     def outcome(self) -> dict[str, Any]:
-        """The last session's outcome (read once, after its finish)."""
+        """The last session's outcome (read once, after its finish). A session vLLM ended
+        without the finish (its layers still in loading mode) is finalized here and reported
+        broken, never ok."""
+        if self._reloading:
+            self.finish_weight_update()
+            unfinished = self._outcome or {}
+            unfinished.update(kind="broken", intact=False)
+            unfinished["message"] = f"the update was never finished: {unfinished.get('message')}"
         outcome, self._outcome = self._outcome, None
         return outcome or {"kind": "broken", "message": "no weight update was finished"}
 
     # ---- LoRA adapters ---------------------------------------------------------------------------
 
-    def receive_adapters(self, update_info: dict[str, Any], adapter_dir: str) -> dict[str, Any]:
-        """Receive a broadcast of LoRA adapters (not loaded into the model): the engine's first
-        worker writes them as ``adapter_model.safetensors`` in ``adapter_dir``."""
-        info = self.parse_update_info(update_info)
-        group = self.group
-        if group is None:
-            return {"kind": "broken", "message": "this worker is in no weight group"}
-        adapters: dict[str, torch.Tensor] = {}
+    def receive_adapters(
+        self, update_info: dict[str, Any], adapter_dir: str, *, write: bool
+    ) -> dict[str, Any]:
+        """Receive a broadcast of LoRA adapters (not loaded into the model); with ``write`` (the
+        first worker on each host: vLLM's ``add_lora`` makes every worker read the directory)
+        write them as ``adapter_model.safetensors`` in ``adapter_dir``. Never raises (the
+        rollout reads every worker's answer)."""
+        try:
+            info = self.parse_update_info(update_info)
+            group = self.group
+            if group is None:
+                return {"kind": "broken", "message": "this worker is in no weight group"}
+            adapters: dict[str, torch.Tensor] = {}
 
-        def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
-            adapters.update((n, t.to("cpu", copy=True)) for n, t in bucket)
+            def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
+                adapters.update((n, t.to("cpu", copy=True)) for n, t in bucket)
 
-        outcome = self._receive(group, info.expectation(), lambda: None, load)
-        if outcome["kind"] == "ok" and self.parallel_config.rank == 0:
-            from safetensors.torch import save_file
+            outcome = self._receive(group, info.expectation(), lambda: None, load)
+            if outcome["kind"] == "ok" and write:
+                from safetensors.torch import save_file
 
-            Path(adapter_dir).mkdir(parents=True, exist_ok=True)
-            save_file(adapters, str(Path(adapter_dir) / "adapter_model.safetensors"))
+                Path(adapter_dir).mkdir(parents=True, exist_ok=True)
+                save_file(adapters, str(Path(adapter_dir) / "adapter_model.safetensors"))
+        except Exception as exc:  # an answer, not a raise; the stream position is unknown
+            logger.exception("receiving adapters failed")
+            self.shutdown()
+            outcome = {"kind": "broken", "message": f"{type(exc).__name__}: {exc}"}
         outcome["intact"] = True
         return outcome

@@ -23,7 +23,9 @@ instead: importing this module (vLLM imports it in every worker process, since t
 (:class:`aflowrl.rollout.vllm_transfer.AflowrlWeightTransferEngine`) with vLLM's
 ``WeightTransferEngineFactory``, and the engines are built with
 ``weight_transfer_config={"backend": "aflowrl"}`` (:data:`TRANSFER_CONFIG`). The extension adds
-only what vLLM's API has no call for: reading an update's outcome, and receiving LoRA adapters.
+one call per update (:func:`receive_session`: vLLM's start, update and finish on the worker, then
+the outcome vLLM's calls do not return, never raising), one to put kept weights back or drop them,
+and receiving LoRA adapters.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import contextlib
 import logging
 import re
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -278,6 +280,64 @@ def transfer_engine(worker: Any) -> AflowrlWeightTransferEngine:
     return result
 
 
+def receive_session(worker: Any, update_info: dict[str, Any]) -> dict[str, Any]:
+    """One weight-transfer session on this worker through vLLM's own calls: the worker's
+    ``start_weight_update``, ``update_weights``, ``finish_weight_update`` (vLLM tracks the
+    session), then the backend's outcome. Never raises: vLLM's ``collective_rpc`` stops reading
+    replies at the first worker that raised, leaving the others' queued for the next call, so
+    a failure here is an answer ("broken"), and every worker ends its session."""
+    try:
+        engine = transfer_engine(worker)
+        if getattr(worker, "_weight_update_active", False):
+            # A session an earlier failure left open: vLLM would refuse the start.
+            worker.finish_weight_update()
+            engine.outcome()
+        worker.start_weight_update()
+    except Exception as exc:  # an answer, not a raise (docstring)
+        logger.exception("starting the weight update failed")
+        return {"kind": "broken", "message": f"{type(exc).__name__}: {exc}", "intact": True}
+    try:
+        worker.update_weights(update_info)
+    except Exception:  # the backend never raises: vLLM's worker did, and ended the session
+        logger.exception("vLLM's update_weights failed")
+    if getattr(worker, "_weight_update_active", False):
+        try:
+            worker.finish_weight_update()
+        except Exception:  # the backend's finish never raises: vLLM's did, after it
+            logger.exception("vLLM's finish_weight_update failed")
+    return engine.outcome()
+
+
+def _failure(call: Callable[[], None], what: str) -> str:
+    """``call``'s failure as an answer ("" when it succeeded): see :func:`receive_session`."""
+    try:
+        call()
+    except Exception as exc:  # an answer, not a raise (receive_session)
+        logger.exception("%s failed", what)
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def join_group(worker: Any, init_info: dict[str, Any]) -> str:
+    """vLLM's ``init_weight_transfer_engine`` on this worker; its failure as an answer."""
+    return _failure(lambda: worker.init_weight_transfer_engine(init_info), "joining the group")
+
+
+def leave_group(worker: Any) -> str:
+    """vLLM's ``shutdown_weight_transfer_engine`` on this worker; its failure as an answer."""
+    return _failure(worker.shutdown_weight_transfer_engine, "leaving the group")
+
+
+def settle_session(worker: Any, restore: bool) -> bool:
+    """Put the session's kept weights back (``restore``) or drop them
+    (:meth:`~aflowrl.rollout.vllm_transfer.AflowrlWeightTransferEngine.settle`); never raises."""
+    try:
+        return transfer_engine(worker).settle(restore)
+    except Exception:  # an answer, not a raise (receive_session)
+        logger.exception("settling the weight update failed")
+        return False
+
+
 class AflowrlWorkerExtension:
     """vLLM's ``worker_extension_cls``: vLLM mixes it into its worker class, so the functions of
     this module are worker methods that ``collective_rpc`` calls by name, with plain arguments
@@ -307,13 +367,24 @@ class AflowrlWorkerExtension:
     def aflowrl_drop_kept_weights(self) -> None:
         drop_kept_weights(self)
 
-    def aflowrl_transfer_outcome(self) -> dict[str, Any]:
-        return transfer_engine(self).outcome()
+    def aflowrl_join_weight_group(self, init_info: dict[str, Any]) -> str:
+        return join_group(self, init_info)
+
+    def aflowrl_leave_weight_group(self) -> str:
+        return leave_group(self)
+
+    def aflowrl_receive_weights(self, update_info: dict[str, Any]) -> dict[str, Any]:
+        return receive_session(self, update_info)
+
+    def aflowrl_settle_weights(self, restore: bool) -> bool:
+        return settle_session(self, restore)
 
     def aflowrl_receive_adapters(
         self, update_info: dict[str, Any], adapter_dir: str
     ) -> dict[str, Any]:
-        return transfer_engine(self).receive_adapters(update_info, adapter_dir)
+        # Every worker reads the adapter directory (vLLM's add_lora): one writer per host.
+        write = int(getattr(self, "local_rank", 0)) == 0
+        return transfer_engine(self).receive_adapters(update_info, adapter_dir, write=write)
 
 
 EXTENSION = f"{__name__}.{AflowrlWorkerExtension.__qualname__}"
