@@ -233,11 +233,10 @@ def run_spec_page() -> str:
     if rules:
         parts.append("## Rules across fields\n\n")
         parts.append(
-            "Checked by `aflowrl spec validate` and, as CEL rules, by the API server.\n\n"
+            "Checked by `aflowrl spec validate` and, as CEL rules (`x-kubernetes-validations`), "
+            "by the API server when a TrainingRun is applied.\n\n"
         )
-        parts.append("| rule | message |\n|---|---|\n")
-        for rule in rules:
-            parts.append(f"| {_code(_cell(rule['rule']))} | {_cell(rule.get('message', ''))} |\n")
+        parts += [f"- {_cell(rule['message'])}\n" for rule in rules if rule.get("message")]
         parts.append("\n")
     return "".join(parts).rstrip() + "\n"
 
