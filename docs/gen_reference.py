@@ -148,7 +148,7 @@ _BOUNDS = (
     ("maxLength", "length <= {}"),
     ("minItems", "items >= {}"),
     ("maxItems", "items <= {}"),
-    ("pattern", "matches {}"),
+    ("pattern", "matches `{}`"),
 )
 
 
