@@ -16,6 +16,7 @@ from the code that defines each thing, never from a copy of it:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -65,10 +66,8 @@ def _help(action: argparse.Action, prog: str) -> str:
         params = {**vars(action), "prog": prog}
         if action.choices is not None:
             params["choices"] = ", ".join(map(str, action.choices))
-        try:
+        with contextlib.suppress(KeyError, TypeError, ValueError):
             text = text % params
-        except (KeyError, TypeError, ValueError):
-            pass
     return text
 
 
@@ -317,6 +316,8 @@ def helm_values_page() -> str:
 
 
 def _registries() -> list[tuple[str, Any]]:
+    from prometheus_client import CollectorRegistry
+
     from aflowrl.common.metrics import GrpcServerMetrics, new_registry
     from aflowrl.envsvc.metrics import EnvironmentMetrics
     from aflowrl.executor.surrogate.server import _Metrics as SurrogateMetrics
@@ -324,7 +325,6 @@ def _registries() -> list[tuple[str, Any]]:
     from aflowrl.rollout.metrics import RolloutMetrics
     from aflowrl.trainer.metrics import TrainerMetrics
     from aflowrl_operator.metrics import OperatorMetrics
-    from prometheus_client import CollectorRegistry
 
     surrogate = CollectorRegistry()
     SurrogateMetrics(surrogate)
@@ -365,8 +365,7 @@ def metrics_page() -> str:
         parts.append(f"## {title}\n\n")
         if not rows:
             parts.append(
-                "Collected when scraped (`process_*` from /proc, `python_info`, "
-                "`python_gc_*`).\n\n"
+                "Collected when scraped (`process_*` from /proc, `python_info`, `python_gc_*`).\n\n"
             )
             continue
         parts.append("| metric | type | labels | help |\n|---|---|---|---|\n")
@@ -431,8 +430,7 @@ REASON_MEANING: dict[str, str] = {
     "RunFinished": "The run has finished; its services were scaled down.",
     "Starting": "The component's pods are starting.",
     "Suspended": "`spec.suspend` is true: every component is at zero.",
-    "TrainerFailed": "The trainer Job failed; `status.lastError` has the failed container's "
-    "exit.",
+    "TrainerFailed": "The trainer Job failed; `status.lastError` has the failed container's exit.",
     "TrainingComplete": "The trainer Job completed every iteration.",
     "Unschedulable": "Pods ask for more than any node offers; the message gives the numbers.",
 }
