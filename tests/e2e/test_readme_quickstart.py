@@ -23,7 +23,7 @@ import pytest
 
 from markdown_commands import ROOT, entry_point_argv, shell_commands
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 SECTION = "Local quick start"
 
