@@ -105,7 +105,7 @@ manifests: crd
 # chart's values, metrics, conditions, envs.py, protos/); tests/unit/test_docs.py fails when stale.
 docs: $(STAMP)
 	$(PY) docs/gen_reference.py
-	$(VENV)/bin/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 docs-serve: $(STAMP)
 	$(VENV)/bin/mkdocs serve
