@@ -4,12 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Extras the test suite needs (everything but the optional vLLM engine).
-TEST_EXTRAS ?= dev,env,learner,rollout,operator
+TEST_EXTRAS ?= dev,env,learner,rollout,operator,docs
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(TEST_EXTRAS))
 comma := ,
 PYTEST_ARGS ?=
 
-.PHONY: help install sandbox-tools monitoring-tools test test-fast test-vllm lint format proto crd manifests images demo clean
+.PHONY: help install sandbox-tools monitoring-tools test test-fast test-vllm lint format proto crd manifests docs docs-serve images demo clean
 
 help:
 	@echo "make demo    - install and run a local training run (tiny model, surrogate executor)"
@@ -19,6 +19,7 @@ help:
 	@echo "make proto   - regenerate services/aflowrl/_proto from protos/"
 	@echo "make crd     - regenerate manifests/crds from the RunSpec model"
 	@echo "make manifests - regenerate the CRD, the chart's copies and manifests/install.yaml"
+	@echo "make docs    - regenerate docs/reference from the code and build the site into site/"
 	@echo "make images  - build the operator, env and GPU container images (docker)"
 
 $(PY):
@@ -99,6 +100,15 @@ crd: $(STAMP)
 # The chart's copies of the CRD and dashboard, and manifests/install.yaml (the chart's render).
 manifests: crd
 	$(PY) charts/build_manifests.py
+
+# The documentation: docs/reference/ is generated from the code (argparse parsers, RunSpec, the
+# chart's values, metrics, conditions, envs.py, protos/); tests/unit/test_docs.py fails when stale.
+docs: $(STAMP)
+	$(PY) docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+docs-serve: $(STAMP)
+	$(VENV)/bin/mkdocs serve
 
 # Container images (needs docker): the operator, the slim env/trainer image, the GPU image.
 REGISTRY ?= ghcr.io/aflow-rl
