@@ -46,3 +46,14 @@ def test_spec_default_round_trips(capsys):
     from aflowrl.config import RunSpec
 
     assert RunSpec.from_document(doc) == RunSpec()
+
+
+def test_every_exit_code_is_documented_with_its_number():
+    import re
+    from pathlib import Path
+
+    from aflowrl.cli.exitcodes import ExitCode
+
+    page = Path(__file__).parents[2] / "docs" / "reference" / "exit-codes.md"
+    documented = {int(n) for n in re.findall(r"^\| (\d+) \|", page.read_text(), re.MULTILINE)}
+    assert documented == {int(code) for code in ExitCode}

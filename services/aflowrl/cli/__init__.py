@@ -3,7 +3,8 @@
 Each command lives in its own module of this package, exposing ``NAME``, ``HELP``,
 ``add_arguments(parser)`` and ``run(args) -> int``. Modules import only argparse-level things at
 import time, so ``aflowrl --help`` stays instant; heavy imports (torch, grpc servers) happen inside
-``run``. Bad input exits with status 2 and a message naming the problem.
+``run``. Errors end a command with one line on stderr and the exit status
+:mod:`aflowrl.cli.exitcodes` defines (2: bad input, naming the problem; 3: the executor).
 """
 
 from __future__ import annotations
@@ -50,21 +51,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``aflowrl`` console script."""
+    from aflowrl.cli.exitcodes import ExitCode
     from aflowrl.errors import InvalidInputError, NotFoundError
+    from aflowrl.executor.errors import ExecutorError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
-        return 2
+        return ExitCode.USAGE
     try:
         return int(args._run(args) or 0)
     except (InvalidInputError, NotFoundError) as exc:
         print(f"aflowrl {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
+    except ExecutorError as exc:
+        print(f"aflowrl {args.command}: executor error: {exc}", file=sys.stderr)
+        return ExitCode.EXECUTOR
     except KeyboardInterrupt:
         print(f"aflowrl {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -22,6 +22,20 @@ def load_spec(path: str | None, *, flag: str = "-f/--file") -> RunSpec:
     return RunSpec.from_yaml(text, source="<stdin>" if path == "-" else path)
 
 
+async def executor_model(url: str, model: str | None, *, flag: str = "--model") -> str:
+    """The model to call at the OpenAI-compatible endpoint ``url`` after a preflight check
+    (:func:`aflowrl.executor.preflight.preflight`): ``model``, or the only one it serves (said
+    on stderr). Fails at once, in one line, when the endpoint is unusable."""
+    import sys
+
+    from aflowrl.executor.preflight import preflight
+
+    chosen = await preflight(url, model, flag=flag)
+    if model is None:
+        print(f"{flag} {chosen} (the one model {url} serves)", file=sys.stderr)
+    return chosen
+
+
 class _Dumper(yaml.SafeDumper):
     """Block style, multi-line strings as literal blocks."""
 

@@ -39,7 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "http://localhost:8000/v1 (API key from $AFLOWRL_EXECUTOR_API_KEY[_FILE]), or "
         "'surrogate' for the offline surrogate executor, in-process",
     )
-    parser.add_argument("--model", default="gpt-4o-mini", help="model name sent to the endpoint")
+    parser.add_argument(
+        "--model",
+        help="model name sent to the endpoint (default: the one model it serves, when it "
+        "serves exactly one; required otherwise)",
+    )
     parser.add_argument("--data-dir", help="benchmark split files (default $AFLOWRL_DATA_DIR)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each problem")
     parser.add_argument("--problems", help="only these problem ids, comma-separated")
@@ -144,6 +148,16 @@ async def _evaluate(
         seed=args.seed,
         run=RunSettings(temperature=args.temperature, max_tokens=args.max_tokens),
     )
+    executor: Executor
+    if args.executor == "surrogate":
+        from aflowrl.executor.surrogate import SurrogateExecutor
+
+        executor = SurrogateExecutor(data_dir=args.data_dir)
+    else:
+        from aflowrl.cli._io import executor_model
+
+        args.model = await executor_model(args.executor, args.model)
+        executor = OpenAIExecutor(args.executor, args.model, max_concurrency=args.max_concurrency)
     total = len(graphs) * len(problems) * args.repeats
     bar = tqdm(
         total=total, unit="run", disable=args.no_progress, file=sys.stderr, dynamic_ncols=True
@@ -155,13 +169,6 @@ async def _evaluate(
         bar.update(1)
         bar.set_postfix(score=f"{100 * sum(scores) / len(scores):.1f}", refresh=False)
 
-    executor: Executor
-    if args.executor == "surrogate":
-        from aflowrl.executor.surrogate import SurrogateExecutor
-
-        executor = SurrogateExecutor(data_dir=args.data_dir)
-    else:
-        executor = OpenAIExecutor(args.executor, args.model, max_concurrency=args.max_concurrency)
     results = []
     try:
         with EvaluationCache(args.cache) as cache:

@@ -46,7 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the executor LLM: an OpenAI-compatible endpoint (API key from "
         "$AFLOWRL_EXECUTOR_API_KEY[_FILE]) or 'surrogate' (the offline stand-in, in-process)",
     )
-    parser.add_argument("--model", default="gpt-4o-mini", help="executor model name")
+    parser.add_argument(
+        "--model",
+        help="executor model name (default: the one model the endpoint serves, when it serves "
+        "exactly one; required otherwise)",
+    )
     parser.add_argument("--data-dir", help="benchmark split files (default $AFLOWRL_DATA_DIR)")
     parser.add_argument(
         "--run-dir", help="run directory (default runs/optimize-<benchmark>-<proposer>-s<seed>)"
@@ -80,7 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, help="executor sampling temperature")
     parser.add_argument("--max-tokens", type=int, help="most completion tokens per call")
     parser.add_argument("--proposer-url", help="OpenAI-compatible endpoint of the llm proposer")
-    parser.add_argument("--proposer-model", default="gpt-4o", help="model of the llm proposer")
+    parser.add_argument(
+        "--proposer-model",
+        help="model of the llm proposer (default: the one model --proposer-url serves, when it "
+        "serves exactly one; required otherwise)",
+    )
     parser.add_argument(
         "--proposer-retries", type=int, default=2, help="asks again after unusable replies"
     )
@@ -149,8 +157,9 @@ def _settings(args: argparse.Namespace) -> tuple[str, SearchSpec, EvaluationSpec
     return str(args.benchmark), search_spec, evaluation_spec
 
 
-def _executor(args: argparse.Namespace, problems: Sequence[Problem]) -> Executor:
-    """The executor ``--executor`` names (the surrogate indexes ``problems``)."""
+async def _executor(args: argparse.Namespace, problems: Sequence[Problem]) -> Executor:
+    """The executor ``--executor`` names (the surrogate indexes ``problems``); an endpoint is
+    checked first (:func:`aflowrl.cli._io.executor_model`)."""
     from aflowrl.errors import InvalidInputError
     from aflowrl.executor.openai import OpenAIExecutor
 
@@ -160,6 +169,9 @@ def _executor(args: argparse.Namespace, problems: Sequence[Problem]) -> Executor
 
         return SurrogateExecutor(problems)
     if target.startswith(("http://", "https://")):
+        from aflowrl.cli._io import executor_model
+
+        args.model = await executor_model(target, args.model)
         return OpenAIExecutor(target, args.model, max_concurrency=args.max_concurrency)
     raise InvalidInputError(
         f"{target!r} is neither an http(s) endpoint nor 'surrogate'", field="--executor"
@@ -180,8 +192,14 @@ def _proposer(args: argparse.Namespace, mode: str) -> Proposer:
     if args.proposer == "llm":
         if not args.proposer_url:
             raise InvalidInputError("the llm proposer needs an endpoint", field="--proposer-url")
+        import asyncio
+
+        from aflowrl.cli._io import executor_model
         from aflowrl.executor.openai import OpenAIExecutor
 
+        args.proposer_model = asyncio.run(
+            executor_model(args.proposer_url, args.proposer_model, flag="--proposer-model")
+        )
         client = OpenAIExecutor(args.proposer_url, args.proposer_model, max_concurrency=4)
         return LLMProposer(client, seed=args.seed, max_retries=args.proposer_retries)
     if not args.policy:
@@ -260,7 +278,7 @@ async def _run(args: argparse.Namespace, plan: _Plan) -> int:
     run_dir = RunDirectory(
         args.run_dir or f"runs/optimize-{plan.benchmark}-{args.proposer}-s{args.seed}"
     )
-    executor = _executor(args, [*plan.search_problems, *plan.final_problems])
+    executor = await _executor(args, [*plan.search_problems, *plan.final_problems])
     settings = EvaluationSettings(
         repeats=plan.evaluation.repeats,
         concurrency=plan.evaluation.concurrency,
