@@ -20,8 +20,8 @@ sandbox cannot run code. The body is read by :func:`.protocol.read_body` (conten
 undone here, within the size bound, not by aiohttp; nesting and numbers bounded), so no request
 body reaches an unbounded parser; an unexpected exception is still answered in OpenAI's shape
 (500 ``server_error``), never as aiohttp's plain-text page. A client that hangs up, even in the
-middle of a streamed answer, is normal: one debug line, no error. ``latency_ms`` delays every completion
-(simulated model latency).
+middle of a streamed answer, is normal: one debug line, no error. ``latency_ms`` delays every
+completion (simulated model latency).
 
 :class:`SurrogateServer` is an async context manager (port 0 picks a free port); ``aflowrl
 surrogate serve`` runs one until SIGINT/SIGTERM (:func:`serve_until_signal`).
@@ -299,7 +299,7 @@ class SurrogateServer:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         try:
-            await self._write_stream(request, response, identity, chat, choices, completion)
+            await self._write_stream(request, response, identity, chat, (choices, completion))
         except ConnectionResetError:  # aiohttp's ClientConnectionResetError: a normal hang-up
             logger.debug("surrogate server: the client hung up on the stream of %s", identity)
         return response
@@ -310,9 +310,9 @@ class SurrogateServer:
         response: web.StreamResponse,
         identity: str,
         chat: ChatRequest,
-        choices: list[tuple[str, str]],
-        completion: Completion,
+        answer: tuple[list[tuple[str, str]], Completion],
     ) -> None:
+        choices, completion = answer
         await response.prepare(request)
         created = int(time.time())
 
