@@ -57,3 +57,61 @@ def test_every_exit_code_is_documented_with_its_number():
     page = Path(__file__).parents[2] / "docs" / "reference" / "exit-codes.md"
     documented = {int(n) for n in re.findall(r"^\| (\d+) \|", page.read_text(), re.MULTILINE)}
     assert documented == {int(code) for code in ExitCode}
+
+
+def test_eval_draws_no_progress_bar_into_a_log(aflow_data, tmp_path):
+    """stderr is a pipe here, as in a log file or a pod: no bar, so no carriage returns."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aflowrl",
+            "eval",
+            "--workflow",
+            "io",
+            "--benchmark",
+            "humaneval",
+            "--executor",
+            "surrogate",
+            "--data-dir",
+            str(aflow_data),
+            "--limit",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
+    assert "\r" not in out.stderr
+    assert "io" in out.stdout  # the table still comes
+
+
+def test_a_progress_bar_is_drawn_only_on_a_terminal_and_never_with_no_progress():
+    import io
+
+    from aflowrl.common.progress import bar_enabled, progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert bar_enabled(None, Terminal()) and not bar_enabled(None, io.StringIO())
+    assert not bar_enabled(False, Terminal())
+    for stream, drawn in ((Terminal(), True), (io.StringIO(), False)):
+        bar = progress_bar(3, unit="run", stream=stream)
+        bar.update(3)
+        bar.close()
+        assert ("\r" in stream.getvalue()) is drawn
+    quiet = Terminal()
+    progress_bar(3, unit="run", enabled=False, stream=quiet).close()
+    assert quiet.getvalue() == ""
+
+
+def test_help_shows_each_options_default():
+    from aflowrl.cli import build_parser
+
+    parser = build_parser()
+    eval_help = parser._subparsers._group_actions[0].choices["eval"].format_help()  # type: ignore[union-attr]
+    assert "(default: 16)" in " ".join(eval_help.split())
+    assert "(default: None)" not in eval_help and "(default: False)" not in eval_help

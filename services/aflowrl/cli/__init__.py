@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "serve",
     "surrogate",
     "train",
+    "data",
 )
 """Modules of ``aflowrl.cli`` that define commands, in ``--help`` order."""
 
@@ -36,14 +37,19 @@ def _commands() -> list[ModuleType]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from aflowrl.cli._help import HelpFormatter
+
     parser = argparse.ArgumentParser(
         prog="aflowrl",
         description="Train LLMs with RL (GiGPO) to design agentic workflows.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"aflow-rl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in _commands():
-        cmd = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        cmd = sub.add_parser(
+            module.NAME, help=module.HELP, description=module.HELP, formatter_class=HelpFormatter
+        )
         module.add_arguments(cmd)
         cmd.set_defaults(_run=module.run)
     return parser
@@ -51,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``aflowrl`` console script."""
+    from aflowrl.benchmarks.errors import DownloadError
     from aflowrl.cli.exitcodes import ExitCode
     from aflowrl.errors import InvalidInputError, NotFoundError
     from aflowrl.executor.errors import ExecutorError
@@ -68,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ExecutorError as exc:
         print(f"aflowrl {args.command}: executor error: {exc}", file=sys.stderr)
         return ExitCode.EXECUTOR
+    except DownloadError as exc:
+        print(f"aflowrl {args.command}: download error: {exc}", file=sys.stderr)
+        return ExitCode.DOWNLOAD
     except KeyboardInterrupt:
         print(f"aflowrl {args.command}: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED

@@ -51,7 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="executor model name (default: the one model the endpoint serves, when it serves "
         "exactly one; required otherwise)",
     )
-    parser.add_argument("--data-dir", help="benchmark split files (default $AFLOWRL_DATA_DIR)")
+    parser.add_argument(
+        "--data-dir",
+        help="directory of the benchmark split files (default: $AFLOWRL_DATA_DIR, else "
+        "$AFLOWRL_CACHE_DIR/data, where 'aflowrl data download' puts them)",
+    )
     parser.add_argument(
         "--run-dir", help="run directory (default runs/optimize-<benchmark>-<proposer>-s<seed>)"
     )
@@ -96,7 +100,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-final", action="store_true", help="skip the test-split table at the end"
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (there is none either when stderr is no terminal)",
+    )
 
 
 def _settings(args: argparse.Namespace) -> tuple[str, SearchSpec, EvaluationSpec]:
@@ -265,9 +273,8 @@ def run(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace, plan: _Plan) -> int:
     import sys
 
-    from tqdm import tqdm
-
     from aflowrl.benchmarks import get_benchmark
+    from aflowrl.common.progress import progress_bar
     from aflowrl.search.episode import SearchContext
     from aflowrl.search.optimize import baselines, evaluate_final, final_table, run_search
     from aflowrl.search.rundir import RunDirectory
@@ -305,13 +312,7 @@ async def _run(args: argparse.Namespace, plan: _Plan) -> int:
         "problems",
         file=sys.stderr,
     )
-    bar = tqdm(
-        total=args.rounds,
-        unit="round",
-        disable=args.no_progress,
-        file=sys.stderr,
-        dynamic_ncols=True,
-    )
+    bar = progress_bar(args.rounds, unit="round", enabled=False if args.no_progress else None)
 
     def on_round(record: dict[str, Any], state: Any) -> None:
         bar.n = min(args.rounds, int(record["round"]))
