@@ -115,3 +115,33 @@ def test_help_shows_each_options_default():
     eval_help = parser._subparsers._group_actions[0].choices["eval"].format_help()  # type: ignore[union-attr]
     assert "(default: 16)" in " ".join(eval_help.split())
     assert "(default: None)" not in eval_help and "(default: False)" not in eval_help
+
+
+def test_every_command_taking_a_run_document_takes_it_with_f_and_file_and_still_spec():
+    from aflowrl.cli import build_parser
+
+    parser = build_parser()
+    for command in (
+        ["spec", "validate"],
+        ["train"],
+        ["optimize", "--benchmark", "gsm8k", "--executor", "surrogate"],
+        ["serve", "env"],
+    ):
+        for flag in ("-f", "--file", "--spec"):
+            args = parser.parse_args([*command, flag, "run.yaml"])
+            assert args.spec == "run.yaml", (command, flag)
+        usage = parser._subparsers._group_actions[0].choices[command[0]].format_help()  # type: ignore[union-attr]
+        assert "-f FILE, --file FILE" in usage and "--spec" not in usage, command[0]
+
+
+def test_spec_prints_documents_as_yaml_or_json(tmp_path, capsys):
+    import json
+
+    assert main(["spec", "default", "-o", "json"]) == 0
+    as_json = json.loads(capsys.readouterr().out)
+    assert main(["spec", "default"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == as_json
+    run = tmp_path / "run.yaml"
+    run.write_text("trainer:\n  iterations: 3\n")
+    assert main(["spec", "resolve", "--file", str(run), "--output", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trainer"]["iterations"] == 3

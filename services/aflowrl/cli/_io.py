@@ -1,4 +1,6 @@
-"""Small helpers shared by commands: reading spec files and dumping YAML."""
+"""Small helpers shared by commands: reading run documents, printing documents, checking an
+executor endpoint. Imported inside ``run`` (it imports pydantic); argument conventions that
+``add_arguments`` needs are in :mod:`aflowrl.cli._help`."""
 
 from __future__ import annotations
 
@@ -8,6 +10,16 @@ import yaml
 
 from aflowrl import documents
 from aflowrl.config import RunSpec
+
+
+def print_document(doc: Any, output: str) -> None:
+    """``doc`` on stdout as YAML (:func:`dump_yaml`) or indented JSON."""
+    import json
+
+    if output == "json":
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        print(dump_yaml(doc), end="")
 
 
 def load_spec(path: str | None, *, flag: str = "-f/--file") -> RunSpec:

@@ -60,9 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--run-dir", help="run directory (default runs/optimize-<benchmark>-<proposer>-s<seed>)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the search and proposer")
-    parser.add_argument(
-        "-f", "--spec", metavar="FILE", help="take search and evaluation settings from a RunSpec"
-    )
+    from aflowrl.cli._help import add_file_argument
+
+    add_file_argument(parser, "take search and evaluation settings from a RunSpec file")
     parser.add_argument("--selection", choices=["aflow", "ucb", "fused"], help="parent selection")
     parser.add_argument(
         "--value-source",
@@ -116,7 +116,7 @@ def _settings(args: argparse.Namespace) -> tuple[str, SearchSpec, EvaluationSpec
     from aflowrl.config.environment import EvaluationSpec
     from aflowrl.errors import InvalidInputError
 
-    spec = load_spec(args.spec, flag="-f/--spec") if args.spec else RunSpec()
+    spec = load_spec(args.spec) if args.spec else RunSpec()
     search: dict[str, Any] = spec.environment.search.model_dump(by_alias=False)
     if not args.spec:
         # Without a spec: the search guided by the policy's values for a policy proposer,
