@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from aflowrl import envs
-    from aflowrl.benchmarks import _data, download
+    from aflowrl.benchmarks import default_data_dir, download
     from aflowrl.common.progress import progress_bar
     from aflowrl.errors import InvalidInputError
 
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise InvalidInputError("must be positive", field="--timeout")
     manifest = download.Manifest.load(Path(args.manifest) if args.manifest else download.MANIFEST)
-    directory = Path(args.dir or envs.AFLOWRL_DATA_DIR or _data.default_data_dir())
+    directory = Path(args.dir or envs.AFLOWRL_DATA_DIR or default_data_dir())
     benchmarks = (
         [b.strip() for b in args.benchmarks.split(",") if b.strip()] if args.benchmarks else None
     )
@@ -101,6 +101,6 @@ def run(args: argparse.Namespace) -> int:
             f"all {len(outcome.kept)} files already in {outcome.directory}, verified",
             file=sys.stderr,
         )
-    if args.dir and Path(args.dir).resolve() != _data.default_data_dir().resolve():
+    if args.dir and Path(args.dir).resolve() != default_data_dir().resolve():
         print(f"use them with --data-dir {outcome.directory}", file=sys.stderr)
     return 0

@@ -6,7 +6,8 @@ checks look at what the spec points to:
 
 - the benchmarks' data: every served benchmark (``environment.benchmarks`` and
   ``heldOutBenchmarks``) without a packaged copy needs ``environment.data.dir`` (or
-  ``$AFLOWRL_DATA_DIR``) holding its split files; both splits of each are loaded, so a missing
+  ``$AFLOWRL_DATA_DIR``, or the default directory ``aflowrl data download`` fills) holding its
+  split files; both splits of each are loaded, so a missing
   file or a malformed line is reported now rather than by an environment replica later;
 - the executor: an ``openai`` endpoint must answer HTTP at ``baseUrl`` (any status will do: it
   proves something listens); ``serve`` exists only on Kubernetes;
@@ -35,9 +36,10 @@ logger = logging.getLogger(__name__)
 
 def check_data(spec: RunSpec) -> None:
     """Both splits of every served benchmark load (module docstring)."""
-    from aflowrl.benchmarks import get_benchmark
+    from aflowrl.benchmarks import get_benchmark, resolve_data_dir
 
-    data = spec.environment.data.dir or envs.AFLOWRL_DATA_DIR
+    resolved = resolve_data_dir(spec.environment.data.dir)
+    data = str(resolved) if resolved is not None else None
     field = "spec.environment.data.dir"
     needing = spec.environment.needing_data_dir
     if needing:
@@ -45,7 +47,7 @@ def check_data(spec: RunSpec) -> None:
             files = ", ".join(f"{name}_validate.jsonl, {name}_test.jsonl" for name in needing)
             raise PreflightError(
                 f"{', '.join(needing)} has no packaged copy: set it to a directory of AFlow's "
-                f"split files ({files}), or set AFLOWRL_DATA_DIR",
+                f"split files ({files}), or set AFLOWRL_DATA_DIR, or run 'aflowrl data download'",
                 field=field,
             )
         if not Path(data).expanduser().is_dir():

@@ -161,3 +161,14 @@ def test_tls_asked_for_without_certificates_here_is_refused(monkeypatch, tmp_pat
         preflight.check_tls(_spec())  # AFLOWRL_TLS_DIR alone turns TLS on: its files are checked
     monkeypatch.delenv("AFLOWRL_TLS_DIR")
     preflight.check_tls(_spec())  # plaintext
+
+
+def test_data_in_the_default_directory_is_found_without_any_setting(tmp_path, monkeypatch):
+    monkeypatch.delenv("AFLOWRL_DATA_DIR", raising=False)
+    monkeypatch.setenv("AFLOWRL_CACHE_DIR", str(tmp_path))
+    data = tmp_path / "data"  # where 'aflowrl data download' puts the files by default
+    data.mkdir()
+    for split in ("validate", "test"):
+        line = '{"id": "p", "question": "What is 1 + 1?", "answer": "2"}\n'
+        (data / f"gsm8k_{split}.jsonl").write_text(line)
+    preflight.check_data(_spec(environment={"benchmarks": ["gsm8k"]}))
