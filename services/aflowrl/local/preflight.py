@@ -10,7 +10,8 @@ checks look at what the spec points to:
   split files; both splits of each are loaded, so a missing
   file or a malformed line is reported now rather than by an environment replica later;
 - the executor: an ``openai`` endpoint must answer HTTP at ``baseUrl`` (any status will do: it
-  proves something listens); ``serve`` exists only on Kubernetes;
+  proves something listens), take the API key, and serve ``model`` when it lists its models
+  (``GET /models``); ``serve`` exists only on Kubernetes;
 - the policy: a model directory must hold a ``config.json``; ``tiny`` is built on first use;
 - gRPC TLS: ``grpc.tlsSecret`` is a Kubernetes Secret, so a local run takes the directory of
   ``AFLOWRL_TLS_DIR`` instead, and its certificate files must load (``grpc.mtls`` needs TLS).
@@ -84,6 +85,27 @@ def check_executor(spec: RunSpec, *, timeout_s: float = 5.0) -> None:
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise PreflightError(f"cannot reach {executor.base_url}: {reason}", field=field) from None
+    _check_served_model(executor.base_url, executor.model, timeout_s=timeout_s)
+
+
+def _check_served_model(base_url: str, model: str, *, timeout_s: float) -> None:
+    """The endpoint takes the API key and, when it lists its models, serves ``model``."""
+    import asyncio
+
+    from aflowrl.executor.errors import ExecutorError, ExecutorRequestError
+    from aflowrl.executor.preflight import served_models
+
+    try:
+        models = asyncio.run(served_models(base_url, timeout_s=timeout_s))
+    except ExecutorRequestError as exc:  # 401/403: the key
+        raise PreflightError(str(exc), field="AFLOWRL_EXECUTOR_API_KEY") from None
+    except ExecutorError:
+        return  # it answered, if not well: the run's own retries and errors take over
+    if models and model not in models:
+        raise PreflightError(
+            f"{base_url} does not serve {model!r} (it serves {', '.join(models[:10])})",
+            field="spec.environment.executor.model",
+        )
 
 
 def check_policy(spec: RunSpec) -> None:
