@@ -233,3 +233,30 @@ async def test_preflight_without_a_model_on_a_server_that_lists_none_asks_for_on
     async with serving(_vllm_like_app(["m"], list_models=False)) as root:
         with pytest.raises(InvalidInputError, match=r"--model.*lists no models"):
             await preflight(f"{root}/v1", None)
+
+
+async def test_a_host_name_that_does_not_resolve_is_named_as_dns():
+    """aiohttp's own DNS failure (from a resolver that finds nothing, so no lookup leaves the
+    machine) is classified as such."""
+    import socket as sockets
+
+    import aiohttp
+    from aiohttp.abc import AbstractResolver
+
+    from aflowrl.executor.openai import connection_error
+
+    class NoSuchHost(AbstractResolver):
+        async def resolve(self, host, port=0, family=sockets.AF_INET):
+            raise OSError(sockets.EAI_NONAME, "Name or service not known")
+
+        async def close(self):
+            pass
+
+    connector = aiohttp.TCPConnector(resolver=NoSuchHost())
+    async with aiohttp.ClientSession(connector=connector) as session:
+        with pytest.raises(aiohttp.ClientError) as caught:
+            await session.get("http://executor.example/v1/models")
+    error = connection_error(caught.value, "http://executor.example/v1")
+    assert error.retryable
+    assert "host name 'executor.example' not found (DNS)" in str(error)
+    assert "check the host" in str(error)

@@ -480,7 +480,8 @@ def http_error(
     if status in (400, 404) and _model_unknown(text):
         return ExecutorRequestError(
             f"{where}: model {model!r} is not served there ({excerpt}); pass a model it serves "
-            f"(--model; GET {endpoint}/models lists them)",
+            f"(--model, or environment.executor.model in a run; GET {endpoint}/models lists "
+            "them)",
             status=status,
         )
     if status == 404 and not urlsplit(endpoint).path.rstrip("/").endswith("/v1"):
