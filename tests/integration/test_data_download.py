@@ -218,3 +218,16 @@ def test_the_shipped_manifest_matches_the_published_splits(aflow_data):
     for entry in manifest.files:
         path = aflow_data / entry.name
         assert download.sha256_of(path) == entry.sha256, entry.name
+
+
+async def test_a_file_url_mirror_works_offline(tmp_path):
+    mirror = tmp_path / "mirror" / "aflow_data.tar.gz"
+    mirror.parent.mkdir()
+    mirror.write_bytes(_archive())
+    manifest = _manifest(tmp_path, "http://127.0.0.1:9/never-used")
+    target = tmp_path / "data"
+    code = await aflowrl(
+        "--dir", str(target), "--manifest", str(manifest), "--url", mirror.as_uri()
+    )
+    assert code == ExitCode.OK
+    assert sorted(p.name for p in target.iterdir()) == sorted(FILES)
