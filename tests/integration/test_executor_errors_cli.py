@@ -260,3 +260,9 @@ async def test_a_host_name_that_does_not_resolve_is_named_as_dns():
     assert error.retryable
     assert "host name 'executor.example' not found (DNS)" in str(error)
     assert "check the host" in str(error)
+
+
+async def test_an_executor_that_is_no_url_is_bad_input_not_a_network_error(data_dir):
+    code, lines = await aflowrl(*_eval("localhost:8000", data_dir, "--model", "m"))
+    assert code == ExitCode.USAGE
+    assert_one_line(lines, "--executor", "no http(s) URL")

@@ -34,13 +34,24 @@ def load_spec(path: str | None, *, flag: str = "-f/--file") -> RunSpec:
     return RunSpec.from_yaml(text, source="<stdin>" if path == "-" else path)
 
 
-async def executor_model(url: str, model: str | None, *, flag: str = "--model") -> str:
+async def executor_model(
+    url: str, model: str | None, *, flag: str = "--model", url_flag: str = "--executor"
+) -> str:
     """The model to call at the OpenAI-compatible endpoint ``url`` after a preflight check
     (:func:`aflowrl.executor.preflight.preflight`): ``model``, or the only one it serves (said
-    on stderr). Fails at once, in one line, when the endpoint is unusable."""
+    on stderr). Fails at once, in one line, when the endpoint is unusable; ``flag`` and
+    ``url_flag`` name the options that gave the model and the URL."""
     import sys
+    from urllib.parse import urlsplit
 
+    from aflowrl.errors import InvalidInputError
     from aflowrl.executor.preflight import preflight
+
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidInputError(
+            f"{url!r} is no http(s) URL (e.g. http://localhost:8000/v1)", field=url_flag
+        )
 
     chosen = await preflight(url, model, flag=flag)
     if model is None:

@@ -206,7 +206,12 @@ def _proposer(args: argparse.Namespace, mode: str) -> Proposer:
         from aflowrl.executor.openai import OpenAIExecutor
 
         args.proposer_model = asyncio.run(
-            executor_model(args.proposer_url, args.proposer_model, flag="--proposer-model")
+            executor_model(
+                args.proposer_url,
+                args.proposer_model,
+                flag="--proposer-model",
+                url_flag="--proposer-url",
+            )
         )
         client = OpenAIExecutor(args.proposer_url, args.proposer_model, max_concurrency=4)
         return LLMProposer(client, seed=args.seed, max_retries=args.proposer_retries)
