@@ -57,10 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``aflowrl`` console script."""
-    from aflowrl.benchmarks.errors import DownloadError
     from aflowrl.cli.exitcodes import ExitCode
-    from aflowrl.errors import InvalidInputError, NotFoundError
-    from aflowrl.executor.errors import ExecutorError
+    from aflowrl.errors import AflowRLError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -69,18 +67,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.USAGE
     try:
         return int(args._run(args) or 0)
-    except (InvalidInputError, NotFoundError) as exc:
-        print(f"aflowrl {args.command}: error: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
-    except ExecutorError as exc:
-        print(f"aflowrl {args.command}: executor error: {exc}", file=sys.stderr)
-        return ExitCode.EXECUTOR
-    except DownloadError as exc:
-        print(f"aflowrl {args.command}: download error: {exc}", file=sys.stderr)
-        return ExitCode.DOWNLOAD
+    except AflowRLError as exc:
+        known = _exit_code(exc)
+        if known is None:
+            raise
+        code, kind = known
+        print(f"aflowrl {args.command}: {kind}: {exc}", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         print(f"aflowrl {args.command}: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
+
+
+def _exit_code(exc: BaseException) -> tuple[int, str] | None:
+    """(exit status, what kind of error) of the errors a command reports in one line; None for
+    the others (a bug: its traceback is the report). Imported here, so ``--help`` stays light."""
+    from aflowrl.benchmarks.errors import DownloadError
+    from aflowrl.cli.exitcodes import ExitCode
+    from aflowrl.errors import InvalidInputError, NotFoundError
+    from aflowrl.executor.errors import ExecutorError
+
+    if isinstance(exc, (InvalidInputError, NotFoundError)):
+        return ExitCode.USAGE, "error"
+    if isinstance(exc, ExecutorError):
+        return ExitCode.EXECUTOR, "executor error"
+    if isinstance(exc, DownloadError):
+        return ExitCode.DOWNLOAD, "download error"
+    return None
 
 
 if __name__ == "__main__":
