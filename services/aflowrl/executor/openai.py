@@ -9,6 +9,9 @@
   the endpoint's ``Retry-After`` when it sends one, else after exponential backoff with "equal
   jitter": d = min(cap, base * 2^attempt), sleep = d/2 + U(0, d/2) (AWS Architecture Blog,
   "Exponential Backoff And Jitter", 2015). Other 4xx answers are never retried;
+- one-line errors that name the cause and the fix (:func:`connection_error`,
+  :func:`http_error`, :func:`timeout_error`: refused, DNS, a model the server does not serve, a
+  base URL without ``/v1``, a refused API key), typed by retryability (``errors``);
 - token usage and cost from the price table (``pricing``); an unknown price or a missing usage
   gives cost None;
 - the API key from the argument, else ``aflowrl.envs`` ($AFLOWRL_EXECUTOR_API_KEY_FILE, then
@@ -445,13 +448,15 @@ def connection_error(exc: aiohttp.ClientError, endpoint: str) -> ExecutorUnavail
     return ExecutorUnavailableError(f"cannot reach {endpoint}: {cause}; {fix}")
 
 
-def _model_unknown(text: str) -> bool:
-    """Whether an error body says the model does not exist (vLLM, OpenAI, most gateways)."""
+def _model_unknown(status: int, text: str) -> bool:
+    """Whether an error answer says the model does not exist: vLLM answers 404 "The model `x`
+    does not exist.", OpenAI 404 ``model_not_found``; some gateways use 400."""
     lowered = text.lower()
-    return "model_not_found" in lowered or (
-        "model" in lowered
-        and any(w in lowered for w in ("does not exist", "not found", "unknown", "no such"))
-    )
+    if "model_not_found" in lowered:
+        return True
+    if "model" not in lowered:
+        return False
+    return "does not exist" in lowered or (status == 404 and "not found" in lowered)
 
 
 def http_error(
@@ -477,7 +482,7 @@ def http_error(
         return ExecutorRequestError(
             f"{where}: the endpoint {sent} ({excerpt}); {_KEY_FIX}", status=status
         )
-    if status in (400, 404) and _model_unknown(text):
+    if status in (400, 404) and _model_unknown(status, text):
         return ExecutorRequestError(
             f"{where}: model {model!r} is not served there ({excerpt}); pass a model it serves "
             f"(--model, or environment.executor.model in a run; GET {endpoint}/models lists "
