@@ -10,6 +10,7 @@ local runs from the shell.
 | AFLOWRL_LOG_FORMAT | "text" or "json" log lines; default text |
 | AFLOWRL_DATA_DIR | directory of the benchmark split files (``<benchmark>_<split>.jsonl``) |
 | AFLOWRL_CACHE_DIR | cache of built models and evaluation results; default ~/.cache/aflowrl |
+| AFLOWRL_DATA_URL | archive ``aflowrl data download`` fetches (a mirror); default AFlow's |
 | AFLOWRL_EXECUTOR_API_KEY | API key of the executor endpoint (else OPENAI_API_KEY) |
 | AFLOWRL_EXECUTOR_API_KEY_FILE | file holding that key (a mounted Secret); wins over the variable |
 | AFLOWRL_EXECUTOR_BASE_URL | endpoint of the executor the run serves itself (spec executor.serve) |
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     AFLOWRL_LOG_FORMAT: str
     AFLOWRL_DATA_DIR: str | None
     AFLOWRL_CACHE_DIR: Path
+    AFLOWRL_DATA_URL: str | None
     AFLOWRL_EXECUTOR_API_KEY: str | None
     AFLOWRL_EXECUTOR_BASE_URL: str | None
     AFLOWRL_AUTH_TOKEN: str | None
@@ -96,6 +98,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "AFLOWRL_CACHE_DIR": lambda: Path(
         os.environ.get("AFLOWRL_CACHE_DIR") or Path.home() / ".cache" / "aflowrl"
     ),
+    "AFLOWRL_DATA_URL": lambda: os.environ.get("AFLOWRL_DATA_URL") or None,
     "AFLOWRL_EXECUTOR_API_KEY": lambda: _read_secret(
         "AFLOWRL_EXECUTOR_API_KEY_FILE", ("AFLOWRL_EXECUTOR_API_KEY", "OPENAI_API_KEY")
     ),

@@ -429,6 +429,8 @@ def test_run_file_commands_exit_2_naming_file_and_line(tmp_path: Path, name: str
         (DEEP_JSON, "line 1: nested deeper than 64 levels"),
         (REPEATED_KEY_JSON, "line 3: duplicate key 'name' (first on line 2)"),
         ("{" * 3, "not JSON"),
+        ('{"nodes": []}', "nodes: must be a non-empty list of nodes"),
+        ("[1, 2]", "a workflow must be a JSON object"),
     ],
 )
 def test_eval_workflow_file_exits_2_naming_file_and_line(tmp_path: Path, content: str, why: str):

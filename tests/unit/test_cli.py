@@ -46,3 +46,102 @@ def test_spec_default_round_trips(capsys):
     from aflowrl.config import RunSpec
 
     assert RunSpec.from_document(doc) == RunSpec()
+
+
+def test_every_exit_code_is_documented_with_its_number():
+    import re
+    from pathlib import Path
+
+    from aflowrl.cli.exitcodes import ExitCode
+
+    page = Path(__file__).parents[2] / "docs" / "reference" / "exit-codes.md"
+    documented = {int(n) for n in re.findall(r"^\| (\d+) \|", page.read_text(), re.MULTILINE)}
+    assert documented == {int(code) for code in ExitCode}
+
+
+def test_eval_draws_no_progress_bar_into_a_log(aflow_data, tmp_path):
+    """stderr is a pipe here, as in a log file or a pod: no bar, so no carriage returns."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aflowrl",
+            "eval",
+            "--workflow",
+            "io",
+            "--benchmark",
+            "humaneval",
+            "--executor",
+            "surrogate",
+            "--data-dir",
+            str(aflow_data),
+            "--limit",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
+    assert "\r" not in out.stderr
+    assert "io" in out.stdout  # the table still comes
+
+
+def test_a_progress_bar_is_drawn_only_on_a_terminal_and_never_with_no_progress():
+    import io
+
+    from aflowrl.common.progress import bar_enabled, progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert bar_enabled(None, Terminal()) and not bar_enabled(None, io.StringIO())
+    assert not bar_enabled(False, Terminal())
+    for stream, drawn in ((Terminal(), True), (io.StringIO(), False)):
+        bar = progress_bar(3, unit="run", stream=stream)
+        bar.update(3)
+        bar.close()
+        assert ("\r" in stream.getvalue()) is drawn
+    quiet = Terminal()
+    progress_bar(3, unit="run", enabled=False, stream=quiet).close()
+    assert quiet.getvalue() == ""
+
+
+def test_help_shows_each_options_default():
+    from aflowrl.cli import build_parser
+
+    parser = build_parser()
+    eval_help = parser._subparsers._group_actions[0].choices["eval"].format_help()  # type: ignore[union-attr]
+    assert "(default: 16)" in " ".join(eval_help.split())
+    assert "(default: None)" not in eval_help and "(default: False)" not in eval_help
+
+
+def test_every_command_taking_a_run_document_takes_it_with_f_and_file_and_still_spec():
+    from aflowrl.cli import build_parser
+
+    parser = build_parser()
+    for command in (
+        ["spec", "validate"],
+        ["train"],
+        ["optimize", "--benchmark", "gsm8k", "--executor", "surrogate"],
+        ["serve", "env"],
+    ):
+        for flag in ("-f", "--file", "--spec"):
+            args = parser.parse_args([*command, flag, "run.yaml"])
+            assert args.spec == "run.yaml", (command, flag)
+        usage = parser._subparsers._group_actions[0].choices[command[0]].format_help()  # type: ignore[union-attr]
+        assert "-f FILE, --file FILE" in usage and "--spec" not in usage, command[0]
+
+
+def test_spec_prints_documents_as_yaml_or_json(tmp_path, capsys):
+    import json
+
+    assert main(["spec", "default", "-o", "json"]) == 0
+    as_json = json.loads(capsys.readouterr().out)
+    assert main(["spec", "default"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == as_json
+    run = tmp_path / "run.yaml"
+    run.write_text("trainer:\n  iterations: 3\n")
+    assert main(["spec", "resolve", "--file", str(run), "--output", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trainer"]["iterations"] == 3

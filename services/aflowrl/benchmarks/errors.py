@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aflowrl.errors import InvalidInputError, NotFoundError
+from aflowrl.errors import (
+    AflowRLError,
+    InvalidInputError,
+    NotFoundError,
+    PermanentError,
+    UnavailableError,
+)
 
 
 class DatasetLineError(InvalidInputError):
@@ -24,3 +30,17 @@ class DataNotFoundError(NotFoundError):
 
 class UnknownBenchmarkError(NotFoundError):
     """No benchmark of that name."""
+
+
+class DownloadError(AflowRLError):
+    """``aflowrl data download`` failed; the message names the file or URL, the cause and the
+    fix. The two subclasses say whether trying again can help."""
+
+
+class DownloadUnavailableError(DownloadError, UnavailableError):
+    """No network, a refused connection, a timeout or an HTTP 5xx: try again later."""
+
+
+class DownloadFailedError(DownloadError, PermanentError):
+    """An HTTP 4xx, a checksum mismatch, a broken archive or a disk that cannot take the files:
+    the same download would fail the same way."""

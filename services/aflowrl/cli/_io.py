@@ -1,4 +1,6 @@
-"""Small helpers shared by commands: reading spec files and dumping YAML."""
+"""Small helpers shared by commands: reading run documents, printing documents, checking an
+executor endpoint. Imported inside ``run`` (it imports pydantic); argument conventions that
+``add_arguments`` needs are in :mod:`aflowrl.cli._help`."""
 
 from __future__ import annotations
 
@@ -8,6 +10,16 @@ import yaml
 
 from aflowrl import documents
 from aflowrl.config import RunSpec
+
+
+def print_document(doc: Any, output: str) -> None:
+    """``doc`` on stdout as YAML (:func:`dump_yaml`) or indented JSON."""
+    import json
+
+    if output == "json":
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        print(dump_yaml(doc), end="")
 
 
 def load_spec(path: str | None, *, flag: str = "-f/--file") -> RunSpec:
@@ -20,6 +32,31 @@ def load_spec(path: str | None, *, flag: str = "-f/--file") -> RunSpec:
         return RunSpec()
     text = documents.read_text(path, source=flag, max_bytes=documents.MAX_YAML_CHARS)
     return RunSpec.from_yaml(text, source="<stdin>" if path == "-" else path)
+
+
+async def executor_model(
+    url: str, model: str | None, *, flag: str = "--model", url_flag: str = "--executor"
+) -> str:
+    """The model to call at the OpenAI-compatible endpoint ``url`` after a preflight check
+    (:func:`aflowrl.executor.preflight.preflight`): ``model``, or the only one it serves (said
+    on stderr). Fails at once, in one line, when the endpoint is unusable; ``flag`` and
+    ``url_flag`` name the options that gave the model and the URL."""
+    import sys
+    from urllib.parse import urlsplit
+
+    from aflowrl.errors import InvalidInputError
+    from aflowrl.executor.preflight import preflight
+
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidInputError(
+            f"{url!r} is no http(s) URL (e.g. http://localhost:8000/v1)", field=url_flag
+        )
+
+    chosen = await preflight(url, model, flag=flag)
+    if model is None:
+        print(f"{flag} {chosen} (the one model {url} serves)", file=sys.stderr)
+    return chosen
 
 
 class _Dumper(yaml.SafeDumper):

@@ -9,15 +9,14 @@ HELP = "Print the TrainingRun CRD (aflowrl.io/v1alpha1) generated from the RunSp
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    from aflowrl.cli._help import add_output_argument
+
+    add_output_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
-    from aflowrl.cli._io import dump_yaml
+    from aflowrl.cli._io import print_document
     from aflowrl.config.crd import training_run_crd
 
-    crd = training_run_crd()
-    print(json.dumps(crd, indent=2) if args.output == "json" else dump_yaml(crd), end="")
+    print_document(training_run_crd(), args.output)
     return 0

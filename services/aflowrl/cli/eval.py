@@ -39,8 +39,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "http://localhost:8000/v1 (API key from $AFLOWRL_EXECUTOR_API_KEY[_FILE]), or "
         "'surrogate' for the offline surrogate executor, in-process",
     )
-    parser.add_argument("--model", default="gpt-4o-mini", help="model name sent to the endpoint")
-    parser.add_argument("--data-dir", help="benchmark split files (default $AFLOWRL_DATA_DIR)")
+    parser.add_argument(
+        "--model",
+        help="model name sent to the endpoint (default: the one model it serves, when it "
+        "serves exactly one; required otherwise)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        help="directory of the benchmark split files (default: $AFLOWRL_DATA_DIR, else "
+        "$AFLOWRL_CACHE_DIR/data, where 'aflowrl data download' puts them)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs of each problem")
     parser.add_argument("--problems", help="only these problem ids, comma-separated")
     parser.add_argument("--limit", type=int, help="only the first N problems")
@@ -56,7 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="base seed of every run")
     parser.add_argument("--cache", metavar="FILE", help="SQLite evaluation cache")
     parser.add_argument("--json", metavar="OUT", help="write the results as JSON here")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (there is none either when stderr is no terminal)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,10 +135,8 @@ async def _evaluate(
     problems: Sequence[Problem],
 ) -> tuple[list[EvaluationResult], str]:
     """Every workflow on every problem, one progress bar; returns results and executor id."""
-    import sys
 
-    from tqdm import tqdm
-
+    from aflowrl.common.progress import progress_bar
     from aflowrl.executor.base import Executor
     from aflowrl.executor.openai import OpenAIExecutor
     from aflowrl.workflow import (
@@ -144,10 +154,18 @@ async def _evaluate(
         seed=args.seed,
         run=RunSettings(temperature=args.temperature, max_tokens=args.max_tokens),
     )
+    executor: Executor
+    if args.executor == "surrogate":
+        from aflowrl.executor.surrogate import SurrogateExecutor
+
+        executor = SurrogateExecutor(data_dir=args.data_dir)
+    else:
+        from aflowrl.cli._io import executor_model
+
+        args.model = await executor_model(args.executor, args.model)
+        executor = OpenAIExecutor(args.executor, args.model, max_concurrency=args.max_concurrency)
     total = len(graphs) * len(problems) * args.repeats
-    bar = tqdm(
-        total=total, unit="run", disable=args.no_progress, file=sys.stderr, dynamic_ncols=True
-    )
+    bar = progress_bar(total, unit="run", enabled=False if args.no_progress else None)
     scores: list[float] = []
 
     def progress(sample: SampleResult) -> None:
@@ -155,13 +173,6 @@ async def _evaluate(
         bar.update(1)
         bar.set_postfix(score=f"{100 * sum(scores) / len(scores):.1f}", refresh=False)
 
-    executor: Executor
-    if args.executor == "surrogate":
-        from aflowrl.executor.surrogate import SurrogateExecutor
-
-        executor = SurrogateExecutor(data_dir=args.data_dir)
-    else:
-        executor = OpenAIExecutor(args.executor, args.model, max_concurrency=args.max_concurrency)
     results = []
     try:
         with EvaluationCache(args.cache) as cache:

@@ -9,15 +9,22 @@ HELP = "Policy models: build a built-in Qwen2 model, or resolve a model name to 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from aflowrl.cli._help import HelpFormatter
+
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     init = sub.add_parser(
         "init",
+        formatter_class=HelpFormatter,
         help="write a deterministic built-in Qwen2-architecture model and its tokenizer to DIR",
     )
-    init.add_argument("--preset", default="tiny", help="tiny (default), small or base")
+    init.add_argument("--preset", default="tiny", help="tiny, small or base")
     init.add_argument("--out", required=True, help="output directory (created)")
     init.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
-    path = sub.add_parser("path", help="print the local directory a policy.model name resolves to")
+    path = sub.add_parser(
+        "path",
+        formatter_class=HelpFormatter,
+        help="print the local directory a policy.model name resolves to",
+    )
     path.add_argument("name", help="a model directory, or tiny, small or base (built on first use)")
 
 

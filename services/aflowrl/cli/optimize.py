@@ -46,15 +46,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the executor LLM: an OpenAI-compatible endpoint (API key from "
         "$AFLOWRL_EXECUTOR_API_KEY[_FILE]) or 'surrogate' (the offline stand-in, in-process)",
     )
-    parser.add_argument("--model", default="gpt-4o-mini", help="executor model name")
-    parser.add_argument("--data-dir", help="benchmark split files (default $AFLOWRL_DATA_DIR)")
+    parser.add_argument(
+        "--model",
+        help="executor model name (default: the one model the endpoint serves, when it serves "
+        "exactly one; required otherwise)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        help="directory of the benchmark split files (default: $AFLOWRL_DATA_DIR, else "
+        "$AFLOWRL_CACHE_DIR/data, where 'aflowrl data download' puts them)",
+    )
     parser.add_argument(
         "--run-dir", help="run directory (default runs/optimize-<benchmark>-<proposer>-s<seed>)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the search and proposer")
-    parser.add_argument(
-        "-f", "--spec", metavar="FILE", help="take search and evaluation settings from a RunSpec"
-    )
+    from aflowrl.cli._help import add_file_argument
+
+    add_file_argument(parser, "take search and evaluation settings from a RunSpec file")
     parser.add_argument("--selection", choices=["aflow", "ucb", "fused"], help="parent selection")
     parser.add_argument(
         "--value-source",
@@ -80,7 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, help="executor sampling temperature")
     parser.add_argument("--max-tokens", type=int, help="most completion tokens per call")
     parser.add_argument("--proposer-url", help="OpenAI-compatible endpoint of the llm proposer")
-    parser.add_argument("--proposer-model", default="gpt-4o", help="model of the llm proposer")
+    parser.add_argument(
+        "--proposer-model",
+        help="model of the llm proposer (default: the one model --proposer-url serves, when it "
+        "serves exactly one; required otherwise)",
+    )
     parser.add_argument(
         "--proposer-retries", type=int, default=2, help="asks again after unusable replies"
     )
@@ -88,7 +100,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-final", action="store_true", help="skip the test-split table at the end"
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (there is none either when stderr is no terminal)",
+    )
 
 
 def _settings(args: argparse.Namespace) -> tuple[str, SearchSpec, EvaluationSpec]:
@@ -100,7 +116,7 @@ def _settings(args: argparse.Namespace) -> tuple[str, SearchSpec, EvaluationSpec
     from aflowrl.config.environment import EvaluationSpec
     from aflowrl.errors import InvalidInputError
 
-    spec = load_spec(args.spec, flag="-f/--spec") if args.spec else RunSpec()
+    spec = load_spec(args.spec) if args.spec else RunSpec()
     search: dict[str, Any] = spec.environment.search.model_dump(by_alias=False)
     if not args.spec:
         # Without a spec: the search guided by the policy's values for a policy proposer,
@@ -149,8 +165,9 @@ def _settings(args: argparse.Namespace) -> tuple[str, SearchSpec, EvaluationSpec
     return str(args.benchmark), search_spec, evaluation_spec
 
 
-def _executor(args: argparse.Namespace, problems: Sequence[Problem]) -> Executor:
-    """The executor ``--executor`` names (the surrogate indexes ``problems``)."""
+async def _executor(args: argparse.Namespace, problems: Sequence[Problem]) -> Executor:
+    """The executor ``--executor`` names (the surrogate indexes ``problems``); an endpoint is
+    checked first (:func:`aflowrl.cli._io.executor_model`)."""
     from aflowrl.errors import InvalidInputError
     from aflowrl.executor.openai import OpenAIExecutor
 
@@ -160,6 +177,9 @@ def _executor(args: argparse.Namespace, problems: Sequence[Problem]) -> Executor
 
         return SurrogateExecutor(problems)
     if target.startswith(("http://", "https://")):
+        from aflowrl.cli._io import executor_model
+
+        args.model = await executor_model(target, args.model)
         return OpenAIExecutor(target, args.model, max_concurrency=args.max_concurrency)
     raise InvalidInputError(
         f"{target!r} is neither an http(s) endpoint nor 'surrogate'", field="--executor"
@@ -180,8 +200,19 @@ def _proposer(args: argparse.Namespace, mode: str) -> Proposer:
     if args.proposer == "llm":
         if not args.proposer_url:
             raise InvalidInputError("the llm proposer needs an endpoint", field="--proposer-url")
+        import asyncio
+
+        from aflowrl.cli._io import executor_model
         from aflowrl.executor.openai import OpenAIExecutor
 
+        args.proposer_model = asyncio.run(
+            executor_model(
+                args.proposer_url,
+                args.proposer_model,
+                flag="--proposer-model",
+                url_flag="--proposer-url",
+            )
+        )
         client = OpenAIExecutor(args.proposer_url, args.proposer_model, max_concurrency=4)
         return LLMProposer(client, seed=args.seed, max_retries=args.proposer_retries)
     if not args.policy:
@@ -247,9 +278,8 @@ def run(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace, plan: _Plan) -> int:
     import sys
 
-    from tqdm import tqdm
-
     from aflowrl.benchmarks import get_benchmark
+    from aflowrl.common.progress import progress_bar
     from aflowrl.search.episode import SearchContext
     from aflowrl.search.optimize import baselines, evaluate_final, final_table, run_search
     from aflowrl.search.rundir import RunDirectory
@@ -260,7 +290,7 @@ async def _run(args: argparse.Namespace, plan: _Plan) -> int:
     run_dir = RunDirectory(
         args.run_dir or f"runs/optimize-{plan.benchmark}-{args.proposer}-s{args.seed}"
     )
-    executor = _executor(args, [*plan.search_problems, *plan.final_problems])
+    executor = await _executor(args, [*plan.search_problems, *plan.final_problems])
     settings = EvaluationSettings(
         repeats=plan.evaluation.repeats,
         concurrency=plan.evaluation.concurrency,
@@ -287,13 +317,7 @@ async def _run(args: argparse.Namespace, plan: _Plan) -> int:
         "problems",
         file=sys.stderr,
     )
-    bar = tqdm(
-        total=args.rounds,
-        unit="round",
-        disable=args.no_progress,
-        file=sys.stderr,
-        dynamic_ncols=True,
-    )
+    bar = progress_bar(args.rounds, unit="round", enabled=False if args.no_progress else None)
 
     def on_round(record: dict[str, Any], state: Any) -> None:
         bar.n = min(args.rounds, int(record["round"]))

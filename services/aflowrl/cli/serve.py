@@ -5,10 +5,10 @@ LeaderWorkerSet group, :mod:`aflowrl.group`): it serves nothing itself but this 
 the leader's vLLM engine (``mp``), or a Ray node joining the leader's head (``ray``). On the
 leader of a ``ray`` group, ``aflowrl serve rollout`` starts the group's Ray head first.
 
-``--spec`` defaults to ``$AFLOWRL_SPEC_FILE`` (the run's mounted ConfigMap), else the embedded
-default spec; ports default to the spec's. The spec is validated before anything heavy is
-imported, so a bad spec fails at once with the field named. Learner ranks are started by torchrun
-(CONTRACTS.md); rank 0 serves gRPC, the others follow it.
+``-f/--file`` (formerly ``--spec``, still accepted) defaults to ``$AFLOWRL_SPEC_FILE`` (the run's
+mounted ConfigMap), else the embedded default spec; ports default to the spec's. The spec is
+validated before anything heavy is imported, so a bad spec fails at once with the field named.
+Learner ranks are started by torchrun (CONTRACTS.md); rank 0 serves gRPC, the others follow it.
 """
 
 from __future__ import annotations
@@ -48,9 +48,11 @@ WORKER = "rollout-worker"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("service", choices=sorted([*SERVICES, WORKER]), help="which service to run")
-    parser.add_argument(
-        "--spec",
-        help="RunSpec file (bare spec or TrainingRun); default $AFLOWRL_SPEC_FILE, else the "
+    from aflowrl.cli._help import add_file_argument
+
+    add_file_argument(
+        parser,
+        "RunSpec file (bare spec or TrainingRun); default $AFLOWRL_SPEC_FILE, else the "
         "embedded default",
     )
     parser.add_argument("--host", default="0.0.0.0", help="interface to bind (default 0.0.0.0)")
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from aflowrl.common.logging import setup_logging
     from aflowrl.errors import FailedPreconditionError
 
-    spec = load_spec(args.spec or envs.AFLOWRL_SPEC_FILE, flag="--spec")
+    spec = load_spec(args.spec or envs.AFLOWRL_SPEC_FILE)
     fmt = "json" if "json" in (envs.AFLOWRL_LOG_FORMAT, spec.monitoring.log_format) else "text"
     setup_logging(spec.monitoring.log_level, fmt, component=args.service)
     from aflowrl.common import rdma

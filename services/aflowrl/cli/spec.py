@@ -16,21 +16,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="default: print the embedded default spec; validate: check FILE; "
         "resolve: print FILE with every default filled in",
     )
-    parser.add_argument("-f", "--file", help="run file (YAML); '-' reads stdin")
+    from aflowrl.cli._help import add_file_argument, add_output_argument
+
+    add_file_argument(parser, "run file (YAML; bare spec or TrainingRun); '-' reads stdin")
+    add_output_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from aflowrl.cli._io import dump_yaml, load_spec
+    from aflowrl.cli._io import load_spec, print_document
     from aflowrl.errors import InvalidInputError
 
     if args.action == "default":
-        print(dump_yaml(load_spec(None).to_document()), end="")
+        print_document(load_spec(None).to_document(), args.output)
         return 0
-    if not args.file:
+    if not args.spec:
         raise InvalidInputError(f"'aflowrl spec {args.action}' needs a run file", field="-f/--file")
-    spec = load_spec(args.file)
+    spec = load_spec(args.spec)
     if args.action == "validate":
-        print(f"{args.file}: valid", file=sys.stderr)
+        print(f"{args.spec}: valid", file=sys.stderr)
     else:
-        print(dump_yaml(spec.to_document()), end="")
+        print_document(spec.to_document(), args.output)
     return 0

@@ -22,10 +22,13 @@ HELP = "Calibrate or serve the offline surrogate executor (OpenAI-compatible)."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from aflowrl.cli._help import HelpFormatter
+
     sub = parser.add_subparsers(dest="surrogate_command", metavar="ACTION", required=True)
 
     calibrate = sub.add_parser(
         "calibrate",
+        formatter_class=HelpFormatter,
         help="measure (and with --fit, fit) the classic workflows against AFlow's Table 1",
         description="Run IO, CoT, CoT-SC, MedPrompt and Self-Refine on the benchmarks and print "
         "measured vs target scores (HotpotQA on its validation split: it has no test split).",
@@ -59,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     serve = sub.add_parser(
         "serve",
+        formatter_class=HelpFormatter,
         help="serve the surrogate over the OpenAI HTTP API",
         description="Serve /v1/chat/completions and /v1/models until SIGINT or SIGTERM.",
     )

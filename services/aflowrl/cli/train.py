@@ -6,7 +6,7 @@ Two modes (CONTRACTS.md):
   run's inputs, starts every service here as a child process (:mod:`aflowrl.local`), trains with
   a live progress bar, prints the final comparison table and stops the services. Without ``-f``
   it runs the embedded default (the tiny policy, the surrogate executor, HumanEval).
-- **against running services** (what the trainer Job runs): ``aflowrl train --spec FILE --env T
+- **against running services** (what the trainer Job runs): ``aflowrl train -f FILE --env T
   --rollout T --learner T --run-dir DIR``; status goes to the TrainingRun, metrics to /metrics.
 
 An existing run directory is resumed from its last checkpoint. Exit status: 0 done, 2 bad input
@@ -27,12 +27,11 @@ _TARGETS = (("env", "--env"), ("rollout", "--rollout"), ("learner", "--learner")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "-f",
-        "--file",
-        "--spec",
-        dest="spec",
-        help="RunSpec file (bare spec or TrainingRun); default $AFLOWRL_SPEC_FILE, else the "
+    from aflowrl.cli._help import add_file_argument
+
+    add_file_argument(
+        parser,
+        "RunSpec file (bare spec or TrainingRun); default $AFLOWRL_SPEC_FILE, else the "
         "embedded default run (aflowrl/local/default_run.yaml: tiny policy, surrogate, HumanEval)",
     )
     for name, flag in _TARGETS:
@@ -79,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
         spec = default_run()
     else:
-        spec = load_spec(path, flag="-f/--file/--spec")
+        spec = load_spec(path)
     work = _against_services(spec, args) if given else _local(spec, args)
     try:
         return asyncio.run(_until_sigterm(work))

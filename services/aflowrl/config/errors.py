@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
+import typing
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from aflowrl.config._base import FieldRuleError
 from aflowrl.errors import InvalidInputError
@@ -63,9 +65,15 @@ class ConfigError(InvalidInputError, ValueError):
 
     @classmethod
     def from_validation_error(
-        cls, exc: ValidationError, *, prefix: str, source: str = ""
+        cls,
+        exc: ValidationError,
+        *,
+        prefix: str,
+        source: str = "",
+        model: type[BaseModel] | None = None,
     ) -> ConfigError:
-        """Turn pydantic's errors into ``[source: ]spec.a.b: message (got value)`` lines."""
+        """Turn pydantic's errors into ``[source: ]spec.a.b: message (got value)`` lines; with
+        the validated ``model``, an unknown field gets the nearest known one ("did you mean")."""
         found = []
         for err in exc.errors(include_url=False):
             msg = err["msg"].removeprefix("Value error, ")
@@ -74,6 +82,63 @@ class ConfigError(InvalidInputError, ValueError):
                 shown = repr(err["input"])
                 got = f" (got {shown[:80]}{'...' if len(shown) > 80 else ''})"
             if err["type"] == "extra_forbidden":
-                msg = "unknown field (check its spelling; keys are camelCase)"
+                near = did_you_mean(model, err["loc"]) if model is not None else None
+                msg = (
+                    f"unknown field; did you mean {near!r}?"
+                    if near
+                    else "unknown field (check its spelling; keys are camelCase)"
+                )
             found += error_paths(prefix, err, f"{msg}{got}")
         return cls.from_problems(found, source=source)
+
+
+def _normal(key: str) -> str:
+    return key.replace("_", "").replace("-", "").lower()
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation holds (through Optional, unions, lists, dicts)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def _tag(model: type[BaseModel]) -> Any:
+    field = model.model_fields.get("type")
+    return field.default if field is not None else None
+
+
+def _keys(model: type[BaseModel]) -> dict[str, str]:
+    """Document key (alias, else name) by field name."""
+    return {name: f.alias or name for name, f in model.model_fields.items()}
+
+
+def did_you_mean(model: type[BaseModel], loc: Sequence[int | str]) -> str | None:
+    """The known key nearest to the unknown one at ``loc`` (a pydantic error location, the
+    unknown key last), or None: a snake_case or differently cased spelling of a key first,
+    then the closest by :func:`difflib.get_close_matches`."""
+    if not loc or not isinstance(loc[-1], str):
+        return None
+    current = [model]
+    for part in loc[:-1]:
+        if isinstance(part, int) or part == "[key]":
+            continue
+        inner = [
+            m
+            for c in current
+            for name, key in _keys(c).items()
+            if part in (name, key)
+            for m in _models_in(c.model_fields[name].annotation)
+        ]
+        tagged = [c for c in current if _tag(c) == part]  # a discriminated union's tag
+        current = inner or tagged
+        if not current:
+            return None
+    known = sorted({key for c in current for key in _keys(c).values()})
+    unknown = loc[-1]
+    exact = [key for key in known if _normal(key) == _normal(unknown)]
+    if exact:
+        return exact[0]
+    by_normal = {_normal(key): key for key in known}
+    near = difflib.get_close_matches(_normal(unknown), list(by_normal), n=1, cutoff=0.75)
+    return by_normal[near[0]] if near else None

@@ -421,7 +421,9 @@ class RunSpec(SpecModel):
         try:
             return cls.validate_document(doc)
         except ValidationError as exc:
-            raise ConfigError.from_validation_error(exc, prefix="spec", source=source) from None
+            raise ConfigError.from_validation_error(
+                exc, prefix="spec", source=source, model=cls
+            ) from None
 
     @classmethod
     def from_yaml(cls, text: str, *, source: str = "") -> RunSpec:

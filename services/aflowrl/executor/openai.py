@@ -9,6 +9,9 @@
   the endpoint's ``Retry-After`` when it sends one, else after exponential backoff with "equal
   jitter": d = min(cap, base * 2^attempt), sleep = d/2 + U(0, d/2) (AWS Architecture Blog,
   "Exponential Backoff And Jitter", 2015). Other 4xx answers are never retried;
+- one-line errors that name the cause and the fix (:func:`connection_error`,
+  :func:`http_error`, :func:`timeout_error`: refused, DNS, a model the server does not serve, a
+  base URL without ``/v1``, a refused API key), typed by retryability (``errors``);
 - token usage and cost from the price table (``pricing``); an unknown price or a missing usage
   gives cost None;
 - the API key from the argument, else ``aflowrl.envs`` ($AFLOWRL_EXECUTOR_API_KEY_FILE, then
@@ -41,6 +44,7 @@ from aflowrl.config import OpenAIExecutorSpec
 from aflowrl.errors import InvalidInputError
 from aflowrl.executor.base import ChatResult, Message, Usage
 from aflowrl.executor.errors import (
+    ExecutorError,
     ExecutorRateLimitedError,
     ExecutorRequestError,
     ExecutorResponseError,
@@ -111,7 +115,7 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> floa
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
-def _public_endpoint(base_url: str) -> str:
+def public_endpoint(base_url: str) -> str:
     """``base_url`` without credentials, query or fragment, and without a trailing slash."""
     parts = urlsplit(base_url.strip())
     host = parts.hostname or ""
@@ -150,7 +154,7 @@ class OpenAIExecutor:
                 "need maxConcurrency >= 1, maxRetries >= 0 and timeoutS > 0", field="executor"
             )
         self._url = base_url.strip().rstrip("/") + "/chat/completions"
-        self._endpoint = _public_endpoint(base_url)
+        self._endpoint = public_endpoint(base_url)
         self.model = model
         key = api_key if api_key is not None else envs.AFLOWRL_EXECUTOR_API_KEY
         self._api_key = _Secret(key) if key else None
@@ -323,28 +327,20 @@ class OpenAIExecutor:
                 retry_after = parse_retry_after(response.headers.get("Retry-After"))
                 text = await response.text(errors="replace")
         except TimeoutError:
-            raise ExecutorTimeoutError(
-                f"no answer from {self._endpoint} within {self.timeout_s:g} s"
-            ) from None
+            raise timeout_error(self._endpoint, self.timeout_s) from None
         except aiohttp.InvalidURL as exc:
             raise ExecutorRequestError(f"invalid URL {exc.url}", status=0) from None
         except aiohttp.ClientError as exc:
-            raise ExecutorUnavailableError(
-                f"cannot reach {self._endpoint}: {type(exc).__name__}: {exc}"
-            ) from None
-        if status == 429:
-            raise ExecutorRateLimitedError(
-                f"HTTP 429 from {self._endpoint}: {_excerpt(text)}", delay_s=retry_after
-            )
-        if status >= 500:
-            raise ExecutorUnavailableError(
-                f"HTTP {status} from {self._endpoint}: {_excerpt(text)}",
-                status=status,
-                delay_s=retry_after,
-            )
+            raise connection_error(exc, self._endpoint) from None
         if status >= 400:
-            raise ExecutorRequestError(
-                f"HTTP {status} from {self._endpoint}: {_excerpt(text)}", status=status
+            raise http_error(
+                status,
+                text,
+                endpoint=self._endpoint,
+                path="/chat/completions",
+                model=self.model,
+                key_sent=self._api_key is not None,
+                retry_after_s=retry_after,
             )
         if not 200 <= status < 300:
             raise ExecutorResponseError(f"unexpected HTTP {status} from {self._endpoint}")
@@ -417,6 +413,89 @@ class OpenAIExecutor:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+_KEY_FIX = (
+    "set AFLOWRL_EXECUTOR_API_KEY or AFLOWRL_EXECUTOR_API_KEY_FILE (OPENAI_API_KEY also works)"
+)
+
+
+def timeout_error(endpoint: str, timeout_s: float) -> ExecutorTimeoutError:
+    """A request to ``endpoint`` that got no answer in ``timeout_s``: cause and fix."""
+    return ExecutorTimeoutError(
+        f"no answer from {endpoint} within {timeout_s:g} s: the server may be overloaded or "
+        "still loading the model; check it, or raise the executor's timeoutS"
+    )
+
+
+def connection_error(exc: aiohttp.ClientError, endpoint: str) -> ExecutorUnavailableError:
+    """A request that reached no server (DNS, refused, reset...): cause and fix, one line."""
+    host = urlsplit(endpoint).netloc
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        cause = f"host name {urlsplit(endpoint).hostname!r} not found (DNS)"
+        fix = "check the host in the executor URL"
+    elif isinstance(exc, aiohttp.ClientConnectorError) and isinstance(
+        exc.os_error, ConnectionRefusedError
+    ):
+        cause = f"connection refused by {host}"
+        fix = "is the server running, and is the executor URL's port right?"
+    elif isinstance(exc, aiohttp.ClientConnectorError):
+        cause = f"cannot connect to {host} ({exc.os_error.strerror or exc.os_error})"
+        fix = "check the executor URL and the network"
+    else:
+        cause = f"{type(exc).__name__}: {' '.join(str(exc).split()) or 'connection failed'}"
+        fix = "check that the server is up"
+    return ExecutorUnavailableError(f"cannot reach {endpoint}: {cause}; {fix}")
+
+
+def _model_unknown(status: int, text: str) -> bool:
+    """Whether an error answer says the model does not exist: vLLM answers 404 "The model `x`
+    does not exist.", OpenAI 404 ``model_not_found``; some gateways use 400."""
+    lowered = text.lower()
+    if "model_not_found" in lowered:
+        return True
+    if "model" not in lowered:
+        return False
+    return "does not exist" in lowered or (status == 404 and "not found" in lowered)
+
+
+def http_error(
+    status: int,
+    text: str,
+    *,
+    endpoint: str,
+    path: str,
+    model: str,
+    key_sent: bool,
+    retry_after_s: float | None = None,
+) -> ExecutorError:
+    """The typed error of an HTTP error answer (status >= 400), one line with cause and fix:
+    429 and 5xx are retryable, the rest permanent."""
+    excerpt = _excerpt(text)
+    where = f"HTTP {status} from {endpoint}{path}"
+    if status == 429:
+        return ExecutorRateLimitedError(f"{where}: {excerpt}", delay_s=retry_after_s)
+    if status >= 500:
+        return ExecutorUnavailableError(f"{where}: {excerpt}", status=status, delay_s=retry_after_s)
+    if status in (401, 403):
+        sent = "refused the API key" if key_sent else "needs an API key and none was set"
+        return ExecutorRequestError(
+            f"{where}: the endpoint {sent} ({excerpt}); {_KEY_FIX}", status=status
+        )
+    if status in (400, 404) and _model_unknown(status, text):
+        return ExecutorRequestError(
+            f"{where}: model {model!r} is not served there ({excerpt}); pass a model it serves "
+            f"(--model, or environment.executor.model in a run; GET {endpoint}/models lists "
+            "them)",
+            status=status,
+        )
+    if status == 404 and not urlsplit(endpoint).path.rstrip("/").endswith("/v1"):
+        return ExecutorRequestError(
+            f"{where}: no such path; an OpenAI-compatible base URL usually ends in /v1: "
+            f"try {endpoint}/v1",
+            status=status,
+        )
+    return ExecutorRequestError(f"{where}: {excerpt}", status=status)
 
 
 def _excerpt(text: str) -> str:

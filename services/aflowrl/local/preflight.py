@@ -6,10 +6,12 @@ checks look at what the spec points to:
 
 - the benchmarks' data: every served benchmark (``environment.benchmarks`` and
   ``heldOutBenchmarks``) without a packaged copy needs ``environment.data.dir`` (or
-  ``$AFLOWRL_DATA_DIR``) holding its split files; both splits of each are loaded, so a missing
+  ``$AFLOWRL_DATA_DIR``, or the default directory ``aflowrl data download`` fills) holding its
+  split files; both splits of each are loaded, so a missing
   file or a malformed line is reported now rather than by an environment replica later;
 - the executor: an ``openai`` endpoint must answer HTTP at ``baseUrl`` (any status will do: it
-  proves something listens); ``serve`` exists only on Kubernetes;
+  proves something listens), take the API key, and serve ``model`` when it lists its models
+  (``GET /models``); ``serve`` exists only on Kubernetes;
 - the policy: a model directory must hold a ``config.json``; ``tiny`` is built on first use;
 - gRPC TLS: ``grpc.tlsSecret`` is a Kubernetes Secret, so a local run takes the directory of
   ``AFLOWRL_TLS_DIR`` instead, and its certificate files must load (``grpc.mtls`` needs TLS).
@@ -35,9 +37,10 @@ logger = logging.getLogger(__name__)
 
 def check_data(spec: RunSpec) -> None:
     """Both splits of every served benchmark load (module docstring)."""
-    from aflowrl.benchmarks import get_benchmark
+    from aflowrl.benchmarks import get_benchmark, resolve_data_dir
 
-    data = spec.environment.data.dir or envs.AFLOWRL_DATA_DIR
+    resolved = resolve_data_dir(spec.environment.data.dir)
+    data = str(resolved) if resolved is not None else None
     field = "spec.environment.data.dir"
     needing = spec.environment.needing_data_dir
     if needing:
@@ -45,7 +48,7 @@ def check_data(spec: RunSpec) -> None:
             files = ", ".join(f"{name}_validate.jsonl, {name}_test.jsonl" for name in needing)
             raise PreflightError(
                 f"{', '.join(needing)} has no packaged copy: set it to a directory of AFlow's "
-                f"split files ({files}), or set AFLOWRL_DATA_DIR",
+                f"split files ({files}), or set AFLOWRL_DATA_DIR, or run 'aflowrl data download'",
                 field=field,
             )
         if not Path(data).expanduser().is_dir():
@@ -82,6 +85,27 @@ def check_executor(spec: RunSpec, *, timeout_s: float = 5.0) -> None:
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise PreflightError(f"cannot reach {executor.base_url}: {reason}", field=field) from None
+    _check_served_model(executor.base_url, executor.model, timeout_s=timeout_s)
+
+
+def _check_served_model(base_url: str, model: str, *, timeout_s: float) -> None:
+    """The endpoint takes the API key and, when it lists its models, serves ``model``."""
+    import asyncio
+
+    from aflowrl.executor.errors import ExecutorError, ExecutorRequestError
+    from aflowrl.executor.preflight import served_models
+
+    try:
+        models = asyncio.run(served_models(base_url, timeout_s=timeout_s))
+    except ExecutorRequestError as exc:  # 401/403: the key
+        raise PreflightError(str(exc), field="AFLOWRL_EXECUTOR_API_KEY") from None
+    except ExecutorError:
+        return  # it answered, if not well: the run's own retries and errors take over
+    if models and model not in models:
+        raise PreflightError(
+            f"{base_url} does not serve {model!r} (it serves {', '.join(models[:10])})",
+            field="spec.environment.executor.model",
+        )
 
 
 def check_policy(spec: RunSpec) -> None:

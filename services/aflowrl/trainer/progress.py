@@ -63,22 +63,22 @@ class Progress:
         stream: IO[str] | None = None,
         echo: bool = False,
     ) -> None:
+        from aflowrl.common.progress import bar_enabled, progress_bar
+
         stream = stream if stream is not None else sys.stderr
-        self.enabled = stream.isatty() if enabled is None else enabled
+        self.enabled = bar_enabled(enabled, stream)
         # Without a bar, also print each line to ``stream`` (a local run logs to a file only).
         self._echo = stream if echo and not self.enabled else None
         self.total = total
         self._bar: Any = None
         if self.enabled:
-            from tqdm import tqdm
-
-            self._bar = tqdm(
-                total=total,
+            self._bar = progress_bar(
+                total,
+                unit="it",
+                enabled=True,
+                stream=stream,
                 initial=initial,
                 desc="training",
-                unit="it",
-                file=stream,
-                dynamic_ncols=True,
                 bar_format="{desc} {bar:16} {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}",
             )
 

@@ -17,14 +17,21 @@ class WorkflowValidationError(InvalidInputError):
     ``field`` paths read like ``nodes[1] 'ensemble' (ScEnsemble).params.votes``.
     """
 
-    def __init__(self, problems: Sequence[tuple[str, str]]) -> None:
+    def __init__(self, problems: Sequence[tuple[str, str]], *, source: str | None = None) -> None:
         self.problems: tuple[tuple[str, str], ...] = tuple(problems)
+        self.source = source
         first_field, first_message = self.problems[0]
         if len(self.problems) == 1:
             super().__init__(first_message, field=first_field)
         else:
             listing = "; ".join(f"{f}: {m}" for f, m in self.problems)
             super().__init__(f"{len(self.problems)} problems: {listing}", field=first_field)
+        if source is not None and not str(self).startswith(f"{source}:"):
+            self.args = (f"{source}: {self.args[0]}",)
+
+    def within(self, source: str) -> WorkflowValidationError:
+        """The same problems, the message naming ``source`` (the file they were read from)."""
+        return WorkflowValidationError(self.problems, source=source)
 
 
 class OperatorOutputError(PermanentError):

@@ -208,3 +208,34 @@ def _model_types(annotation):
 def test_example_yaml_of_the_defaults_validates():
     text = yaml.safe_dump(RunSpec().to_document(exclude_defaults=True))
     assert RunSpec.from_yaml(text) == RunSpec()
+
+
+@pytest.mark.parametrize(
+    ("document", "line"),
+    [
+        (
+            "trainer:\n  group_size: 4\n",
+            "spec.trainer.group_size: unknown field; did you mean 'groupSize'?",
+        ),
+        (
+            "trainer:\n  iteratons: 3\n",
+            "spec.trainer.iteratons: unknown field; did you mean 'iterations'?",
+        ),
+        (
+            "environment:\n  executor:\n    type: openai\n    baseUrll: http://h/v1\n",
+            "spec.environment.executor.baseUrll: unknown field; did you mean 'baseUrl'?",
+        ),
+        ("trainerr: {}\n", "spec.trainerr: unknown field; did you mean 'trainer'?"),
+    ],
+)
+def test_a_misspelt_field_gets_the_nearest_known_one(document, line):
+    with pytest.raises(ConfigError) as caught:
+        RunSpec.from_yaml(document, source="run.yaml")
+    assert str(caught.value).startswith(f"run.yaml: {line}")
+
+
+def test_an_unknown_field_with_nothing_near_gets_no_guess():
+    with pytest.raises(ConfigError) as caught:
+        RunSpec.from_yaml("policy:\n  zzzqqq: 1\n")
+    assert "did you mean" not in str(caught.value)
+    assert "unknown field (check its spelling" in str(caught.value)

@@ -161,3 +161,45 @@ def test_tls_asked_for_without_certificates_here_is_refused(monkeypatch, tmp_pat
         preflight.check_tls(_spec())  # AFLOWRL_TLS_DIR alone turns TLS on: its files are checked
     monkeypatch.delenv("AFLOWRL_TLS_DIR")
     preflight.check_tls(_spec())  # plaintext
+
+
+def test_data_in_the_default_directory_is_found_without_any_setting(tmp_path, monkeypatch):
+    monkeypatch.delenv("AFLOWRL_DATA_DIR", raising=False)
+    monkeypatch.setenv("AFLOWRL_CACHE_DIR", str(tmp_path))
+    data = tmp_path / "data"  # where 'aflowrl data download' puts the files by default
+    data.mkdir()
+    for split in ("validate", "test"):
+        line = '{"id": "p", "question": "What is 1 + 1?", "answer": "2"}\n'
+        (data / f"gsm8k_{split}.jsonl").write_text(line)
+    preflight.check_data(_spec(environment={"benchmarks": ["gsm8k"]}))
+
+
+def test_an_executor_model_the_endpoint_does_not_serve_is_named():
+    class Models(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b'{"object": "list", "data": [{"id": "qwen-7b"}]}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Models)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_port}/v1"
+    try:
+        with pytest.raises(PreflightError) as info:
+            preflight.check_executor(_openai(url))  # the spec's model: gpt-4o-mini
+        assert info.value.field == "spec.environment.executor.model"
+        assert "qwen-7b" in str(info.value)
+        spec = _spec(
+            environment={"executor": {"type": "openai", "baseUrl": url, "model": "qwen-7b"}}
+        )
+        preflight.check_executor(spec)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -19,8 +19,9 @@ known route with the wrong method, 413 for a body over 64 MiB (decompressed), 50
 sandbox cannot run code. The body is read by :func:`.protocol.read_body` (content encodings
 undone here, within the size bound, not by aiohttp; nesting and numbers bounded), so no request
 body reaches an unbounded parser; an unexpected exception is still answered in OpenAI's shape
-(500 ``server_error``), never as aiohttp's plain-text page. ``latency_ms`` delays every completion
-(simulated model latency).
+(500 ``server_error``), never as aiohttp's plain-text page. A client that hangs up, even in the
+middle of a streamed answer, is normal: one debug line, no error. ``latency_ms`` delays every
+completion (simulated model latency).
 
 :class:`SurrogateServer` is an async context manager (port 0 picks a free port); ``aflowrl
 surrogate serve`` runs one until SIGINT/SIGTERM (:func:`serve_until_signal`).
@@ -107,6 +108,9 @@ async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamRe
         return web.json_response(error_body(message, kind=kind), status=exc.status, headers=headers)
     except asyncio.CancelledError:
         raise
+    except ConnectionResetError:  # the client hung up mid-answer: normal, nothing to answer
+        logger.debug("surrogate server: the client hung up on %s %s", request.method, request.path)
+        return web.Response(status=499, reason="Client Closed Request")  # nginx's; nobody reads it
     except Exception:
         logger.exception(
             "surrogate server: unexpected error on %s %s", request.method, request.path
@@ -294,6 +298,21 @@ class SurrogateServer:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
+        try:
+            await self._write_stream(request, response, identity, chat, (choices, completion))
+        except ConnectionResetError:  # aiohttp's ClientConnectionResetError: a normal hang-up
+            logger.debug("surrogate server: the client hung up on the stream of %s", identity)
+        return response
+
+    async def _write_stream(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        identity: str,
+        chat: ChatRequest,
+        answer: tuple[list[tuple[str, str]], Completion],
+    ) -> None:
+        choices, completion = answer
         await response.prepare(request)
         created = int(time.time())
 
@@ -315,7 +334,6 @@ class SurrogateServer:
             await response.write(chunk([], self._usage(completion)))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
-        return response
 
 
 async def _events(choices: list[tuple[str, str]], chunk: Any) -> AsyncIterator[bytes]:

@@ -21,6 +21,7 @@ from typing import Final, get_args
 from aflowrl import documents
 from aflowrl.benchmarks.base import TaskType
 from aflowrl.errors import InvalidInputError, NotFoundError
+from aflowrl.workflow.errors import WorkflowValidationError
 from aflowrl.workflow.graph import MAX_JSON_CHARS, Graph
 
 __all__ = ["CLASSIC", "NAMES", "load", "resolve"]
@@ -52,7 +53,10 @@ def resolve(spec: str, task_type: TaskType) -> Graph:
             f"{spec!r} is neither a library workflow ({', '.join(NAMES)}) nor a JSON file"
         )
     text = documents.read_text(path, source=str(path), max_bytes=MAX_JSON_CHARS)
-    graph = Graph.from_json(text, source=str(path))
+    try:
+        graph = Graph.from_json(text, source=str(path))
+    except WorkflowValidationError as exc:
+        raise exc.within(str(path)) from None
     if graph.task_type != task_type:
         raise InvalidInputError(
             f"{path} is a {graph.task_type} workflow; this benchmark needs {task_type}",
