@@ -26,6 +26,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "serve",
     "surrogate",
     "train",
+    "plot",
+    "show",
 )
 """Modules of ``aflowrl.cli`` that define commands, in ``--help`` order."""
 
