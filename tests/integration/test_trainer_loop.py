@@ -360,3 +360,10 @@ async def test_a_run_logs_its_scalars_to_tensorboard_wandb_offline_and_mlflow(
         history = client.get_metric_history(run.info.run_id, key)
         assert [m.step for m in history] == [0, 1]
         assert [m.value for m in history] == pytest.approx([r[key] for r in records])
+
+    # The search tree of each iteration's best episode, for `aflowrl plot --tree`.
+    recorded = [json.loads(line) for line in (run_dir / "trees.jsonl").read_text().splitlines()]
+    assert [t["iteration"] for t in recorded] == [0, 1]
+    for tree in recorded:
+        assert tree["root"] in tree["nodes"] and len(tree["edges"]) == 2  # maxSteps
+        assert all(e["parent"] in tree["nodes"] for e in tree["edges"])

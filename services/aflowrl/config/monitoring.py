@@ -32,6 +32,9 @@ class ServiceMonitorSpec(SpecModel):
 LoggerName = Literal["console", "tensorboard", "wandb", "mlflow"]
 """An experiment tracker the trainer sends each iteration's scalars to."""
 
+DEFAULT_LOGGERS: tuple[LoggerName, ...] = ("console", "tensorboard")
+"""The trackers of a run that names none: the log and TensorBoard's event files."""
+
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\- ]*$"
 
 
@@ -90,9 +93,7 @@ class MonitoringSpec(SpecModel):
     """Log line format; "json" suits log collectors in pods."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Least severe level logged."""
-    loggers: list[LoggerName] = Field(
-        default_factory=lambda: ["console", "tensorboard"], max_length=4
-    )
+    loggers: list[LoggerName] = Field(default_factory=lambda: list(DEFAULT_LOGGERS), max_length=4)
     """Experiment trackers the trainer sends each iteration's scalars to (the keys of
     ``metrics.jsonl``): "console" (a log line of the update diagnostics per iteration),
     "tensorboard" (event files in the run directory), "wandb" and "mlflow" (the ``tracking``

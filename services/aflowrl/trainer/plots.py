@@ -108,6 +108,12 @@ def axis_limits(values: Sequence[float]) -> tuple[float, float]:
     return low - MARGIN * span, high + MARGIN * span
 
 
+def _legend(ax: Any) -> None:
+    """A legend, when the panel has a labelled line (matplotlib warns otherwise)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", fontsize=7)
+
+
 def _figure(rows: int, *, width: float = 10.0, row_height: float = 3.0, dpi: int = 100) -> Any:
     import matplotlib
 
@@ -145,7 +151,7 @@ def curves_figure(records: Sequence[Mapping[str, Any]], *, dpi: int = 100) -> An
                 shown += ys
         ax.set_ylim(*axis_limits(shown))
         ax.set_title(title)
-        ax.legend(loc="best", fontsize=7)
+        _legend(ax)
     for ax in axes[count:]:
         ax.set_visible(False)
     for ax in axes[:count]:
@@ -174,7 +180,7 @@ def _return_panel(ax: Any, records: Sequence[Mapping[str, Any]]) -> None:
     ax.axhline(0.0, color="#9ca3af", linewidth=0.8)
     ax.set_ylim(*axis_limits(shown))
     ax.set_title("Episode return")
-    ax.legend(loc="best", fontsize=7)
+    _legend(ax)
 
 
 def _score_panel(ax: Any, records: Sequence[Mapping[str, Any]]) -> None:
@@ -191,7 +197,7 @@ def _score_panel(ax: Any, records: Sequence[Mapping[str, Any]]) -> None:
             shown += ys
     ax.set_ylim(*axis_limits(shown))
     ax.set_title("Validation score")
-    ax.legend(loc="best", fontsize=7)
+    _legend(ax)
 
 
 def curves_png(records: Sequence[Mapping[str, Any]], *, dpi: int = 100) -> bytes:
