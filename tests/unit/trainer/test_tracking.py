@@ -120,3 +120,21 @@ def test_the_console_logger_writes_the_update_diagnostics(caplog):
     with caplog.at_level(logging.INFO, logger="aflowrl.trainer.tracking"):
         tracking.ConsoleTracker().log(2, {"losses/kl": 0.0125, "charts/clipfrac": 0.25})
     assert "iteration 3 update: kl 0.0125  clipfrac 0.25" in caplog.text
+
+
+def test_train_refuses_a_logger_without_its_library_before_starting_anything(
+    tmp_path, capsys, monkeypatch
+):
+    from aflowrl.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a)
+    )
+    spec = tmp_path / "run.yaml"
+    spec.write_text("monitoring: {loggers: [console, mlflow]}\n")
+    code = main(["train", "-f", str(spec), "--run-dir", str(tmp_path / "run"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "spec.monitoring.loggers" in err and "pip install 'aflow-rl[tracking]'" in err
+    assert not (tmp_path / "run" / "logs").exists()  # no service was started
