@@ -51,8 +51,9 @@ class TensorBoardSpec(SpecModel):
 
 class WandbSpec(SpecModel):
     """Weights & Biases (logger ``wandb``; needs the ``tracking`` extra). The API key is read
-    from ``WANDB_API_KEY`` (or the file named by ``WANDB_API_KEY_FILE``), never from the run
-    document, and never logged."""
+    from ``WANDB_API_KEY`` (or the file named by ``WANDB_API_KEY_FILE``), set from
+    ``apiKeySecret`` in the trainer pod; it is never part of the run document, and never
+    logged."""
 
     project: str = Field(default="aflow-rl", min_length=1, max_length=128, pattern=_NAME)
     """W&B project of the run."""
@@ -67,6 +68,9 @@ class WandbSpec(SpecModel):
     """Display name of the W&B run; empty: the TrainingRun's name (or the run directory's)."""
     tags: list[str] = Field(default_factory=list, max_length=16)
     """Tags of the W&B run (at most 16)."""
+    api_key_secret: SecretKeyRef | None = None
+    """Secret holding the W&B API key, given to the trainer pod as ``WANDB_API_KEY``
+    (Kubernetes; locally, set ``WANDB_API_KEY`` yourself). Mode online needs one."""
 
 
 class MlflowSpec(SpecModel):
