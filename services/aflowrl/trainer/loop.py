@@ -320,6 +320,7 @@ class Trainer:
             return await self._run()
 
     async def _run(self) -> RunResult:
+        """The iterations and the final evaluation, with the experiment trackers open."""
         await self._starting_point()
         if self.progress is not None:
             self.progress.start_at(self.state.iteration)
