@@ -19,7 +19,6 @@ HELP = "Redraw a run's curves from its metrics.jsonl, or (--tree) a search tree 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (--run-dir)")
     parser.add_argument(
         "--tree",
@@ -30,11 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--iteration",
         type=int,
         default=None,
+        metavar="N",
         help="with --tree: the iteration (0-based, as in metrics.jsonl); default: the last",
     )
     parser.add_argument(
         "--out",
         default=None,
+        metavar="PATH",
         help="PNG file to write; default: RUN_DIR/curves.png, or RUN_DIR/tree-<iteration>.png",
     )
 

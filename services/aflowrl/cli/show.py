@@ -17,16 +17,16 @@ HELP = "Draw a workflow JSON file to a PNG and print it as readable text."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument("workflow", metavar="WORKFLOW.json", help="workflow file (JSON)")
     parser.add_argument(
-        "--out", default=None, help="PNG file to write; default: WORKFLOW with .png"
+        "--out", default=None, metavar="PATH", help="PNG file to write; default: WORKFLOW with .png"
     )
     parser.add_argument(
         "--prompt-chars",
         type=int,
         default=300,
-        help="characters of each prompt shown in the text (0: all)",
+        metavar="N",
+        help="characters of each prompt shown in the text (0: all; default: 300)",
     )
 
 
