@@ -154,8 +154,11 @@ def curves_figure(records: Sequence[Mapping[str, Any]], *, dpi: int = 100) -> An
         _legend(ax)
     for ax in axes[count:]:
         ax.set_visible(False)
+    from matplotlib.ticker import MaxNLocator
+
     for ax in axes[:count]:
         ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # iterations are whole
         ax.grid(alpha=0.3)
     figure.tight_layout()
     return figure
@@ -318,7 +321,8 @@ def tree_png(tree: Mapping[str, Any], *, dpi: int = 100) -> bytes:
                 "ec": "#111827" if root else "none",
             },
         )
-    ax.set_xlim(-0.8, width + 0.4)
+    curved = any(e.get("duplicate") and e.get("child") for e in tree["edges"])
+    ax.set_xlim(-0.8, width - 0.2 + (0.8 if curved else 0.0))  # room for the curves' labels
     ax.set_ylim(-levels + 0.4, 0.6)
     ax.axis("off")
     title = f"Search tree: iteration {tree.get('iteration', '?')}, episode {tree.get('episode')}"
