@@ -20,8 +20,9 @@ step = the iteration. Non-finite values are left out.
 A tracker whose library is missing is a configuration error naming the extra to install
 (:func:`check_available`, called before any service starts). A tracker that fails while the run
 goes on is logged and dropped: tracking never stops a training run. Each start of the trainer
-(a resumed run too) opens new W&B and MLflow runs; TensorBoard drops the steps a resume
-repeats. Used by :mod:`aflowrl.trainer.loop`.
+(a resumed run too) opens new W&B and MLflow runs; in TensorBoard a resumed run's first
+iteration starts a new session, which replaces the steps it repeats. Used by
+:mod:`aflowrl.trainer.loop`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -128,12 +130,32 @@ class TensorBoardTracker:
 
         logdir.mkdir(parents=True, exist_ok=True)
         self.logdir = logdir
-        self._writer = SummaryWriter(logdir=str(logdir), flush_secs=max(1, round(flush_s)))
+        # Files are read in name order, and a name holds the second it was opened: the suffix
+        # keeps a restart within the same second a new file, after the earlier one.
+        self._writer = SummaryWriter(
+            logdir=str(logdir),
+            flush_secs=max(1, round(flush_s)),
+            filename_suffix=f".{time.time_ns()}",
+        )
+        self._started = False
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
+        if not self._started:
+            self._start_session(step)
         for key, value in scalars.items():
             self._writer.add_scalar(key, value, global_step=step)
         self._writer.flush()
+
+    def _start_session(self, step: int) -> None:
+        """Mark a (re)start at ``step``: TensorBoard's reader drops the events of an earlier
+        session at ``step`` and after, so a resumed run's repeated iterations replace them."""
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+        start = Event(
+            wall_time=time.time(), step=step, session_log=SessionLog(status=SessionLog.START)
+        )
+        self._writer._get_file_writer().add_event(start)  # no public call writes a SessionLog
+        self._started = True
 
     def close(self) -> None:
         self._writer.close()
@@ -213,8 +235,6 @@ class MlflowTracker:
         )
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
-        import time
-
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)

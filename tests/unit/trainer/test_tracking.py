@@ -138,3 +138,19 @@ def test_train_refuses_a_logger_without_its_library_before_starting_anything(
     assert code == 2 and len(err.splitlines()) == 1
     assert "spec.monitoring.loggers" in err and "pip install 'aflow-rl[tracking]'" in err
     assert not (tmp_path / "run" / "logs").exists()  # no service was started
+
+
+def test_a_resumed_runs_repeated_iterations_replace_the_old_ones_in_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    spec = RunSpec.from_document({"monitoring": {"loggers": ["tensorboard"]}})
+    with tracking.open_trackers(spec, tmp_path) as first:
+        for step in range(4):  # checkpointed after iteration 1, stopped after 3
+            first.log(step, {"charts/best_score": float(step)})
+    with tracking.open_trackers(spec, tmp_path) as resumed:
+        for step in range(2, 5):
+            resumed.log(step, {"charts/best_score": 10.0 + step})
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    logged = [(s.step, s.value) for s in events.Scalars("charts/best_score")]
+    assert logged == [(0, 0.0), (1, 1.0), (2, 12.0), (3, 13.0), (4, 14.0)]
