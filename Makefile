@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Extras the test suite needs (everything but the optional vLLM engine).
-TEST_EXTRAS ?= dev,env,learner,rollout,operator,docs
+TEST_EXTRAS ?= dev,env,learner,rollout,operator,docs,tracking
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(TEST_EXTRAS))
 comma := ,
 PYTEST_ARGS ?=

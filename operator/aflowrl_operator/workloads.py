@@ -703,6 +703,10 @@ def trainer(
         {"name": "AFLOWRL_RUN_NAME", "value": run.name},
         {"name": "AFLOWRL_RUN_NAMESPACE", "value": run.namespace},
     ]
+    wandb_key = spec.monitoring.wandb.api_key_secret
+    if "wandb" in spec.monitoring.loggers and wandb_key is not None:
+        ref = {"name": wandb_key.name, "key": wandb_key.key}
+        env.append({"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": ref}})
     metrics = spec.monitoring.metrics_port
     main = pods.container(
         spec,

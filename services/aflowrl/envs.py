@@ -22,6 +22,9 @@ local runs from the shell.
 | AFLOWRL_POD_NAME | the pod's name (downward API); default: the host name |
 | KUBERNETES_SERVICE_HOST / _PORT | the API server (set by Kubernetes in every pod) |
 | AFLOWRL_SANDBOX | sandbox isolation: "auto" (bubblewrap where it runs), "bwrap" or "rlimits" |
+| WANDB_API_KEY | Weights & Biases API key (logger ``wandb``, mode online); never logged |
+| WANDB_API_KEY_FILE | file holding that key (a mounted Secret); wins over the variable |
+| MLFLOW_ALLOW_FILE_STORE | MLflow file stores allowed: the mlflow logger sets "true" if unset |
 | MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ | glibc's malloc settings: when set, kept |
 | GLIBC_TUNABLES | with a ``glibc.malloc.`` setting, malloc is left alone (``GLIBC_MALLOC_SET``) |
 | RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT | set by torchrun for learner ranks |
@@ -62,6 +65,7 @@ if TYPE_CHECKING:
     KUBERNETES_SERVICE_HOST: str | None
     KUBERNETES_SERVICE_PORT: int
     AFLOWRL_SANDBOX: str
+    WANDB_API_KEY: str | None
     GLIBC_MALLOC_SET: bool
     RANK: int
     LOCAL_RANK: int
@@ -113,6 +117,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "KUBERNETES_SERVICE_HOST": lambda: os.environ.get("KUBERNETES_SERVICE_HOST") or None,
     "KUBERNETES_SERVICE_PORT": lambda: _int("KUBERNETES_SERVICE_PORT", 443),
     "AFLOWRL_SANDBOX": lambda: os.environ.get("AFLOWRL_SANDBOX", "auto").lower(),
+    "WANDB_API_KEY": lambda: _read_secret("WANDB_API_KEY_FILE", ("WANDB_API_KEY",)),
     "GLIBC_MALLOC_SET": lambda: bool(
         os.environ.get("MALLOC_MMAP_THRESHOLD_")
         or os.environ.get("MALLOC_TRIM_THRESHOLD_")

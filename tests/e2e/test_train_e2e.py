@@ -144,6 +144,10 @@ async def test_a_short_training_through_real_services(tmp_path):
     assert "test score" in (tmp_path / "final.md").read_text()
     for log in ("env-0", "env-1", "rollout-0", "learner"):
         assert (tmp_path / "logs" / f"{log}.log").is_file()
+    # The default experiment trackers: TensorBoard's events, and each iteration's search tree.
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    trees = [json.loads(line) for line in (tmp_path / "trees.jsonl").read_text().splitlines()]
+    assert [t["iteration"] for t in trees] == [0, 1, 2]
 
 
 async def test_an_environment_replica_killed_mid_iteration(tmp_path):
@@ -237,6 +241,14 @@ def test_a_stopped_trainer_resumes_and_records_every_iteration_once(tmp_path, st
     assert [r["iteration"] for r in _records(run_dir)] == list(range(done_before + 2))
     assert "resumed from" in (run_dir / "logs" / "trainer.log").read_text()
     assert _wait_no_leftovers(run_dir) == []
+    # TensorBoard (a default logger) shows every iteration once too: the resumed run's steps
+    # replace what the stopped one logged after its checkpoint.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    steps = [s.step for s in events.Scalars("charts/episode_return")]
+    assert steps == list(range(done_before + 2))
 
 
 def test_ctrl_c_while_starting_leaves_nothing_behind(tmp_path):

@@ -275,3 +275,95 @@ async def test_fused_selection_gets_the_trainers_values_from_the_real_environmen
     # The best workflows came back as JSON from the environment's steps.
     index = json.loads((tmp_path / "best" / "index.json").read_text())
     assert index and all("workflow.json" in entry["files"] for entry in index)
+
+
+def _wandb_history(run_file: Path) -> list[dict[str, float]]:
+    """The history rows of an offline W&B run, read from its transaction log (``run-*.wandb``:
+    LevelDB's log format, 32 KiB blocks of chunks with a 7-byte header, after a 7-byte file
+    header; each record a ``wandb_internal_pb2.Record``)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = run_file.read_bytes()
+    assert data[:4] == b":W&B"
+    block, header = 32768, 7
+    offset, pending, rows = 7, b"", []
+    while offset + header <= len(data):
+        left = block - offset % block
+        if left < header:
+            offset += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[offset : offset + header])
+        if length == 0 and kind == 0:  # the rest of the block is padding
+            offset += left
+            continue
+        pending += data[offset + header : offset + header + length]
+        offset += header + length
+        if kind in (1, 4):  # a FULL chunk, or the LAST of a record's chunks
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            if record.WhichOneof("record_type") == "history":
+                rows.append(
+                    {
+                        item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                        for item in record.history.item
+                    }
+                )
+    return rows
+
+
+async def test_a_run_logs_its_scalars_to_tensorboard_wandb_offline_and_mlflow(
+    policy, tmp_path, monkeypatch
+):
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    home = tmp_path / "home"  # W&B's own settings and caches: never the user's
+    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(name, str(home / name.lower()))
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "unset")  # restored to what it was after
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")  # the mlflow logger sets it itself
+    run_dir = tmp_path / "run"
+    doc = _spec(run_dir, iterations=2, checkpointEvery=0, finalTestEval=False).to_document()
+    doc["monitoring"]["loggers"] = ["console", "tensorboard", "wandb", "mlflow"]
+    doc["monitoring"]["wandb"] = {"mode": "offline", "project": "aflowrl-tests"}
+    doc["monitoring"]["mlflow"] = {"experiment": "tests", "runName": "loop"}
+    servers = [await serve_toy("a")]
+    try:
+        await _train(RunSpec.from_document(doc), policy, servers, run_dir)
+    finally:
+        await servers[0][0].stop()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    headline = ("charts/episode_return", "charts/best_score", "losses/kl", "charts/clipfrac")
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    for key in headline:
+        scalars = events.Scalars(key)
+        assert [s.step for s in scalars] == [0, 1], key
+        assert [s.value for s in scalars] == pytest.approx([r[key] for r in records], rel=1e-6)
+
+    [offline] = (run_dir / "wandb").glob("offline-run-*")
+    [run_file] = offline.glob("run-*.wandb")
+    history = _wandb_history(run_file)
+    assert [row["_step"] for row in history] == [0, 1]
+    for key in headline:
+        assert [row[key] for row in history] == pytest.approx([r[key] for r in records])
+
+    client = MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
+    experiment = client.get_experiment_by_name("tests")
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "loop" and run.info.status == "FINISHED"
+    for key in headline:
+        history = client.get_metric_history(run.info.run_id, key)
+        assert [m.step for m in history] == [0, 1]
+        assert [m.value for m in history] == pytest.approx([r[key] for r in records])
+
+    # The search tree of each iteration's best episode, for `aflowrl plot --tree`.
+    recorded = [json.loads(line) for line in (run_dir / "trees.jsonl").read_text().splitlines()]
+    assert [t["iteration"] for t in recorded] == [0, 1]
+    for tree in recorded:
+        assert tree["root"] in tree["nodes"] and len(tree["edges"]) == 2  # maxSteps
+        assert all(e["parent"] in tree["nodes"] for e in tree["edges"])

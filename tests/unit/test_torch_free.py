@@ -42,6 +42,10 @@ TORCH_FREE_MODULES = [
     "aflowrl.trainer.app",
     "aflowrl.trainer.loop",
     "aflowrl.trainer.plots",
+    "aflowrl.trainer.tracking",
+    "aflowrl.trainer.trees",
+    "aflowrl.cli.plot",
+    "aflowrl.cli.show",
     "aflowrl.local.launcher",
     "aflowrl.local.preflight",
     "aflowrl.local.run",
@@ -77,6 +81,21 @@ def test_environment_side_modules_import_without_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_trainer_writes_tensorboard_events_without_torch(tmp_path):
+    code = _BLOCKER + (
+        "from pathlib import Path\n"
+        "from aflowrl.config import RunSpec\n"
+        "from aflowrl.trainer import tracking\n"
+        f"with tracking.open_trackers(RunSpec(), Path({str(tmp_path)!r})) as t:\n"
+        "    t.log(0, {'charts/best_score': 0.5})\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def test_the_blocker_blocks():

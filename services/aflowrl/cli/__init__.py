@@ -28,6 +28,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "surrogate",
     "train",
     "data",
+    "plot",
+    "show",
 )
 """Modules of ``aflowrl.cli`` that define commands, in ``--help`` order."""
 

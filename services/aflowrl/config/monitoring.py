@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from aflowrl.config._base import DnsSubdomain, LabelKey, LabelValue, Port, SpecModel
+from aflowrl.config._base import (
+    CelRule,
+    DnsSubdomain,
+    FieldRuleError,
+    LabelKey,
+    LabelValue,
+    Port,
+    SpecModel,
+)
 from aflowrl.config.resources import SecretKeyRef
 
 
@@ -21,8 +29,65 @@ class ServiceMonitorSpec(SpecModel):
     """Labels your Prometheus selects monitors by (e.g. ``release: prometheus``)."""
 
 
+LoggerName = Literal["console", "tensorboard", "wandb", "mlflow"]
+"""An experiment tracker the trainer sends each iteration's scalars to."""
+
+DEFAULT_LOGGERS: tuple[LoggerName, ...] = ("console", "tensorboard")
+"""The trackers of a run that names none: the log and TensorBoard's event files."""
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\- ]*$"
+
+
+class TensorBoardSpec(SpecModel):
+    """TensorBoard event files (logger ``tensorboard``)."""
+
+    dir: str | None = Field(default=None, min_length=1, max_length=1024)
+    """Directory of the event files; empty: ``tensorboard/`` in the run directory
+    (``trainer.checkpointDir`` on a cluster, the run's volume). Open it with
+    ``tensorboard --logdir DIR``."""
+    flush_s: float = Field(default=10.0, ge=0.1, le=3600.0)
+    """Seconds between writes of buffered events to disk (every iteration is flushed too)."""
+
+
+class WandbSpec(SpecModel):
+    """Weights & Biases (logger ``wandb``; needs the ``tracking`` extra). The API key is read
+    from ``WANDB_API_KEY`` (or the file named by ``WANDB_API_KEY_FILE``), set from
+    ``apiKeySecret`` in the trainer pod; it is never part of the run document, and never
+    logged."""
+
+    project: str = Field(default="aflow-rl", min_length=1, max_length=128, pattern=_NAME)
+    """W&B project of the run."""
+    entity: str | None = Field(default=None, min_length=1, max_length=128, pattern=_NAME)
+    """W&B team or user; empty: the API key's default entity."""
+    mode: Literal["online", "offline"] = "online"
+    """"online" streams to the W&B server; "offline" writes the run under ``dir`` only, with no
+    network (upload it later with ``wandb sync DIR/wandb/offline-run-*``)."""
+    dir: str | None = Field(default=None, min_length=1, max_length=1024)
+    """Directory W&B writes ``wandb/`` into; empty: the run directory."""
+    name: str | None = Field(default=None, min_length=1, max_length=128)
+    """Display name of the W&B run; empty: the TrainingRun's name (or the run directory's)."""
+    tags: list[str] = Field(default_factory=list, max_length=16)
+    """Tags of the W&B run (at most 16)."""
+    api_key_secret: SecretKeyRef | None = None
+    """Secret holding the W&B API key, given to the trainer pod as ``WANDB_API_KEY``
+    (Kubernetes; locally, set ``WANDB_API_KEY`` yourself). Mode online needs one."""
+
+
+class MlflowSpec(SpecModel):
+    """MLflow (logger ``mlflow``; needs the ``tracking`` extra)."""
+
+    tracking_uri: str | None = Field(default=None, min_length=1, max_length=1024)
+    """MLflow tracking URI: a server (``http://mlflow:5000``), a database or a file store
+    (``file:/path/mlruns``); empty: the file store ``mlruns/`` in the run directory. A server's
+    credentials come from the ``MLFLOW_TRACKING_*`` environment variables."""
+    experiment: str = Field(default="aflow-rl", min_length=1, max_length=256)
+    """MLflow experiment the run is logged under (created when missing)."""
+    run_name: str | None = Field(default=None, min_length=1, max_length=256)
+    """Name of the MLflow run; empty: the TrainingRun's name (or the run directory's)."""
+
+
 class MonitoringSpec(SpecModel):
-    """Prometheus metrics and logging."""
+    """Prometheus metrics, logging and experiment tracking."""
 
     metrics_port: Port = 9090
     """HTTP port of ``/metrics`` on every service pod."""
@@ -32,6 +97,33 @@ class MonitoringSpec(SpecModel):
     """Log line format; "json" suits log collectors in pods."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Least severe level logged."""
+    loggers: list[LoggerName] = Field(default_factory=lambda: list(DEFAULT_LOGGERS), max_length=4)
+    """Experiment trackers the trainer sends each iteration's scalars to (the keys of
+    ``metrics.jsonl``): "console" (a log line of the update diagnostics per iteration),
+    "tensorboard" (event files in the run directory), "wandb" and "mlflow" (the ``tracking``
+    extra: ``pip install 'aflow-rl[tracking]'``). Each at most once; empty: ``metrics.jsonl``
+    and ``curves.png`` only."""
+    tensorboard: TensorBoardSpec = Field(default_factory=TensorBoardSpec)
+    """TensorBoard settings (used when ``loggers`` has "tensorboard")."""
+    wandb: WandbSpec = Field(default_factory=WandbSpec)
+    """Weights & Biases settings (used when ``loggers`` has "wandb")."""
+    mlflow: MlflowSpec = Field(default_factory=MlflowSpec)
+    """MLflow settings (used when ``loggers`` has "mlflow")."""
+
+    cel_rules = (
+        CelRule(
+            "{loggers}.all(x, {loggers}.exists_one(y, y == x))",
+            "loggers lists a logger more than once",
+            "loggers",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _loggers_once(self) -> MonitoringSpec:
+        twice = sorted({name for name in self.loggers if self.loggers.count(name) > 1})
+        if twice:
+            raise FieldRuleError("loggers", f"loggers lists {', '.join(twice)} more than once")
+        return self
 
 
 class GrpcSpec(SpecModel):

@@ -13,6 +13,8 @@ checks look at what the spec points to:
   proves something listens), take the API key, and serve ``model`` when it lists its models
   (``GET /models``); ``serve`` exists only on Kubernetes;
 - the policy: a model directory must hold a ``config.json``; ``tiny`` is built on first use;
+- the experiment trackers: each of ``monitoring.loggers`` has its library installed
+  (:func:`aflowrl.trainer.tracking.check_available`; the error names the extra);
 - gRPC TLS: ``grpc.tlsSecret`` is a Kubernetes Secret, so a local run takes the directory of
   ``AFLOWRL_TLS_DIR`` instead, and its certificate files must load (``grpc.mtls`` needs TLS).
 
@@ -141,6 +143,9 @@ def check_tls(spec: RunSpec) -> None:
 
 def check_local_run(spec: RunSpec) -> None:
     """Every check of the module docstring, cheapest first."""
+    from aflowrl.trainer import tracking
+
+    tracking.check_available(spec.monitoring.loggers)
     check_tls(spec)
     check_policy(spec)
     check_executor(spec)

@@ -12,7 +12,8 @@ Per iteration (``trainer.iterations`` of them)::
                 the learner scores the reference itself when learner.loss.klCoef > 0
     train       one Train call with every row                                 (learner_client.py)
     weight_sync push the new version to every rollout replica                 (weight_sync.py)
-    record      metrics.jsonl, curves.png, best workflows, progress, status   (records.py)
+    record      metrics.jsonl, trees.jsonl, curves.png, best workflows, progress,
+                status (records.py); the experiment trackers          (tracking.py)
     checkpoint  every trainer.checkpointEvery iterations and at the end       (state.py)
 
 **Off-policy overlap** (``trainer.offPolicy.enabled``): the next iteration's episodes are
@@ -67,6 +68,7 @@ from aflowrl.common.run_status import RunStatusReporter
 from aflowrl.config import RunSpec
 from aflowrl.errors import FailedPreconditionError, InvalidInputError, NotFoundError
 from aflowrl.trainer import collect as collecting
+from aflowrl.trainer import tracking, trees
 from aflowrl.trainer.acting import Actor
 from aflowrl.trainer.advantages import RowTargets, compute_advantages
 from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutClient, TrainRow
@@ -192,6 +194,8 @@ class Trainer:
         """The pictures of the last iteration, drawn on a thread (:meth:`_publish`)."""
         self.start_held_out: list[EpisodeResult] = []
         """The starting policy's held-out episodes (:meth:`_starting_point`)."""
+        self.trackers = tracking.Trackers()
+        """The experiment trackers, open while :meth:`run` runs."""
 
     # ---- start ----------------------------------------------------------------------------------
 
@@ -308,8 +312,15 @@ class Trainer:
 
     async def run(self) -> RunResult:
         """Check the services, resume or start, train every iteration left, then evaluate."""
+        tracking.check_available(self.spec.monitoring.loggers)
         await self.check_services()
         await self.start()
+        self.trackers = tracking.open_trackers(self.spec, self.run_dir.path)
+        with self.trackers:
+            return await self._run()
+
+    async def _run(self) -> RunResult:
+        """The iterations and the final evaluation, with the experiment trackers open."""
         await self._starting_point()
         if self.progress is not None:
             self.progress.start_at(self.state.iteration)
@@ -385,6 +396,11 @@ class Trainer:
         timeline.finish()
         record.update(timeline.record())
         self.run_dir.append_metrics(record)
+        best = trees.best_episode(batch.episodes)
+        if best is not None:
+            seed = self.seed_workflows[best.benchmark].content_hash
+            self.run_dir.append_tree(trees.episode_tree(best, iteration=iteration, root=seed))
+        self.trackers.log(iteration, record)
         following = Timeline()
         await self._publish(record, timeline)
         return following

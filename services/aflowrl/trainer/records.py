@@ -4,7 +4,10 @@
 
     spec.yaml           the resolved RunSpec (every default filled in)
     metrics.jsonl       one JSON object per iteration, namespaced keys (charts/, losses/, time/...)
-    curves.png          episode return and best validation score per iteration
+    trees.jsonl         the search tree of each iteration's best episode (aflowrl.trainer.trees)
+    curves.png          episode return, best validation score and the update diagnostics per
+                        iteration (aflowrl.trainer.plots; ``aflowrl plot RUN_DIR`` redraws it)
+    tensorboard/        TensorBoard event files (monitoring.loggers; aflowrl.trainer.tracking)
     best/               the best workflows found, best first:
       index.json          hash, validation score, iteration and episode of each
       1-<hash>/           workflow.json, graph.py + prompt.py (AFlow), workflow.png (picture)
@@ -15,9 +18,9 @@
     checkpoints.json    the trainer's checkpoint index (aflowrl.trainer.state)
     logs/               service logs (local runs)
 
-``metrics.jsonl`` holds every iteration exactly once: a resumed run first drops the records
-after its checkpoint (:meth:`RunDirectory.truncate_metrics`), then appends. Files other than the
-metrics are replaced atomically. Written by :mod:`aflowrl.trainer.loop`.
+``metrics.jsonl`` (and ``trees.jsonl``) hold every iteration exactly once: a resumed run first
+drops the records after its checkpoint (:meth:`RunDirectory.truncate_metrics`), then appends.
+Files other than these are replaced atomically. Written by :mod:`aflowrl.trainer.loop`.
 
 Keys of a record (NaN is written as null):
 
@@ -68,6 +71,7 @@ from aflowrl.trainer.state import BestWorkflow
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
+TREES_FILE = "trees.jsonl"
 CURVES_FILE = "curves.png"
 
 
@@ -92,6 +96,46 @@ def _json_value(value: Any) -> Any:
     return value
 
 
+def _append_line(path: Path, record: Mapping[str, Any]) -> None:
+    line = json.dumps({k: _json_value(v) for k, v in record.items()}, sort_keys=False)
+    with path.open("a", encoding="utf-8") as out:
+        out.write(line + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, one per line (a torn line, from a crash
+    mid-write, is skipped with a warning; a missing file has none)."""
+    if not path.is_file():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            logger.warning("%s:%d: torn record skipped", path, number)
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            logger.warning("%s:%d: not a JSON object, skipped", path, number)
+    return records
+
+
+def _truncate(path: Path, iterations: int) -> int:
+    """Keep the records of ``path`` with ``iteration < iterations``; returns how many went."""
+    records = read_records(path)
+    kept = [r for r in records if int(r.get("iteration", -1)) < iterations]
+    dropped = len(records) - len(kept)
+    text = "".join(json.dumps(r) + "\n" for r in kept)
+    if dropped or (path.is_file() and path.read_text() != text):
+        _atomic_write(path, text)
+    return dropped
+
+
 class RunDirectory:
     """Files of one run (module docstring)."""
 
@@ -112,35 +156,31 @@ class RunDirectory:
 
     def append_metrics(self, record: Mapping[str, Any]) -> None:
         """Append one iteration's record (one line, flushed and synced)."""
-        line = json.dumps({k: _json_value(v) for k, v in record.items()}, sort_keys=False)
-        with self.metrics_file.open("a", encoding="utf-8") as out:
-            out.write(line + "\n")
-            out.flush()
-            os.fsync(out.fileno())
+        _append_line(self.metrics_file, record)
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """Every complete record (a torn last line, from a crash mid-write, is skipped)."""
-        if not self.metrics_file.is_file():
-            return []
-        records = []
-        for number, line in enumerate(self.metrics_file.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                logger.warning("%s:%d: torn record skipped", self.metrics_file, number)
-        return records
+        return read_records(self.metrics_file)
 
     def truncate_metrics(self, iterations: int) -> int:
-        """Keep only the records of iterations ``< iterations``; returns how many were dropped."""
-        records = self.read_metrics()
-        kept = [r for r in records if int(r.get("iteration", -1)) < iterations]
-        dropped = len(records) - len(kept)
-        text = "".join(json.dumps(r) + "\n" for r in kept)
-        if dropped or (self.metrics_file.is_file() and self.metrics_file.read_text() != text):
-            _atomic_write(self.metrics_file, text)
-        return dropped
+        """Keep only the records of iterations ``< iterations`` (in ``metrics.jsonl`` and
+        ``trees.jsonl``); returns how many metrics records were dropped."""
+        _truncate(self.trees_file, iterations)
+        return _truncate(self.metrics_file, iterations)
+
+    # ---- search trees ---------------------------------------------------------------------------
+
+    @property
+    def trees_file(self) -> Path:
+        return self.path / TREES_FILE
+
+    def append_tree(self, tree: Mapping[str, Any]) -> None:
+        """Append one iteration's search tree (:mod:`aflowrl.trainer.trees`)."""
+        _append_line(self.trees_file, tree)
+
+    def read_trees(self) -> list[dict[str, Any]]:
+        """Every complete tree record."""
+        return read_records(self.trees_file)
 
     # ---- curves ------------------------------------------------------------------------------
 

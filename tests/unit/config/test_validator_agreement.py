@@ -84,6 +84,9 @@ INVALID: list[tuple[dict, str | set[str]]] = [
     # rules across the fields of the environment and the run
     (run({**DATA, "environment": {**DATA["environment"], "benchmarks": ["gsm8k", "gsm8k"]}}), "spec.environment.benchmarks"),
     (run({**DATA, "environment": {**DATA["environment"], "benchmarks": ["mixed", "gsm8k"]}}), "spec.environment.benchmarks"),
+    (run({"monitoring": {"loggers": ["console", "wandb", "wandb"]}}), "spec.monitoring.loggers"),
+    (run({"monitoring": {"loggers": ["neptune"]}}), "spec.monitoring.loggers[0]"),
+    (run({"monitoring": {"tensorboard": {"flushS": 0}}}), "spec.monitoring.tensorboard.flushS"),
     (run({**DATA, "environment": {**DATA["environment"], "benchmarks": ["gsm8k", "math"], "heldOutBenchmarks": ["math"]}}), "spec.environment.heldOutBenchmarks"),
     (run({**DATA, "environment": {**DATA["environment"], "heldOutBenchmarks": ["drop", "drop"]}}), "spec.environment.heldOutBenchmarks"),
     (run({**DATA, "environment": {**DATA["environment"], "benchmarks": ["gsm8k"], "benchmarkWeights": {"math": 2}}}), "spec.environment.benchmarkWeights"),

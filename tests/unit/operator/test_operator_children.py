@@ -310,6 +310,21 @@ def test_environment_pods_get_the_executor_key_data_and_egress():
     assert egress[1]["ports"] == [{"protocol": "TCP", "port": 443}]
 
 
+def test_the_trainer_pod_gets_the_wandb_key_from_its_secret_only_when_wandb_logs():
+    key = {"name": "wandb", "key": "api-key"}
+    for loggers, expected in ((["console", "wandb"], True), (["console"], False)):
+        doc = {"monitoring": {"loggers": loggers, "wandb": {"apiKeySecret": key}}}
+        manifests = _manifests(RunSpec.from_document(doc))
+        job = _by(manifests, "Job", "demo-trainer")["spec"]["template"]["spec"]
+        env = {e["name"]: e for e in job["containers"][0]["env"]}
+        assert ("WANDB_API_KEY" in env) == expected
+        if expected:
+            assert env["WANDB_API_KEY"] == {
+                "name": "WANDB_API_KEY",
+                "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}},
+            }
+
+
 @pytest.mark.parametrize(
     ("executor", "expected"),
     [
