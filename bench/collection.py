@@ -18,9 +18,9 @@ import asyncio
 import time
 from typing import Any
 
+from aflowrl import presets
 from aflowrl.config import RunSpec
 from aflowrl.envsvc.server import running_server
-from aflowrl import presets
 from aflowrl.trainer.acting import UniformActor
 from aflowrl.trainer.clients import EnvironmentClient
 from aflowrl.trainer.clock import Timeline

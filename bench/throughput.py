@@ -20,9 +20,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from aflowrl import presets
 from aflowrl.cli._io import load_spec
 from aflowrl.config import RunSpec
-from aflowrl import presets
 from aflowrl.local.launcher import local_spec
 from aflowrl.local.run import run_local
 from aflowrl.trainer.metrics import PHASES
