@@ -30,3 +30,41 @@ def test_each_example_run_is_the_preset_of_its_name(path):
 
 def test_every_preset_but_the_default_has_its_example():
     assert sorted(presets.names()[1:]) == sorted(p.stem for p in EXAMPLES)
+
+
+PRESETS_PAGE = Path(__file__).resolve().parents[3] / "docs" / "guides" / "presets.md"
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def _differences(base: object, preset: object, path: str = "") -> list[tuple[str, str, str]]:
+    if isinstance(base, dict) and isinstance(preset, dict):
+        return [
+            found
+            for key in preset
+            for found in _differences(base.get(key), preset[key], f"{path}.{key}".lstrip("."))
+        ]
+    return [] if base == preset else [(path, _shown(base), _shown(preset))]
+
+
+def test_the_presets_page_lists_every_field_the_default_run_changes():
+    section = PRESETS_PAGE.read_text().split("## The default run against RunSpec's defaults")[1]
+    section = section.split("\n## ")[0]
+    rows = [
+        tuple(cell.strip().strip("`") for cell in line.strip("|").split("|"))
+        for line in section.splitlines()
+        if line.startswith("| `")
+    ]
+    expected = _differences(RunSpec().to_document(), presets.load().to_document())
+    assert sorted(rows) == sorted(expected)
+
+
+def test_the_default_run_says_where_its_settings_came_from():
+    text = presets.text()
+    assert "bench/learning.py" in text and "tuning" in text and "docs/guides/presets.md" in text
