@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(TEST_EXTRAS))
 comma := ,
 PYTEST_ARGS ?=
 
-.PHONY: help install sandbox-tools monitoring-tools test test-fast test-vllm lint format proto crd manifests docs docs-serve images demo clean
+.PHONY: help install sandbox-tools monitoring-tools test test-fast test-vllm lint format proto crd manifests docs docs-serve images kind-load demo clean
 
 help:
 	@echo "make demo    - install and run a local training run (tiny model, surrogate executor)"
@@ -20,7 +20,8 @@ help:
 	@echo "make crd     - regenerate manifests/crds from the RunSpec model"
 	@echo "make manifests - regenerate the CRD, the chart's copies and manifests/install.yaml"
 	@echo "make docs    - regenerate docs/reference from the code and build the site into site/"
-	@echo "make images  - build the operator, env and GPU container images (docker)"
+	@echo "make images  - build the operator, env, GPU and CPU container images (docker)"
+	@echo "make kind-load - load those images into a kind cluster (KIND_CLUSTER=aflow-rl)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -110,13 +111,19 @@ docs: $(STAMP)
 docs-serve: $(STAMP)
 	$(VENV)/bin/mkdocs serve
 
-# Container images (needs docker): the operator, the slim env/trainer image, the GPU image.
+# Container images (needs docker): the operator, the slim env/trainer image, the GPU image and
+# the CPU image (rollout and learner pods without GPUs). The chart's image.repository/tag name
+# the operator's; runDefaults.imageRegistry/imageTag the others (docs/getting-started/kubernetes.md).
 REGISTRY ?= ghcr.io/aflow-rl
 TAG ?= 0.1.0
+IMAGES := operator env gpu cpu
 images:
-	docker build -f docker/operator.Dockerfile -t $(REGISTRY)/aflow-rl-operator:$(TAG) .
-	docker build -f docker/env.Dockerfile -t $(REGISTRY)/aflow-rl-env:$(TAG) .
-	docker build -f docker/gpu.Dockerfile -t $(REGISTRY)/aflow-rl-gpu:$(TAG) .
+	$(foreach image,$(IMAGES),docker build -f docker/$(image).Dockerfile -t $(REGISTRY)/aflow-rl-$(image):$(TAG) . &&) true
+
+# Load the images `make images` built into a kind cluster (no registry needed).
+KIND_CLUSTER ?= aflow-rl
+kind-load:
+	kind load docker-image --name $(KIND_CLUSTER) $(foreach image,$(IMAGES),$(REGISTRY)/aflow-rl-$(image):$(TAG))
 
 # The embedded default run: every service a local process (tiny policy, surrogate executor,
 # HumanEval); ends with the best workflow against the seed and the classic baselines on test.

@@ -18,9 +18,9 @@ import asyncio
 import time
 from typing import Any
 
+from aflowrl import presets
 from aflowrl.config import RunSpec
 from aflowrl.envsvc.server import running_server
-from aflowrl.local.launcher import default_run
 from aflowrl.trainer.acting import UniformActor
 from aflowrl.trainer.clients import EnvironmentClient
 from aflowrl.trainer.clock import Timeline
@@ -84,7 +84,7 @@ async def collect_all(spec: RunSpec, mode: str, iterations: int) -> None:
 
 
 async def main(iterations: int) -> None:
-    doc = default_run().to_document()
+    doc = presets.load().to_document()
     doc["environment"]["replicas"] = {"min": 1, "max": 1}
     spec = RunSpec.from_document(doc)
     print(f"{'iteration':<10}{'mode':<10}{'seconds':>8}{'calls':>7}{'return':>9}")

@@ -20,16 +20,17 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from aflowrl import presets
 from aflowrl.cli._io import load_spec
 from aflowrl.config import RunSpec
-from aflowrl.local.launcher import default_run, local_spec
+from aflowrl.local.launcher import local_spec
 from aflowrl.local.run import run_local
 from aflowrl.trainer.metrics import PHASES
 from aflowrl.trainer.records import RunDirectory
 
 
 def _spec(path: str | None, iterations: int, run_dir: Path) -> RunSpec:
-    doc = (load_spec(path) if path else default_run()).to_document()
+    doc = (load_spec(path) if path else presets.load()).to_document()
     doc["trainer"].update({"iterations": iterations, "finalTestEval": False, "checkpointEvery": 2})
     return local_spec(RunSpec.from_document(doc), run_dir)
 

@@ -16,9 +16,13 @@ import logging
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aflowrl import __version__
+from aflowrl.config import ImageDefaults
+
+if TYPE_CHECKING:
+    from aflowrl_operator.handlers import OperatorConfig
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +78,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-format", choices=["text", "json"], default="text", help="log line format"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    images = parser.add_argument_group(
+        "images of runs",
+        "what a TrainingRun that leaves spec.images.<kind> unset runs: "
+        "<registry>/aflow-rl-<kind>:<tag>, or the image given in full",
+    )
+    images.add_argument(
+        "--run-image-registry",
+        default=ImageDefaults.registry,
+        metavar="REGISTRY",
+        help=f"registry and path of the run images (default {ImageDefaults.registry})",
+    )
+    images.add_argument(
+        "--run-image-tag",
+        default=ImageDefaults.tag,
+        metavar="TAG",
+        help=f"tag of the run images (default {ImageDefaults.tag})",
+    )
+    for kind, what in (
+        ("env", "environment and trainer pods"),
+        ("gpu", "rollout and learner pods with GPUs"),
+        ("cpu", "rollout and learner pods without GPUs"),
+    ):
+        images.add_argument(
+            f"--run-{kind}-image", metavar="IMAGE", help=f"image of {what}, in full"
+        )
     tasks = parser.add_mutually_exclusive_group()
     tasks.add_argument(
         "--install-crd",
@@ -97,6 +126,20 @@ def _host_priority() -> int:
     return int.from_bytes(digest[:4], "big") % 1_000_000
 
 
+def operator_config(args: argparse.Namespace) -> OperatorConfig:
+    """The operator's settings from its parsed command line (the one place they are read)."""
+    from aflowrl_operator.handlers import OperatorConfig
+
+    images = ImageDefaults(
+        registry=args.run_image_registry,
+        tag=args.run_image_tag,
+        env=args.run_env_image,
+        gpu=args.run_gpu_image,
+        cpu=args.run_cpu_image,
+    )
+    return OperatorConfig(resync_interval_s=args.resync_interval, run_images=images)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``aflowrl-operator`` console script."""
     args = build_parser().parse_args(argv)
@@ -115,13 +158,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     import kopf
     import prometheus_client
 
-    from aflowrl_operator.handlers import OperatorConfig, build_registry
+    from aflowrl_operator.handlers import build_registry
 
     kopf.configure(
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
     )
-    config = OperatorConfig(resync_interval_s=args.resync_interval)
+    config = operator_config(args)
     if args.metrics_port:
         prometheus_client.start_http_server(args.metrics_port, registry=config.metrics.registry)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None

@@ -260,7 +260,7 @@ def rollout(
         main = pods.container(
             spec,
             "rollout",
-            spec.images.gpu,
+            spec.images.torch_image(ro.resources.gpus),
             command=command,
             res=ro.resources,
             env=env,

@@ -41,7 +41,7 @@ from typing import Any
 import kopf
 import kubernetes
 
-from aflowrl.config import API_GROUP, API_VERSION, KIND, PLURAL
+from aflowrl.config import API_GROUP, API_VERSION, KIND, PLURAL, ImageDefaults
 from aflowrl_operator import resync
 from aflowrl_operator.errors import ApiUnavailableError
 from aflowrl_operator.kube import KubeApi, load_configuration
@@ -81,6 +81,8 @@ class OperatorConfig:
     )
     """This replica's name among kopf's peers: pass it to ``kopf.run`` / ``kopf.operator`` as
     ``identity``, so the resync task can tell itself apart in the peering object."""
+    run_images: ImageDefaults = dataclasses.field(default_factory=ImageDefaults)
+    """Images of runs that leave ``spec.images.<kind>`` unset (the chart's ``runDefaults``)."""
 
 
 def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -197,6 +199,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
             metrics=config.metrics,
             cluster_cache_s=config.cluster_cache_s,
             reporting_instance=config.identity,
+            run_images=config.run_images,
         )
         memo["run_loops"] = {}
         peering = None

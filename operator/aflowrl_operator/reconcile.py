@@ -46,7 +46,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from aflowrl.config import API_GROUP, API_VERSION, KIND, ConfigError, RunSpec
+from aflowrl.config import API_GROUP, API_VERSION, KIND, ConfigError, ImageDefaults, RunSpec
 from aflowrl_operator import capacity, children, groups, kueue, status
 from aflowrl_operator.apply import FIELD_MANAGER, controlled_by, ensure, remove
 from aflowrl_operator.errors import ApiRejectedError, ApiUnavailableError, ChildConflictError
@@ -62,7 +62,12 @@ from aflowrl_operator.names import (
     RunRef,
     annotation,
 )
-from aflowrl_operator.validation import Rejection, immutable_changes, validate
+from aflowrl_operator.validation import (
+    Rejection,
+    immutable_changes,
+    validate,
+    with_default_images,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +114,10 @@ class Reconciler:
         metrics: OperatorMetrics | None = None,
         cluster_cache_s: float = 60.0,
         reporting_instance: str = REPORTING_COMPONENT,
+        run_images: ImageDefaults | None = None,
     ) -> None:
         self.api = api
+        self._run_images = run_images or ImageDefaults()
         self._instance = reporting_instance
         self.metrics = metrics if metrics is not None else OperatorMetrics()
         self._cache_s = cluster_cache_s
@@ -259,6 +266,8 @@ class Reconciler:
         run = RunRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
         generation = current_meta.get("generation")
         new_spec, rejection = validate(run.name, current.get("spec"))
+        if new_spec is not None:
+            new_spec = with_default_images(new_spec, self._run_images)
         accepted = await self._accepted_spec(run)
         if new_spec is not None and accepted is not None:
             rejection = immutable_changes(accepted, new_spec)

@@ -12,6 +12,9 @@ spec; a new spec that changes one of :data:`aflowrl.config.run.IMMUTABLE_FIELDS`
 run keeps going on the accepted one. Everything else may change and is applied: replica counts
 and ``suspend`` at once, other fields by rolling the rollout, environment and executor pods,
 and the learner and trainer when their pods next start (suspend and resume the run).
+
+Images a spec leaves unset are the operator's defaults for runs (:func:`with_default_images`,
+the chart's ``runDefaults``), filled in before anything is built.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from aflowrl.config import API_GROUP, API_VERSION, KIND, ConfigError, RunSpec
+from aflowrl.config import API_GROUP, API_VERSION, KIND, ConfigError, ImageDefaults, RunSpec
 from aflowrl.config.run import immutable_changes as _immutable_changes
 
 
@@ -56,3 +59,10 @@ def immutable_changes(accepted: RunSpec, new: RunSpec) -> Rejection | None:
     if not found:
         return None
     return Rejection("ImmutableFieldChanged", tuple(f"{path} {msg}" for path, msg in found))
+
+
+def with_default_images(spec: RunSpec, defaults: ImageDefaults) -> RunSpec:
+    """``spec`` with every image it leaves unset taken from the operator's ``defaults`` (the
+    chart's ``runDefaults``). The children and the run's ConfigMap are built from the result,
+    so the ConfigMap shows the images the pods run."""
+    return spec.model_copy(update={"images": spec.images.with_defaults(defaults)})

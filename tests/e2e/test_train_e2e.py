@@ -141,7 +141,10 @@ async def test_a_short_training_through_real_services(tmp_path):
     names = [row["name"] for row in final]
     assert "seed" in names and {"io", "cot", "cot_sc", "medprompt", "self_refine"} <= set(names)
     assert all(0.0 <= row["test_mean"] <= 1.0 and row["num_problems"] > 0 for row in final)
-    assert "test score" in (tmp_path / "final.md").read_text()
+    summary = (tmp_path / "final.md").read_text()
+    assert "test score" in summary
+    # the summary's sentences: the best workflow against the baselines, the policy's lead
+    assert "In short: " in summary and "the policy it started from" in summary
     for log in ("env-0", "env-1", "rollout-0", "learner"):
         assert (tmp_path / "logs" / f"{log}.log").is_file()
     # The default experiment trackers: TensorBoard's events, and each iteration's search tree.

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from aflowrl import documents
+from aflowrl import documents, presets
 from aflowrl.config import RunSpec
 
 
@@ -23,13 +23,14 @@ def print_document(doc: Any, output: str) -> None:
 
 
 def load_spec(path: str | None, *, flag: str = "-f/--file") -> RunSpec:
-    """The RunSpec in ``path`` ("-" for stdin; None for the embedded default); ``flag`` names
-    the option that gave the path, in errors.
+    """The RunSpec in ``path`` ("-" for stdin; None for the embedded default, the ``default``
+    preset that ``aflowrl train`` runs without ``-f``); ``flag`` names the option that gave the
+    path, in errors.
 
     The file is read no further than a run spec can be (:data:`aflowrl.documents.MAX_YAML_CHARS`
     bytes), and parsed with the bounded loader."""
     if path is None:
-        return RunSpec()
+        return presets.load(presets.DEFAULT)
     text = documents.read_text(path, source=flag, max_bytes=documents.MAX_YAML_CHARS)
     return RunSpec.from_yaml(text, source="<stdin>" if path == "-" else path)
 

@@ -5,7 +5,8 @@ Two modes (CONTRACTS.md):
 - **local** (no service targets): ``aflowrl train [-f run.yaml] [--run-dir DIR]`` checks the
   run's inputs, starts every service here as a child process (:mod:`aflowrl.local`), trains with
   a live progress bar, prints the final comparison table and stops the services. Without ``-f``
-  it runs the embedded default (the tiny policy, the surrogate executor, HumanEval).
+  it runs ``--preset NAME``, by default the embedded default run (the ``default`` preset, what
+  ``aflowrl spec default`` prints: the tiny policy, the surrogate executor, HumanEval).
 - **against running services** (what the trainer Job runs): ``aflowrl train -f FILE --env T
   --rollout T --learner T --run-dir DIR``; status goes to the TrainingRun, metrics to /metrics.
 
@@ -20,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from aflowrl.cli.spec import add_preset_argument
+
 NAME = "train"
 HELP = "Train a policy with RL: locally (every service started here) or against a run's services."
 
@@ -31,9 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_file_argument(
         parser,
-        "RunSpec file (bare spec or TrainingRun); default $AFLOWRL_SPEC_FILE, else the "
-        "embedded default run (aflowrl/local/default_run.yaml: tiny policy, surrogate, HumanEval)",
+        "RunSpec file (bare spec or TrainingRun); default $AFLOWRL_SPEC_FILE, else --preset, "
+        "else the embedded default run (what 'aflowrl spec default' prints: tiny policy, "
+        "surrogate executor, HumanEval)",
     )
+    add_preset_argument(parser)
     for name, flag in _TARGETS:
         parser.add_argument(
             flag,
@@ -72,11 +77,13 @@ def run(args: argparse.Namespace) -> int:
             "none (start everything here)",
             field=", ".join(missing),
         )
-    path = args.spec or envs.AFLOWRL_SPEC_FILE
-    if path is None and not given:
-        from aflowrl.local.launcher import default_run
+    if args.preset and args.spec:
+        raise InvalidInputError("give a run file or a preset, not both", field="--preset")
+    path = args.spec or (None if args.preset else envs.AFLOWRL_SPEC_FILE)
+    if path is None:
+        from aflowrl import presets
 
-        spec = default_run()
+        spec = presets.load(args.preset or presets.DEFAULT)
     else:
         spec = load_spec(path)
     work = _against_services(spec, args) if given else _local(spec, args)

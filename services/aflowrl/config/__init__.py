@@ -16,7 +16,7 @@ from aflowrl.config.errors import ConfigError
 from aflowrl.config.learner import GiGPOSpec, GRPOSpec, LearnerSpec, PolicyLossSpec, PPOSpec
 from aflowrl.config.monitoring import GrpcSpec, MonitoringSpec
 from aflowrl.config.policy import BUILT_IN_MODELS, TINY_MODEL, PolicySpec
-from aflowrl.config.resources import ImageSpec, ResourceSpec, SecretKeyRef
+from aflowrl.config.resources import ImageDefaults, ImageSpec, ResourceSpec, SecretKeyRef
 from aflowrl.config.rollout import RolloutSpec, SamplingSpec
 from aflowrl.config.run import (
     API_GROUP,
@@ -53,6 +53,7 @@ __all__ = [
     "GiGPOSpec",
     "GrpcSpec",
     "GrpcTransportSpec",
+    "ImageDefaults",
     "ImageSpec",
     "LearnerSpec",
     "MonitoringSpec",

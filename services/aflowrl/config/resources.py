@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -54,14 +55,64 @@ ImageRef = Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\s]+$
 """A container image reference (``registry/name:tag`` or ``@sha256:...``)."""
 
 
-class ImageSpec(SpecModel):
-    """Container images of the run's pods."""
+ImageKind = Literal["env", "gpu", "cpu"]
+"""The project's run images: ``env`` (no torch: environment and trainer pods), ``gpu`` (CUDA
+torch and vLLM: rollout and learner pods with GPUs), ``cpu`` (CPU torch: rollout and learner
+pods that request no GPU)."""
 
-    env: ImageRef = "ghcr.io/aflow-rl/aflow-rl-env:0.1.0"
-    """Slim image (no torch) for the environment service and the trainer."""
-    gpu: ImageRef = "ghcr.io/aflow-rl/aflow-rl-gpu:0.1.0"
-    """Image with torch (and vLLM) for the rollout and learner services."""
+
+@dataclass(frozen=True)
+class ImageDefaults:
+    """The images of runs that leave ``spec.images.<kind>`` unset: the operator's settings
+    (the chart's ``runDefaults``), ``<registry>/aflow-rl-<kind>:<tag>`` unless one is given in
+    full."""
+
+    registry: str = "ghcr.io/aflow-rl"
+    """Registry and path the images are pulled from (``localhost/aflow-rl`` for kind)."""
+    tag: str = "0.1.0"
+    """Tag of every image (the chart's appVersion by default)."""
+    env: str | None = None
+    """The env image in full, overriding registry and tag."""
+    gpu: str | None = None
+    """The GPU image in full, overriding registry and tag."""
+    cpu: str | None = None
+    """The CPU image in full, overriding registry and tag."""
+
+    def image(self, kind: ImageKind) -> str:
+        """The reference of one image."""
+        given: str | None = getattr(self, kind)
+        return given or f"{self.registry.rstrip('/')}/aflow-rl-{kind}:{self.tag}"
+
+
+class ImageSpec(SpecModel):
+    """Container images of the run's pods. An image left unset is the operator's default for
+    runs (the chart's ``runDefaults``: ``<registry>/aflow-rl-<kind>:<tag>``), so one setting of
+    the chart moves every run to a mirror."""
+
+    env: ImageRef | None = None
+    """Slim image (no torch) for the environment service and the trainer; unset: the
+    operator's default (``aflow-rl-env``)."""
+    gpu: ImageRef | None = None
+    """Image with CUDA torch and vLLM for rollout and learner pods that request GPUs; unset:
+    the operator's default (``aflow-rl-gpu``)."""
+    cpu: ImageRef | None = None
+    """Image with the CPU build of torch (no vLLM) for rollout and learner pods that request no
+    GPU; unset: the operator's default (``aflow-rl-cpu``)."""
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """Kubernetes imagePullPolicy of every container."""
     pull_secrets: list[DnsLabel] = Field(default_factory=list, max_length=8)
     """Names of image pull Secrets."""
+
+    def image(self, kind: ImageKind, defaults: ImageDefaults | None = None) -> str:
+        """The image of ``kind``: the spec's, else ``defaults``' (the built-in ones when None)."""
+        given: str | None = getattr(self, kind)
+        return given or (defaults or ImageDefaults()).image(kind)
+
+    def torch_image(self, gpus: int) -> str:
+        """The image of a rollout or learner pod asking for ``gpus``: GPU, or CPU with none."""
+        return self.image("gpu" if gpus else "cpu")
+
+    def with_defaults(self, defaults: ImageDefaults) -> ImageSpec:
+        """This spec with every unset image taken from ``defaults``."""
+        kinds: tuple[ImageKind, ...] = ("env", "gpu", "cpu")
+        return self.model_copy(update={kind: self.image(kind, defaults) for kind in kinds})

@@ -35,14 +35,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_CHECKPOINT_DIR = TrainerSpec().checkpoint_dir
 
 
-def default_run() -> RunSpec:
-    """The embedded default run (``default_run.yaml`` next to this module)."""
-    from importlib import resources
-
-    text = resources.files(__package__).joinpath("default_run.yaml").read_text("utf-8")
-    return RunSpec.from_yaml(text, source="default_run.yaml")
-
-
 @dataclass(frozen=True)
 class LocalTargets:
     """Where the local services listen."""

@@ -331,6 +331,28 @@ def comparison_table(
     return "\n".join(lines)
 
 
+def lead_sentence(
+    trained: Sequence[EpisodeResult], start: Sequence[EpisodeResult], *, name: str = "policy"
+) -> str | None:
+    """One sentence on the trained policy's best-gain lead over the policy RL started from on the
+    same held-out tasks; without a lead, the room the seed workflow left there (1 - its mean
+    score), the most any proposer could gain. None when the two were not played alike."""
+    if not trained or len(trained) != len(start):
+        return None
+    lead = mean([a.best_gain - b.best_gain for a, b in zip(trained, start, strict=True)])
+    if lead > 0:
+        return (
+            f"The trained {name} leads the {name} it started from by {lead:+.4f} best-gain "
+            f"on {len(trained)} held-out tasks."
+        )
+    seed_score = mean([r.seed_score for r in trained])
+    return (
+        f"The trained {name} has no lead ({lead:+.4f}) over the {name} it started from on "
+        f"{len(trained)} held-out tasks: the seed workflow already scores {seed_score:.3f} on "
+        f"their problems, leaving at most {1.0 - seed_score:.3f} to gain."
+    )
+
+
 def _se_text(values: Sequence[float]) -> str:
     se = _standard_error(values)
     return "-" if math.isnan(se) else f"{se:.4f}"

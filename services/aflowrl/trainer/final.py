@@ -224,6 +224,32 @@ def final_table(
     return aligned_table(title, header, body)
 
 
+def best_against_baselines(rows: Sequence[FinalRow]) -> str | None:
+    """One sentence: the run's best workflow against the strongest classic baseline on the test
+    split, and, when it does not lead, the validation scores it was chosen by (nothing is chosen
+    on test problems). None when the table has no best workflow or no baseline."""
+    best = next((row for row in rows if row.name.startswith("best")), None)
+    classic = [row for row in rows if row.name in library.CLASSIC]
+    if best is None or not classic:
+        return None
+    top = max(classic, key=lambda row: row.test_mean)
+    where = f"on {best.benchmark}'s test split" if best.benchmark else "on the test split"
+    if best.test_mean > top.test_mean:
+        return (
+            f"The best workflow found ({best.test_mean:.3f}) beats every classic baseline {where} "
+            f"(the strongest, {top.name}: {top.test_mean:.3f})."
+        )
+
+    def validation(row: FinalRow) -> str:
+        return "-" if row.validation_score is None else f"{row.validation_score:.3f}"
+
+    return (
+        f"The best workflow found ({best.test_mean:.3f}) does not beat {top.name} "
+        f"({top.test_mean:.3f}) {where}: it was chosen on validation problems, where it scored "
+        f"{validation(best)} against {top.name}'s {validation(top)}."
+    )
+
+
 def aligned_table(title: str, header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     """A title, then columns: the first left-aligned, the others right-aligned."""
     widths = [max(len(line[i]) for line in (header, *body)) for i in range(len(header))]

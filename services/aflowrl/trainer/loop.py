@@ -78,12 +78,18 @@ from aflowrl.trainer.evaluate import (
     EpisodeResult,
     comparison_table,
     held_out_evaluation,
+    lead_sentence,
     policy_actor,
     policy_table,
     proposer_comparison,
     summarize,
 )
-from aflowrl.trainer.final import FinalRow, final_comparison, final_table
+from aflowrl.trainer.final import (
+    FinalRow,
+    best_against_baselines,
+    final_comparison,
+    final_table,
+)
 from aflowrl.trainer.metrics import TrainerMetrics
 from aflowrl.trainer.progress import Progress
 from aflowrl.trainer.records import RunDirectory, utc_now
@@ -736,6 +742,16 @@ class Trainer:
                 "one episode each, and the same evaluation budget)",
             )
         )
+        summary = [
+            sentence
+            for sentence in (
+                *(best_against_baselines(rows) for rows in by_benchmark.values()),
+                lead_sentence(result.held_out, self.start_held_out),
+            )
+            if sentence
+        ]
+        if summary:
+            tables.append("In short: " + " ".join(summary))
         if held_out:
             summaries = summarize(result.held_out, held_out=held_out)
             tables.append(

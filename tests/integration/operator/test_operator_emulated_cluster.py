@@ -28,7 +28,8 @@ from kube_emulator import (
 from operator_harness import NAMESPACE, RESYNC_S, RUNS, Cluster, chart_denies
 
 from aflowrl.common.run_status import RunStatusReporter
-from aflowrl.config import CONDITION_TYPES, RunSpec
+from aflowrl.config import CONDITION_TYPES, ImageDefaults, RunSpec
+from aflowrl_operator.validation import with_default_images
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "charts"))
 
@@ -146,7 +147,9 @@ async def test_a_run_becomes_every_child_with_its_key_fields(cluster: Cluster):
             kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
     spec_yaml = cluster.child("v1/configmaps", "demo-spec")["data"]["spec.yaml"]
-    assert RunSpec.from_yaml(spec_yaml) == RunSpec.from_document(FULL)
+    # the spec as given, with the images it leaves unset filled in by the operator's defaults
+    resolved = with_default_images(RunSpec.from_document(FULL), ImageDefaults())
+    assert RunSpec.from_yaml(spec_yaml) == resolved
 
     rollout = cluster.child(DEPLOYMENTS, "demo-rollout")
     main = _container(rollout)

@@ -193,6 +193,11 @@ class Attack:
     check_timeout_s: float = 15.0
 
 
+# The limit of an attack that searches files before it reports what it found: generous, so a
+# busy machine does not turn its evidence into a timeout.
+SEARCH_TIMEOUT_S = 120.0
+
+
 # The forged verdict lines the attacks write wherever they can: the driver's format (with a
 # guessed nonce) and the one-process control's.
 FORGE_BODY = textwrap.dedent(
@@ -692,6 +697,10 @@ ATTACKS = [
         """,
         evidence="tests not found",
         prelude=FIND,
+        # The search reads every file of the run's places before it reports; on a busy machine
+        # that has run past the scorer's usual 15 s, and a timeout hides the evidence (the score
+        # stays 0 either way). The generous limit bounds the check, not the proof.
+        check_timeout_s=SEARCH_TIMEOUT_S,
     ),
     _attack(
         "ptrace_the_driver",

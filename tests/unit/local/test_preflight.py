@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from aflowrl import presets
 from aflowrl.config import ConfigError, RunSpec
 from aflowrl.local import preflight
 from aflowrl.local.errors import PreflightError
-from aflowrl.local.launcher import default_run, local_spec, service_commands
+from aflowrl.local.launcher import local_spec, service_commands
 from aflowrl.local.processes import free_ports
 
 
@@ -20,7 +21,7 @@ def _spec(**doc) -> RunSpec:
 
 
 def test_the_embedded_default_and_runspecs_defaults_pass():
-    preflight.check_local_run(default_run())
+    preflight.check_local_run(presets.load())
     preflight.check_local_run(RunSpec())
 
 
@@ -133,9 +134,7 @@ def test_service_commands_start_learner_ranks_under_torchrun():
 
 
 def test_the_embedded_default_run_is_the_tiny_surrogate_humaneval_run():
-    from aflowrl.local.launcher import default_run
-
-    spec = default_run()
+    spec = presets.load()
     assert spec.policy.model == "tiny" and spec.environment.benchmarks == ["humaneval"]
     assert spec.environment.executor.type == "surrogate"
     assert spec.environment.replicas.min == 2 and spec.rollout.engine == "hf"

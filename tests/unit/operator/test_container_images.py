@@ -31,7 +31,9 @@ def _installed_extras(name: str) -> set[str]:
     return set(extras.split(","))
 
 
-@pytest.mark.parametrize("name", ["operator.Dockerfile", "env.Dockerfile", "gpu.Dockerfile"])
+@pytest.mark.parametrize(
+    "name", ["operator.Dockerfile", "env.Dockerfile", "gpu.Dockerfile", "cpu.Dockerfile"]
+)
 def test_images_run_as_the_pods_non_root_user_and_the_project_entry_point(name):
     stage = _final_stage(name)
     users = [line.split()[1] for line in stage if line.startswith("USER ")]
@@ -51,6 +53,21 @@ def test_the_slim_image_has_no_torch_and_the_gpu_image_has_it():
     assert not any(req.startswith(("torch", "vllm")) for extra in slim for req in extras[extra])
     assert {"learner", "rollout"} <= _installed_extras("gpu.Dockerfile")
     assert _installed_extras("operator.Dockerfile") == {"operator"}
+
+
+def test_the_cpu_image_has_torch_from_the_cpu_index_and_no_vllm():
+    extras = _installed_extras("cpu.Dockerfile")
+    assert {"learner", "rollout"} <= extras and "vllm" not in extras
+    text = (DOCKER / "cpu.Dockerfile").read_text()
+    assert "https://download.pytorch.org/whl/cpu" in text and "--extra-index-url" in text
+
+
+def test_make_images_builds_every_dockerfile_and_kind_load_loads_them():
+    makefile = (ROOT / "Makefile").read_text()
+    (line,) = [line for line in makefile.splitlines() if line.startswith("IMAGES :=")]
+    built = set(line.split(":=")[1].split())
+    assert {f"{name}.Dockerfile" for name in built} == {p.name for p in DOCKER.glob("*.Dockerfile")}
+    assert "kind load docker-image" in makefile
 
 
 def test_the_build_context_leaves_out_environments_and_history():

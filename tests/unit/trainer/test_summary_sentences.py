@@ -1,0 +1,51 @@
+"""The end-of-run summary's sentences: the best workflow against the strongest classic baseline,
+and the trained policy's lead, or why it has none."""
+
+from __future__ import annotations
+
+from aflowrl.trainer.evaluate import EpisodeResult, lead_sentence
+from aflowrl.trainer.final import FinalRow, best_against_baselines
+
+
+def _row(name: str, test: float, validation: float) -> FinalRow:
+    return FinalRow(name, name, test, 0.0, 131, validation, 100, 0, 0.0, 1.0, "humaneval")
+
+
+def _episode(seed_score: float, gain: float) -> EpisodeResult:
+    return EpisodeResult("humaneval", 1, "e", gain, seed_score, seed_score + gain, gain, 4, 0, 0)
+
+
+def test_a_best_workflow_below_a_baseline_says_which_and_what_it_was_chosen_by():
+    rows = [
+        _row("best (162a51dd)", 0.901, 0.939),
+        _row("seed", 0.863, 0.848),
+        _row("cot_sc", 0.908, 0.909),
+        _row("medprompt", 0.924, 0.939),
+    ]
+    sentence = best_against_baselines(rows)
+    assert sentence is not None
+    assert "does not beat medprompt (0.924)" in sentence and "0.901" in sentence
+    assert "validation" in sentence and "0.939" in sentence
+
+
+def test_a_best_workflow_above_every_baseline_says_so():
+    rows = [_row("best (1)", 0.95, 0.97), _row("seed", 0.86, 0.85), _row("medprompt", 0.92, 0.94)]
+    sentence = best_against_baselines(rows)
+    assert sentence is not None and "beats every classic baseline" in sentence
+    assert "medprompt: 0.920" in sentence
+
+
+def test_no_best_workflow_no_sentence():
+    assert best_against_baselines([_row("seed", 0.86, 0.85), _row("cot", 0.88, 0.85)]) is None
+
+
+def test_a_lead_is_reported_and_no_lead_names_the_room_the_seed_left():
+    start = [_episode(0.75, 0.0), _episode(0.75, 0.0)]
+    led = lead_sentence([_episode(0.75, 0.25), _episode(0.75, 0.0)], start)
+    assert led is not None and "leads" in led and "+0.1250" in led
+    level = lead_sentence([_episode(0.9167, 0.0)] * 2, [_episode(0.9167, 0.0)] * 2)
+    assert level is not None and "no lead" in level and "0.917" in level and "0.083" in level
+
+
+def test_policies_not_played_alike_get_no_sentence():
+    assert lead_sentence([_episode(0.5, 0.1)], []) is None
