@@ -139,3 +139,18 @@ def test_the_quick_start_installs_an_operator_that_runs_tiny_cpu_on_the_loaded_c
     assert images["rollout"] == images["learner"] == f"{registry}/aflow-rl-cpu:{tag}"
     assert images["environment"] == images["trainer"] == f"{registry}/aflow-rl-env:{tag}"
     assert set(images.values()) <= {f"{registry}/aflow-rl-{k}:{tag}" for k in ("cpu", "env")}
+
+
+def _bash_blocks(path: Path) -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.S)
+
+
+def test_the_readme_and_the_kubernetes_guide_show_this_quick_start_as_tested():
+    """README's cluster quick start and the guide's copy are the block tested here, verbatim."""
+    (section_block,) = re.findall(
+        r"```bash\n(.*?)```",
+        PAGE.read_text().split("## The quick start", 1)[1].split("\n## ", 1)[0],
+        flags=re.S,
+    )
+    for copy_at in (ROOT / "README.md", ROOT / "docs" / "guides" / "train-kubernetes.md"):
+        assert section_block in _bash_blocks(copy_at), copy_at
