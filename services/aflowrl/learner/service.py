@@ -512,11 +512,15 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
                 "a weight group needs rank 0 and one rollout rank", field="world_size"
             )
         timeout = request.timeout_s or 600.0
-        # Rank 0 alone: the other learner ranks are not members of the weight group.
-        backend: str = await self.commands.run(
-            lambda: self.learner.open_weight_group(
-                request.group, request.world_size, timeout, request.replica
-            )
+        # Rank 0 alone (the other learner ranks are not members of the weight group), on a
+        # thread of its own, never the command thread: a member that never arrives costs this
+        # group's deadline, while Train, broadcasts and CloseWeightGroup go on.
+        backend: str = await asyncio.to_thread(
+            self.learner.open_weight_group,
+            request.group,
+            request.world_size,
+            timeout,
+            request.replica,
         )
         transport = self.learner.spec.weight_transport
         return learner_pb2.OpenWeightGroupResponse(backend=backend, port=transport.port)
@@ -530,7 +534,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         if not any(self.learner.weight_group(name) for name in names):
             raise WeightGroupError(
                 f"none of the weight groups {list(names)} is open on the learner "
-                f"(open: {sorted(g.name for g in self.learner.weight_groups.values()) or 'none'})"
+                f"(open: {self.learner.weight_group_names() or 'none'})"
             )
         if request.bucket_bytes < 0:
             raise BadBatchError("must be >= 0", field="bucket_bytes")
@@ -566,6 +570,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     ) -> learner_pb2.CloseWeightGroupResponse:
         if not request.group:
             raise BadBatchError("empty group name", field="group")
+        # A group still forming is given up at once (its OpenWeightGroup fails); a formed one
+        # is left on the command thread, after any broadcast on it.
+        self.learner.close_weight_group(request.group, forming_only=True)
         await self.commands.run(lambda: self.learner.close_weight_group(request.group))
         return learner_pb2.CloseWeightGroupResponse()
 

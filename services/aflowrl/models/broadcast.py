@@ -72,6 +72,9 @@ MAGIC = 0x61666C77  # "aflw"
 END = 0x656E6421  # "end!"
 PROTOCOL = 2
 _WORDS = 8
+REFUSED_NONFINITE = 1
+"""The header's last word when the sender refuses to send its version (its weights hold NaN
+or infinity, :func:`send_refusal`): the header is all that is broadcast."""
 SOLO_BYTES = 1024 * 1024
 """Tensors this large are broadcast on their own: packing would copy them (bench/weight_broadcast
 measures a third of gloo's time spent packing 8 MiB tensors), while a collective more costs
@@ -136,6 +139,7 @@ class WeightGroup:
 
     def __init__(self, pg: Any, rendezvous: Rendezvous, device: torch.device) -> None:
         self._pg: Any = pg
+        self._lock = threading.Lock()
         self.rendezvous = rendezvous
         self.device = device
         self.backend = group_backend(device)
@@ -148,30 +152,24 @@ class WeightGroup:
     def join(
         cls, rendezvous: Rendezvous, device: torch.device, *, store: Any = None
     ) -> WeightGroup:
-        """Join (rank 0: with its own ``store``); returns once every member has joined."""
-        timeout = timedelta(seconds=rendezvous.timeout_s)
-        backend_timeout = timedelta(seconds=rendezvous.wait_s + BACKEND_SLACK_S)
-        if store is None:
-            store = dist.TCPStore(  # type: ignore[attr-defined]
-                rendezvous.host, rendezvous.port, is_master=False, timeout=timeout
-            )
-        prefixed = dist.PrefixStore(  # type: ignore[attr-defined]
-            f"aflowrl-weights/{rendezvous.group}", store
-        )
-        rank, size = rendezvous.rank, rendezvous.world_size
-        pg: Any
-        if group_backend(device) == "nccl":
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = backend_timeout
-            # Read when the group is built: this group's errors abort its communicator only.
-            with envs.scoped("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_CLEANUP_ONLY):
-                pg = dist.ProcessGroupNCCL(prefixed, rank, size, options)
-        else:
-            pg = dist.ProcessGroupGloo(prefixed, rank, size, backend_timeout)
-            # gloo connects lazily per pair; one collective makes "joined" mean "connected".
-        group = cls(pg, rendezvous, device)
-        group.broadcast(torch.zeros(1, dtype=torch.int64, device=device))
-        return group
+        """Join (rank 0: with its own ``store``); returns once every member has joined, or
+        raises :class:`BroadcastBrokenError` at ``rendezvous.timeout_s`` (:class:`Formation`)."""
+        return Formation(rendezvous, device, store=store).wait()
+
+    def _eager_connect(self) -> None:
+        """Create the NCCL communicator now (:class:`Formation`)."""
+        pg = self._pg
+        if pg is None:
+            raise BroadcastBrokenError(f"weight group {self.name} is closed")
+        try:
+            pg.eager_connect_single_device(self.device)
+        except RuntimeError as exc:
+            self.abort()
+            raise BroadcastBrokenError(
+                f"weight group {self.name}: the communicator could not be created: {exc}"
+            ) from exc
+        finally:
+            del pg
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0's ``tensor`` into every member's (in place); raises when a member is gone."""
@@ -219,7 +217,8 @@ class WeightGroup:
     def abort(self) -> None:
         """Abort the communicator (a collective still pending on it fails) and leave the group:
         a dead or stalled member costs this group, never this process."""
-        pg, self._pg = self._pg, None
+        with self._lock:
+            pg, self._pg = self._pg, None
         if pg is None:
             return
         try:
@@ -243,13 +242,157 @@ class WeightGroup:
         if self.backend == "nccl":
             self.abort()
             return
-        pg, self._pg = self._pg, None
+        with self._lock:
+            pg, self._pg = self._pg, None
         if pg is not None and hasattr(pg, "shutdown"):
             try:
                 pg.shutdown()
             except RuntimeError as exc:  # already broken: nothing left to release
                 logger.debug("weight group %s shutdown: %s", self.name, exc)
         del pg
+
+
+def _new_process_group(
+    backend: str, store: Any, rank: int, size: int, connect_s: float, timeout: timedelta
+) -> Any:
+    """A weight group's process group (tests put a fake in its place).
+
+    NCCL: the communicator is non-blocking (``config.blocking = 0``, what
+    ``TORCH_NCCL_USE_COMM_NONBLOCKING`` sets), so that :meth:`~WeightGroup.abort` can interrupt
+    its initialisation (a blocking ``ncclCommInitRank`` waits for every rank, without a
+    deadline), and its errors abort this communicator only. gloo connects to every member in
+    its constructor, waiting ``connect_s`` at most (the formation's deadline); its collectives
+    then get ``timeout``.
+    """
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        options.config.blocking = 0
+        # Read when the group is built: this group's errors abort its communicator only.
+        with envs.scoped("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_CLEANUP_ONLY):
+            return dist.ProcessGroupNCCL(store, rank, size, options)
+    pg = dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=max(connect_s, 0.001)))
+    pg._set_default_timeout(timeout)
+    return pg
+
+
+def _probe(device: torch.device) -> torch.Tensor:
+    """The formation's first collective: one word (tests put a fake device's in its place)."""
+    return torch.zeros(1, dtype=torch.int64, device=device)
+
+
+class Formation:
+    """One member's formation of a weight group, bounded by ``rendezvous.timeout_s``.
+
+    Forming runs on a helper thread of its own: connecting to the store, building the process
+    group, initialising the communicator eagerly (NCCL: ``eager_connect_single_device``, a
+    non-blocking ``ncclCommInitRank``; gloo connects in its constructor), then one tiny
+    broadcast, so that "formed" means every member connected. :meth:`wait` waits for it until
+    the deadline; a member that never arrives (its engine died before joining) makes the
+    formation time out there: the communicator is aborted (close-by-abort, as a broken
+    broadcast's) and :class:`BroadcastBrokenError` raised. The helper thread, left behind,
+    ends by itself: gloo's constructor waits no longer than the deadline, an aborted NCCL
+    initialisation returns, and a group that forms after all is aborted, never used.
+
+    The caller's thread is held for the deadline at most, and only by its own group: other
+    groups form, broadcast and close meanwhile (the learner forms off its command thread).
+    """
+
+    def __init__(self, rendezvous: Rendezvous, device: torch.device, *, store: Any = None) -> None:
+        self.rendezvous = rendezvous
+        self.device = device
+        self.deadline = time.monotonic() + rendezvous.timeout_s
+        self._store = store
+        self._lock = threading.Lock()
+        self._group: WeightGroup | None = None
+        self._formed = False
+        self._given_up = False
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        threading.Thread(
+            target=self._form, name=f"form-{rendezvous.group}", daemon=True
+        ).start()
+
+    @property
+    def name(self) -> str:
+        return self.rendezvous.group
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether :meth:`cancel` gave it up (a formed group is then aborted)."""
+        with self._lock:
+            return self._given_up
+
+    def _remaining(self) -> float:
+        return max(self.deadline - time.monotonic(), 0.001)
+
+    def _form(self) -> None:
+        rendezvous = self.rendezvous
+        try:
+            store = self._store
+            if store is None:
+                store = dist.TCPStore(  # type: ignore[attr-defined]
+                    rendezvous.host,
+                    rendezvous.port,
+                    is_master=False,
+                    timeout=timedelta(seconds=self._remaining()),
+                )
+            prefixed = dist.PrefixStore(  # type: ignore[attr-defined]
+                f"aflowrl-weights/{rendezvous.group}", store
+            )
+            backend = group_backend(self.device)
+            pg = _new_process_group(
+                backend,
+                prefixed,
+                rendezvous.rank,
+                rendezvous.world_size,
+                self._remaining(),
+                timedelta(seconds=rendezvous.wait_s + BACKEND_SLACK_S),
+            )
+            group = WeightGroup(pg, rendezvous, self.device)
+            del pg
+            with self._lock:
+                if self._given_up:
+                    group.abort()
+                    return
+                self._group = group
+            if backend == "nccl":
+                # Eager: the communicator is created now, under the deadline, not inside the
+                # first broadcast of a push.
+                group._eager_connect()
+            group.complete(group.issue(_probe(self.device)), until=self.deadline)
+            with self._lock:
+                self._formed = not self._given_up
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def wait(self) -> WeightGroup:
+        """The formed group; at the deadline (or once forming failed), the communicator is
+        aborted and :class:`BroadcastBrokenError` raised."""
+        self._done.wait(max(self.deadline - time.monotonic(), 0.0))
+        with self._lock:
+            group = self._group if self._formed else None
+            self._given_up = group is None
+        if group is not None:
+            return group
+        self.cancel()
+        reason = f": {self._error}" if self._error is not None else ""
+        raise BroadcastBrokenError(
+            f"weight group {self.name}: not every one of {self.rendezvous.world_size} members "
+            f"joined within {self.rendezvous.timeout_s:.0f}s (communicator aborted){reason}"
+        ) from self._error
+
+    def cancel(self) -> None:
+        """Give up now (the group is being closed or re-formed): abort what has formed so far,
+        and whatever forms later; a :meth:`wait` in progress raises."""
+        with self._lock:
+            self._given_up = True
+            self._formed = False
+            group = self._group
+        if group is not None:
+            group.abort()
 
 
 def _release(box: list[Any]) -> None:
@@ -418,6 +561,21 @@ def _send(
     return BroadcastResult(manifest, len(plan), manifest.total_bytes, dict(group.broken))
 
 
+def send_refusal(groups: Sequence[WeightGroup], version: int) -> BroadcastResult:
+    """Rank 0: tell every group that ``version`` will not be sent (its weights hold NaN or
+    infinity): a header alone, which each receiver raises as
+    :class:`~aflowrl.models.errors.NonFiniteWeightsError` before loading anything. The groups
+    stay usable for the next version."""
+    fanout = Fanout(groups)
+    try:
+        fanout.broadcast(
+            _words(MAGIC, PROTOCOL, version, 0, 0, 0, 0, REFUSED_NONFINITE, device=fanout.device)
+        )
+    except _AllBroken:
+        pass
+    return BroadcastResult(Manifest.of(version, []), 0, 0, dict(fanout.broken))
+
+
 def receive_weights(
     group: WeightGroup,
     *,
@@ -436,10 +594,19 @@ def receive_weights(
     try:
         header = _words(device=device)
         group.broadcast(header)
-        magic, protocol, version, blob_size, bucket_bytes, total, count, _ = header.tolist()
+        magic, protocol, version, blob_size, bucket_bytes, total, count, refused = (
+            header.tolist()
+        )
         if magic != MAGIC or protocol != PROTOCOL:
             raise BroadcastBrokenError(
                 f"not a weight broadcast header (magic {magic:#x}, protocol {protocol})"
+            )
+        if refused == REFUSED_NONFINITE:
+            # Nothing follows; nothing was loaded: the old weights serve on, the group is whole.
+            raise NonFiniteWeightsError(
+                f"the learner refused to send version {version}: its weights hold NaN or "
+                "infinity (the policy diverged)",
+                field="broadcast",
             )
         blob = torch.empty(blob_size, dtype=torch.uint8, device=device)
         group.broadcast(blob)

