@@ -573,12 +573,12 @@ class Learner:
             superseded = self.forming.pop(replica, None)
             if self.group_store is None:
                 self.group_store = broadcast.GroupStore(transport.port, transport.timeout_s)
+            # A store client of its own (no store= here): a client's blocking wait for this
+            # group's members would hold up every other group's rendezvous on a shared one.
             rendezvous = broadcast.Rendezvous(
-                "0.0.0.0", transport.port, name, 0, world_size, timeout_s
+                "127.0.0.1", transport.port, name, 0, world_size, timeout_s
             )
-            formation = broadcast.Formation(
-                rendezvous, self.ctx.device, store=self.group_store.store
-            )
+            formation = broadcast.Formation(rendezvous, self.ctx.device)
             self.forming[replica] = formation
         if superseded is not None:
             superseded.cancel()

@@ -121,7 +121,12 @@ class Rendezvous:
 
 
 class GroupStore:
-    """The TCP store of weight groups, hosted by learner rank 0 for its lifetime."""
+    """The TCP store of weight groups, hosted by learner rank 0 for its lifetime.
+
+    Each group's members, rank 0 included, talk to it through a client of their own: a client
+    serialises its calls, and one group's wait for a member that never comes would hold up
+    every other group's rendezvous on a shared one.
+    """
 
     def __init__(self, port: int, timeout_s: float) -> None:
         self.port = port
