@@ -43,6 +43,7 @@ from aflowrl.learner.worker import (
     Command,
     ComputeLogProbsCommand,
     ExportCommand,
+    HeartbeatCommand,
     LoadCommand,
     SaveCommand,
     Scores,
@@ -59,15 +60,32 @@ _MIB = 1024 * 1024
 
 
 class CommandThread:
-    """One daemon thread running commands in order (a stuck collective cannot block exit)."""
+    """One daemon thread running commands in order (a stuck collective cannot block exit).
 
-    def __init__(self) -> None:
+    ``idle``: called on the thread after ``idle_s`` without a command (the learner's heartbeat
+    to its other ranks, :data:`~aflowrl.learner.distributed.HEARTBEAT_FRACTION`).
+    """
+
+    def __init__(self, idle: Callable[[], Any] | None = None, idle_s: float = 0.0) -> None:
         self._queue: queue.Queue[tuple[Callable[[], Any], Future[Any]] | None] = queue.Queue()
+        self._idle = idle
+        self._idle_s = idle_s if idle is not None and idle_s > 0 else None
         self._thread = threading.Thread(target=self._loop, name="learner-commands", daemon=True)
         self._thread.start()
 
+    def _next(self) -> tuple[Callable[[], Any], Future[Any]] | None:
+        while True:
+            try:
+                return self._queue.get(timeout=self._idle_s)
+            except queue.Empty:
+                assert self._idle is not None
+                try:
+                    self._idle()
+                except Exception as exc:  # noqa: BLE001 - the next command meets it too
+                    logger.warning("idle heartbeat to the other ranks failed: %s", exc)
+
     def _loop(self) -> None:
-        while (job := self._queue.get()) is not None:
+        while (job := self._next()) is not None:
             fn, future = job
             if not future.set_running_or_notify_cancel():
                 continue
@@ -134,10 +152,18 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         on_broken: Callable[[], None] | None = None,
         default_chunk_bytes: int = 4 * _MIB,
         push_options: ChannelOptions | None = None,
+        heartbeat_s: float = 0.0,
     ) -> None:
+        """``heartbeat_s``: how long the command thread may stay idle before it sends the other
+        ranks a heartbeat (0: never; a learner of one rank has no one to tell)."""
         self.learner = learner
         self.metrics = metrics
-        self.commands = CommandThread()
+        ctx = learner.ctx
+        self.commands = (
+            CommandThread(lambda: lead(learner, HeartbeatCommand()), heartbeat_s)
+            if ctx.world_size > 1 and heartbeat_s > 0
+            else CommandThread()
+        )
         self.on_broken = on_broken
         self._broken = False
         self._started = time.monotonic()

@@ -815,6 +815,15 @@ class ExportCommand(Command):
 
 
 @dataclass(frozen=True)
+class HeartbeatCommand(Command):
+    """Sent by an idle rank 0 (:data:`~aflowrl.learner.distributed.HEARTBEAT_FRACTION`): the
+    other ranks' wait on the control group ends before its timeout."""
+
+    def run(self, learner: Learner) -> None:
+        return None
+
+
+@dataclass(frozen=True)
 class StopCommand(Command):
     """Ends :func:`follow` on the other ranks."""
 
