@@ -407,9 +407,7 @@ def judge_formation(case: str, events: list[dict[str, Any]], deadline_s: float) 
         )
     else:
         ok = bool(learner_event) and identical and len(members) == 1 and not errors
-        figures = (
-            f"joined after {learner_event.get('joined_s')}s; version identical: {identical}"
-        )
+        figures = f"joined after {learner_event.get('joined_s')}s; version identical: {identical}"
     if errors:
         figures += f"; errors: {errors}"
     print(f"{'PASS' if ok else 'FAIL'} {case}: {figures}", flush=True)

@@ -221,8 +221,9 @@ async def test_a_member_that_never_arrives_costs_its_group_its_deadline_while_th
     import threading
     import time
 
-    from aflowrl.models import broadcast
     from policy_services import free_port
+
+    from aflowrl.models import broadcast
 
     model = tmp_path / "model"
     build_model(model, hidden=64, layers=2)
@@ -265,7 +266,7 @@ async def test_a_member_that_never_arrives_costs_its_group_its_deadline_while_th
             rendezvous = broadcast.Rendezvous("127.0.0.1", port, "late", 1, 2, timeout_s=60)
             try:
                 member.append(broadcast.WeightGroup.join(rendezvous, torch.device("cpu")))
-            except Exception as exc:  # noqa: BLE001 - judged below
+            except Exception as exc:
                 member.append(exc)
 
         joiner = threading.Thread(target=arrive)

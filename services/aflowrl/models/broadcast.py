@@ -40,6 +40,7 @@ sender that fails closes the group so the other members fail at once too.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -258,7 +259,7 @@ class WeightGroup:
 
 
 def _new_process_group(
-    backend: str, store: Any, rank: int, size: int, connect_s: float, timeout: timedelta
+    backend: str, store: Any, rank: int, size: int, *, connect_s: float, timeout: timedelta
 ) -> Any:
     """A weight group's process group (tests put a fake in its place).
 
@@ -314,9 +315,7 @@ class Formation:
         self._given_up = False
         self._error: BaseException | None = None
         self._done = threading.Event()
-        threading.Thread(
-            target=self._form, name=f"form-{rendezvous.group}", daemon=True
-        ).start()
+        threading.Thread(target=self._form, name=f"form-{rendezvous.group}", daemon=True).start()
 
     @property
     def name(self) -> str:
@@ -351,8 +350,8 @@ class Formation:
                 prefixed,
                 rendezvous.rank,
                 rendezvous.world_size,
-                self._remaining(),
-                timedelta(seconds=rendezvous.wait_s + BACKEND_SLACK_S),
+                connect_s=self._remaining(),
+                timeout=timedelta(seconds=rendezvous.wait_s + BACKEND_SLACK_S),
             )
             group = WeightGroup(pg, rendezvous, self.device)
             del pg
@@ -572,12 +571,10 @@ def send_refusal(groups: Sequence[WeightGroup], version: int) -> BroadcastResult
     :class:`~aflowrl.models.errors.NonFiniteWeightsError` before loading anything. The groups
     stay usable for the next version."""
     fanout = Fanout(groups)
-    try:
+    with contextlib.suppress(_AllBroken):  # each broken group is named in the result
         fanout.broadcast(
             _words(MAGIC, PROTOCOL, version, 0, 0, 0, 0, REFUSED_NONFINITE, device=fanout.device)
         )
-    except _AllBroken:
-        pass
     return BroadcastResult(Manifest.of(version, []), 0, 0, dict(fanout.broken))
 
 
@@ -599,9 +596,7 @@ def receive_weights(
     try:
         header = _words(device=device)
         group.broadcast(header)
-        magic, protocol, version, blob_size, bucket_bytes, total, count, refused = (
-            header.tolist()
-        )
+        magic, protocol, version, blob_size, bucket_bytes, total, count, refused = header.tolist()
         if magic != MAGIC or protocol != PROTOCOL:
             raise BroadcastBrokenError(
                 f"not a weight broadcast header (magic {magic:#x}, protocol {protocol})"

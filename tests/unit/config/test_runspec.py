@@ -218,9 +218,7 @@ def test_example_yaml_of_the_defaults_validates():
         ("{type: nccl, timeoutS: 86400}", 86400.0 + 300.0),
     ],
 )
-def test_the_learners_collective_timeout_outlasts_a_weight_groups_longest_wait(
-    transport, expected
-):
+def test_the_learners_collective_timeout_outlasts_a_weight_groups_longest_wait(transport, expected):
     # weightTransport.timeoutS may reach a day; a learner rank that waits in a gather while rank
     # 0 waits that long on a stalled replica must not be ended by its own 30-minute timeout.
     from aflowrl.config.transport import learner_collective_timeout_s

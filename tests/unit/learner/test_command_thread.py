@@ -27,15 +27,17 @@ async def test_an_idle_command_thread_sends_heartbeats_and_a_busy_one_does_not()
         await asyncio.to_thread(beat.wait, 60)
         assert beats, "an idle command thread sent no heartbeat"
 
+        started = threading.Event()
+
         def busy() -> str:
             beats.append("busy start")
+            started.set()
             release.wait(60)
             beats.append("busy end")
             return "done"
 
         running = asyncio.ensure_future(commands.run(busy))
-        while "busy start" not in beats:
-            await asyncio.sleep(0.01)
+        await asyncio.to_thread(started.wait, 60)
         await asyncio.sleep(0.3)  # several idle periods while the command runs
         release.set()
         assert await running == "done"

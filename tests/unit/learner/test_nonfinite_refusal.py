@@ -42,7 +42,6 @@ def _case(tmp: str, port: int) -> dict[str, Any]:
     from aflowrl.learner.errors import PolicyDivergedError
     from aflowrl.learner.worker import Learner
     from aflowrl.models import broadcast
-    from aflowrl.models.errors import NonFiniteWeightsError
 
     torch.set_num_threads(1)
     spec = RunSpec.from_yaml(SPEC.format(port=port, path=f"{tmp}/weights"), source="test")
@@ -94,7 +93,7 @@ def _case(tmp: str, port: int) -> dict[str, Any]:
                             finish=lambda: events.append("finish"),
                         )
                     )
-                except Exception as exc:  # noqa: BLE001 - judged by the test
+                except Exception as exc:
                     received.append(exc)
         finally:
             group.close()

@@ -469,7 +469,7 @@ def test_an_nccl_group_is_initialised_eagerly_then_aborted_at_the_deadline(monke
     calls: list[str] = []
     built: list[tuple[str, float]] = []
 
-    def fake(backend: str, store: Any, rank: int, size: int, connect_s: float, timeout: Any):
+    def fake(backend: str, store: Any, rank: int, size: int, *, connect_s: float, timeout: Any):
         built.append((backend, timeout.total_seconds()))
         calls.append("create")
         return _FakeNcclGroup(calls, store)
