@@ -36,7 +36,7 @@ groups are gloo (what the tests run).
 
     python bench/nccl_faults.py [--device cuda|cpu] [--gib 4.5] [--timeout 30]
         [--cases push,kill,tp2,never_arrives,arrives_late]
-    python bench/nccl_faults.py --device cpu --gib 0.05 --timeout 10   # a dry run on gloo
+    python bench/nccl_faults.py --device cpu --gib 0.05 --timeout 40 --form-deadline 30  # gloo
 """
 
 from __future__ import annotations
@@ -239,6 +239,7 @@ def learner(  # noqa: PLR0917 - a multiprocessing target takes positional argume
         steps.get()
         out = push([a, b], 2)
         results.put({"phase": "kill", **out})
+        steps.get()  # B' has been started
         b2 = join("B2")
         results.put({"phase": "kill", "after": True, **push([a, b2], 3)})
         t0 = time.perf_counter()
@@ -303,6 +304,7 @@ def formation_learner(  # noqa: PLR0917 - a multiprocessing target takes positio
             thread = threading.Thread(target=form_lonely)
             thread.start()
             other = _join(port, "other", 0, 2, timeout_s, device)
+            formed = time.monotonic()
             first = push([other], 1)
             pushed = time.monotonic()
             thread.join()
@@ -315,6 +317,7 @@ def formation_learner(  # noqa: PLR0917 - a multiprocessing target takes positio
                     "lonely_error": lonely["error"],
                     "lonely_seconds": lonely["seconds"],
                     "deadline_s": form_deadline_s,
+                    "other_formed_before_lonely_ended": formed < lonely["ended"],
                     "other_pushed_before_lonely_ended": pushed < lonely["ended"],
                     "pushes": [first, second],
                 }
@@ -395,14 +398,15 @@ def judge_formation(case: str, events: list[dict[str, Any]], deadline_s: float) 
         )
         ok = (
             failed_at_deadline
-            and bool(learner_event.get("other_pushed_before_lonely_ended"))
+            and bool(learner_event.get("other_formed_before_lonely_ended"))
             and len(members) == 2
             and identical
             and not errors
         )
         figures = (
             f"lonely group failed after {seconds}s (deadline {deadline_s:.0f}s); other group "
-            f"pushed before it ended: {learner_event.get('other_pushed_before_lonely_ended')}; "
+            f"formed before it ended: {learner_event.get('other_formed_before_lonely_ended')}, "
+            f"pushed: {learner_event.get('other_pushed_before_lonely_ended')}; "
             f"other's versions identical: {identical} ({len(members)}/2)"
         )
     else:
@@ -499,6 +503,7 @@ def run_core(args: argparse.Namespace, ctx: Any, selected: list[str]) -> int:
     collect(2, budget)  # learner's version 2 (B broken) + A's version 2
     proc_b.join(timeout=30)
     proc_b2 = start("B2", [("B2", 1, 2, 3)])
+    steps.put("b2")
     collect(3, budget)  # learner's version 3 + A + B2
     for process in (proc_a, proc_b2):
         process.join(timeout=60)
