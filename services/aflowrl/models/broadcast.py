@@ -167,8 +167,11 @@ class WeightGroup:
         pg = self._pg
         if pg is None:
             raise BroadcastBrokenError(f"weight group {self.name} is closed")
+        device = self.device
+        if device.index is None:  # NCCL binds one device: this process's current one
+            device = torch.device(device.type, torch.cuda.current_device())
         try:
-            pg.eager_connect_single_device(self.device)
+            pg.eager_connect_single_device(device)
         except RuntimeError as exc:
             self.abort()
             raise BroadcastBrokenError(

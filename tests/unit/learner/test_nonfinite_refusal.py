@@ -153,3 +153,19 @@ def test_a_learner_with_nan_weights_refuses_to_export_push_or_broadcast_them(tmp
     assert out["broken"] == {}
     assert out["events"][0] == "start" and out["events"][-1] == "finish"
     assert "load" in out["events"]
+
+
+def test_a_diverged_policy_is_data_loss_on_the_wire_and_permanent_for_the_trainer():
+    import grpc
+    from grpc import aio
+
+    from aflowrl.common.client import error_from_rpc
+    from aflowrl.common.interceptors import status_for
+    from aflowrl.errors import CorruptStateError
+    from aflowrl.learner.errors import PolicyDivergedError
+
+    assert status_for(PolicyDivergedError("nan")) == grpc.StatusCode.DATA_LOSS
+    reply = aio.AioRpcError(grpc.StatusCode.DATA_LOSS, aio.Metadata(), aio.Metadata(), "nan")
+    error = error_from_rpc(reply, "learner PushWeights")
+    assert isinstance(error, CorruptStateError)
+    assert not error.retryable
