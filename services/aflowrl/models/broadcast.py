@@ -25,6 +25,15 @@ the old tensors back where nothing arrived). A receiver that refuses the manifes
 model, a stale version) still receives every bucket, drops them, and raises the refusal at the
 end, so the collective never waits for it.
 
+**Forming is bounded by the group's deadline** (:class:`Formation`): each member joins
+through a store client of its own, the communicator is created eagerly at the join (NCCL:
+non-blocking, so it can be aborted), and one tiny broadcast makes "formed" mean "every member
+connected", all on a helper thread; a member that never arrives makes the join fail at
+``timeout_s`` with the communicator aborted, costing its own group only. A sender whose
+weights hold NaN or infinity sends a header that says so and nothing else
+(:func:`send_refusal`): each receiver raises :class:`~aflowrl.models.errors.
+NonFiniteWeightsError` before loading anything, and the group stays usable.
+
 **Failure costs one group, never the process.** Every collective is waited for on the host
 with a deadline (``work.wait(timeout)``: ``timeout_s`` on the sender, twice that on a receiver,
 :attr:`Rendezvous.wait_s`); one that has not completed by then
