@@ -104,6 +104,21 @@ class CommandThread:
         self._thread.join(timeout_s)
 
 
+async def _on_own_thread(fn: Callable[[], Any], name: str) -> Any:
+    """``fn()`` on a new daemon thread: unlike the event loop's shared executor, whose few
+    workers could all be held by groups whose members never come, nothing queues behind it."""
+    future: Future[Any] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await asyncio.wrap_future(future)
+
+
 def _ids(
     values: Sequence[int], vocab: int, field: str, *, allow_empty: bool = False
 ) -> tuple[int, ...]:
@@ -541,12 +556,11 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         # Rank 0 alone (the other learner ranks are not members of the weight group), on a
         # thread of its own, never the command thread: a member that never arrives costs this
         # group's deadline, while Train, broadcasts and CloseWeightGroup go on.
-        backend: str = await asyncio.to_thread(
-            self.learner.open_weight_group,
-            request.group,
-            request.world_size,
-            timeout,
-            request.replica,
+        backend: str = await _on_own_thread(
+            lambda: self.learner.open_weight_group(
+                request.group, request.world_size, timeout, request.replica
+            ),
+            f"open-{request.group}",
         )
         transport = self.learner.spec.weight_transport
         return learner_pb2.OpenWeightGroupResponse(backend=backend, port=transport.port)
