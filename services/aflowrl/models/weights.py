@@ -339,10 +339,22 @@ def check_finite(tensors: Iterable[tuple[str, torch.Tensor]], *, field: str = "w
     an infinity (a checksum proves the bytes arrived, not that they are weights)."""
     for name, tensor in tensors:
         if not all_finite(tensor):
-            raise NonFiniteWeightsError(
-                f"{name} holds non-finite values (NaN or infinity); the update is refused",
-                field=field,
-            )
+            raise NonFiniteWeightsError(_nonfinite_message(name), field=field)
+
+
+def _nonfinite_message(name: str) -> str:
+    return f"{name} holds non-finite values (NaN or infinity); the update is refused"
+
+
+def _extents(specs: Iterable[TensorSpec]) -> list[tuple[TensorSpec, int, int]]:
+    """(spec, first byte, end byte) of each floating tensor of a payload, in order."""
+    out = []
+    offset = 0
+    for spec in specs:
+        if spec.nbytes and torch_dtype(spec.dtype).is_floating_point:
+            out.append((spec, offset, offset + spec.nbytes))
+        offset += spec.nbytes
+    return out
 
 
 def check_manifest(
@@ -520,6 +532,9 @@ class PayloadAssembler:
         self._checksum = PayloadChecksum()
         self._worker = _OrderedWorker(backlog)
         self.received = 0
+        self._unchecked = collections.deque(_extents(manifest.tensors))
+        """The floating tensors not yet checked for NaN / infinity, in payload order."""
+        self._nonfinite: str | None = None
 
     def add(self, offset: int, data: bytes | memoryview | Sequence[bytes | memoryview]) -> None:
         """Stage the bytes of payload ``[offset, offset + len)`` (one buffer or several parts).
@@ -551,6 +566,16 @@ class PayloadAssembler:
             at += size
         # Hashed from the staging buffer, which no later chunk overwrites.
         self._checksum.update(self._view[offset:at])
+        # Each tensor checked for NaN / infinity once its bytes are all here, while the next
+        # chunks arrive (at the end, the check alone would hold the commit up).
+        while self._unchecked and self._unchecked[0][2] <= at:
+            spec, start, _ = self._unchecked.popleft()
+            if self._nonfinite is None:
+                raw = torch.frombuffer(
+                    self._array, dtype=torch.uint8, count=spec.nbytes, offset=start
+                )
+                if not all_finite(raw.view(torch_dtype(spec.dtype))):
+                    self._nonfinite = spec.name
 
     def checksum(self) -> int:
         """CRC-32 of what was received (waits for the worker)."""
@@ -579,9 +604,9 @@ class PayloadAssembler:
                 f"{commit_crc32:08x}",
                 field="commit.crc32",
             )
-        tensors = tensors_from_payload(manifest.tensors, self._array)
-        check_finite(tensors.items(), field="data")
-        return tensors
+        if self._nonfinite is not None:  # found while the payload arrived (_stage)
+            raise NonFiniteWeightsError(_nonfinite_message(self._nonfinite), field="data")
+        return tensors_from_payload(manifest.tensors, self._array)
 
 
 def tensors_from_payload(
