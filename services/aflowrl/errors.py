@@ -37,6 +37,11 @@ class FailedPreconditionError(PermanentError):
     """The system is not in a state where the operation is allowed (e.g. a stale version)."""
 
 
+class CorruptStateError(PermanentError):
+    """A component's own state is unusable and must not spread (a learner whose weights hold
+    NaN or infinity): the run cannot go on as it is. DATA_LOSS on the wire."""
+
+
 class RetryableError(AflowRLError):
     """A transient failure; the same operation may succeed later. ``delay_s`` is a hint."""
 

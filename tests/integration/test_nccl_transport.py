@@ -30,6 +30,7 @@ import signal
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 import yaml
@@ -207,3 +208,90 @@ async def test_one_group_per_replica_and_a_replica_killed_midway_costs_only_itse
             service.stop(signal.SIGKILL)
         learner_service.stop()
     assert "Exception in thread" not in learner_service.log.read_text()
+
+
+async def test_a_member_that_never_arrives_costs_its_group_its_deadline_while_the_learner_goes_on(
+    tmp_path,
+):
+    """OpenWeightGroup for a replica whose engine never joins (its group's deadline 60 s), on
+    a two-rank learner: while it waits, a Train (a collective of both ranks) runs, another
+    replica's group forms with a member that arrives late, and CloseWeightGroup closes it; the
+    lonely group then fails UNAVAILABLE at its own deadline, not the process group's (wait_s +
+    BACKEND_SLACK_S)."""
+    import threading
+    import time
+
+    from policy_services import free_port
+
+    from aflowrl.models import broadcast
+
+    model = tmp_path / "model"
+    build_model(model, hidden=64, layers=2)
+    port = free_port()
+    spec_text = SPEC.replace(
+        "policy: {dtype: float32}", f"policy: {{model: {model}, dtype: float32}}"
+    ) + nccl_transport(tmp_path, timeout_s=60, port=port)
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(spec_text)
+    learner_service = start_service("learner", spec_file, tmp_path, ranks=2, timeout=300)
+    rollout = start_service("rollout", spec_file, tmp_path, timeout=300)
+    try:
+        channels, learner, rollout_stub = _stubs(learner_service, rollout)
+        order: list[str] = []
+        began = time.monotonic()
+        lonely = asyncio.ensure_future(
+            learner.OpenWeightGroup(
+                learner_pb2.OpenWeightGroupRequest(
+                    group="lonely", world_size=2, timeout_s=60, replica="gone"
+                )
+            )
+        )
+        lonely.add_done_callback(lambda _: order.append("lonely ended"))
+        await asyncio.sleep(0.5)  # the lonely group is forming
+
+        await _train(learner, rollout_stub, 0)
+        order.append("trained")
+
+        late = asyncio.ensure_future(
+            learner.OpenWeightGroup(
+                learner_pb2.OpenWeightGroupRequest(
+                    group="late", world_size=2, timeout_s=60, replica="here"
+                )
+            )
+        )
+        await asyncio.sleep(1.0)  # rank 0 waits a while for its member
+        member: list[object] = []
+
+        def arrive() -> None:
+            rendezvous = broadcast.Rendezvous("127.0.0.1", port, "late", 1, 2, timeout_s=60)
+            try:
+                member.append(broadcast.WeightGroup.join(rendezvous, torch.device("cpu")))
+            except Exception as exc:
+                member.append(exc)
+
+        joiner = threading.Thread(target=arrive)
+        joiner.start()
+        opened = await late
+        await asyncio.to_thread(joiner.join, 60)
+        assert isinstance(member[0], broadcast.WeightGroup), member
+        assert opened.backend == "gloo"
+        order.append("late formed")
+        await learner.CloseWeightGroup(learner_pb2.CloseWeightGroupRequest(group="late"))
+        member[0].close()
+        order.append("closed")
+
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await lonely
+        seconds = time.monotonic() - began
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "not every one of 2 members joined within 60s" in failed.value.details()
+        assert order == ["trained", "late formed", "closed", "lonely ended"], order
+        # The group's own deadline (60 s) and some slack, not the process group's (60 + 60 s).
+        assert seconds < 60 + broadcast.BACKEND_SLACK_S / 2, seconds
+        # The learner is whole: it trains on.
+        await _train(learner, rollout_stub, 1)
+        for channel in channels:
+            await channel.close()
+    finally:
+        rollout.stop()
+        learner_service.stop()

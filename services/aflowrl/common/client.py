@@ -34,6 +34,7 @@ from aflowrl.common.keepalive import KEEPALIVE, Keepalive
 from aflowrl.config.monitoring import GrpcSpec
 from aflowrl.errors import (
     AflowRLError,
+    CorruptStateError,
     DeadlineExceededError,
     FailedPreconditionError,
     InvalidInputError,
@@ -318,5 +319,6 @@ def error_from_rpc(exc: aio.AioRpcError, what: str) -> AflowRLError:
         grpc.StatusCode.INVALID_ARGUMENT: InvalidInputError,
         grpc.StatusCode.NOT_FOUND: NotFoundError,
         grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
+        grpc.StatusCode.DATA_LOSS: CorruptStateError,
     }
     return kinds.get(code, PermanentError)(message)

@@ -277,6 +277,7 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
         (errors.InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT),
         (errors.NotFoundError, grpc.StatusCode.NOT_FOUND),
         (errors.FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+        (errors.CorruptStateError, grpc.StatusCode.DATA_LOSS),
         (errors.OverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
         (errors.UnavailableError, grpc.StatusCode.UNAVAILABLE),
         (errors.DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),

@@ -89,3 +89,23 @@ WeightTransportSpec = Annotated[
     GrpcTransportSpec | FilesystemTransportSpec | NcclTransportSpec, Field(discriminator="type")
 ]
 """Weight transport: ``grpc`` (default), ``filesystem`` or ``nccl``."""
+
+
+LEARNER_COLLECTIVE_TIMEOUT_S = 1800.0
+"""The learner ranks' own collective timeout with the grpc and filesystem transports (s)."""
+WEIGHT_GROUP_MARGIN_S = 300.0
+"""How much longer than ``weightTransport.timeoutS`` the learner ranks' collectives wait (s)."""
+
+
+def learner_collective_timeout_s(transport: WeightTransportSpec) -> float:
+    """How long a learner rank waits in one of its own collectives (the process group's and
+    the control group's timeout), derived from the transport rather than checked against it.
+
+    With the nccl transport, learner rank 0 may wait up to ``weightTransport.timeoutS`` for one
+    bucket of a broadcast to a stalled replica while the other ranks wait in the next gather
+    (a collective of the learner's own group): the learner's timeout must outlast that wait,
+    or torch's watchdog would end the whole learner for one stalled replica. So it is 30
+    minutes, or ``timeoutS`` plus 5 minutes when that is longer (``timeoutS`` may be a day).
+    """
+    wait = transport.timeout_s if isinstance(transport, NcclTransportSpec) else 0.0
+    return max(LEARNER_COLLECTIVE_TIMEOUT_S, wait + WEIGHT_GROUP_MARGIN_S)

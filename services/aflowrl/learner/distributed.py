@@ -4,9 +4,12 @@ Ranks are started by torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``... in t
 a learner started without torchrun is a group of one (an in-memory store, no port). Compute
 collectives use NCCL on CUDA and gloo on CPU; with ``learner.fsdp.cpuOffload`` on CUDA the
 default group is ``cpu:gloo,cuda:nccl``, since offloaded gradients are CPU tensors whose
-all-reduce (``clip_grad_norm_``) an NCCL-only group refuses. A second group, always gloo and
-with a timeout of weeks, carries the commands rank 0 broadcasts: waiting ranks block there, not
-in NCCL, whose watchdog would kill an idle learner.
+all-reduce (``clip_grad_norm_``) an NCCL-only group refuses. A second group, always gloo, carries
+the commands rank 0 broadcasts: waiting ranks block there, not in NCCL, whose watchdog would
+kill an idle learner. Its timeout is the learner's collective timeout, and rank 0 sends an idle
+command (a heartbeat) whenever its command thread has been idle a quarter of it: an idle learner
+lives on, while ranks whose rank 0 is wedged time out and end the learner (torchrun restarts it)
+instead of waiting for weeks.
 
 The FSDP mesh is 1-D (every rank holds a shard) while the ranks share a node, and 2-D when they
 span nodes (HSDP, :func:`mesh_shape`): parameters are sharded over the ranks of a node and
@@ -29,7 +32,10 @@ from aflowrl import envs
 
 logger = logging.getLogger(__name__)
 
-_CONTROL_TIMEOUT = timedelta(days=30)
+HEARTBEAT_FRACTION = 0.25
+"""Rank 0 sends an idle command (a heartbeat) once its command thread has been idle this
+fraction of the collective timeout, so the other ranks' waits on the control group can time out
+for real: a rank 0 that is wedged (not merely idle) ends the learner within the timeout."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,13 @@ def mesh_shape(world_size: int, local_world_size: int) -> tuple[int, ...]:
     return (world_size,)
 
 
-def init_distributed(*, cpu_offload: bool = False) -> DistContext:
-    """Join (or create) the learner's process group; idempotent per process."""
+def init_distributed(*, cpu_offload: bool = False, timeout_s: float = 1800.0) -> DistContext:
+    """Join (or create) the learner's process group; idempotent per process.
+
+    ``timeout_s``: of every collective, the control group's included
+    (:func:`aflowrl.config.transport.learner_collective_timeout_s`).
+    """
+    timeout = timedelta(seconds=timeout_s)
     cuda = torch.cuda.is_available()
     backend = compute_backend(cuda=cuda, cpu_offload=cpu_offload)
     if cuda:
@@ -79,9 +90,9 @@ def init_distributed(*, cpu_offload: bool = False) -> DistContext:
             store = dist.HashStore()  # type: ignore[attr-defined]
             dist.init_process_group(backend, store=store, rank=0, world_size=1)
         else:
-            dist.init_process_group(backend, timeout=timedelta(minutes=30))
+            dist.init_process_group(backend, timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
-    control = dist.new_group(backend="gloo", timeout=_CONTROL_TIMEOUT)
+    control = dist.new_group(backend="gloo", timeout=timeout)
     shape = mesh_shape(world, envs.LOCAL_WORLD_SIZE)
     if len(shape) == 2:
         mesh = init_device_mesh(device.type, shape, mesh_dim_names=("replicate", "shard"))

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from aflowrl.errors import FailedPreconditionError, InvalidInputError, NotFoundError
+from aflowrl.errors import (
+    CorruptStateError,
+    FailedPreconditionError,
+    InvalidInputError,
+    NotFoundError,
+)
 
 
 class BadBatchError(InvalidInputError):
@@ -37,3 +42,9 @@ class UnusablePathError(InvalidInputError):
 
 class WeightGroupError(FailedPreconditionError):
     """A broadcast on a weight group that is not the open one (nccl transport)."""
+
+
+class PolicyDivergedError(CorruptStateError):
+    """The learner's own weights hold NaN or infinity (the policy diverged): it refuses to
+    broadcast, push or export them, so no replica is poisoned; the trainer stops the run
+    (DATA_LOSS; the run's TrainerFailed condition and Warning event carry the message)."""

@@ -18,6 +18,7 @@ from aflowrl._proto.v1 import learner_pb2_grpc
 from aflowrl.common.client import ChannelOptions
 from aflowrl.common.server import GrpcServer, ServerOptions, ServiceRegistration
 from aflowrl.config import RunSpec
+from aflowrl.config.transport import learner_collective_timeout_s
 from aflowrl.learner import distributed, worker
 from aflowrl.learner.metrics import LearnerMetrics
 from aflowrl.learner.service import SERVICE_NAME, LearnerServicer
@@ -58,7 +59,10 @@ async def serve(
 ) -> None:
     """Run this rank until rank 0 is told to stop (SIGTERM / SIGINT)."""
     transport.check_weight_transport(spec)
-    ctx = distributed.init_distributed(cpu_offload=spec.learner.fsdp.cpu_offload)
+    timeout_s = learner_collective_timeout_s(spec.weight_transport)
+    ctx = distributed.init_distributed(
+        cpu_offload=spec.learner.fsdp.cpu_offload, timeout_s=timeout_s
+    )
     learner = worker.Learner(spec, ctx)
     if not ctx.is_main:
         # SIGTERM reaches every rank at once; rank 0 drains its calls, then tells the others.
@@ -75,6 +79,7 @@ async def serve(
         learner,
         metrics,
         default_chunk_bytes=_chunk_bytes(spec),
+        heartbeat_s=timeout_s * distributed.HEARTBEAT_FRACTION,
         # Rank 0 dials the rollout replicas it pushes to as the trainer does: the run's TLS
         # (client certificate under mTLS) and bearer token, one attempt per push.
         push_options=dataclasses.replace(

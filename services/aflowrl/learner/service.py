@@ -43,6 +43,7 @@ from aflowrl.learner.worker import (
     Command,
     ComputeLogProbsCommand,
     ExportCommand,
+    HeartbeatCommand,
     LoadCommand,
     SaveCommand,
     Scores,
@@ -59,15 +60,32 @@ _MIB = 1024 * 1024
 
 
 class CommandThread:
-    """One daemon thread running commands in order (a stuck collective cannot block exit)."""
+    """One daemon thread running commands in order (a stuck collective cannot block exit).
 
-    def __init__(self) -> None:
+    ``idle``: called on the thread after ``idle_s`` without a command (the learner's heartbeat
+    to its other ranks, :data:`~aflowrl.learner.distributed.HEARTBEAT_FRACTION`).
+    """
+
+    def __init__(self, idle: Callable[[], Any] | None = None, idle_s: float = 0.0) -> None:
         self._queue: queue.Queue[tuple[Callable[[], Any], Future[Any]] | None] = queue.Queue()
+        self._idle = idle
+        self._idle_s = idle_s if idle is not None and idle_s > 0 else None
         self._thread = threading.Thread(target=self._loop, name="learner-commands", daemon=True)
         self._thread.start()
 
+    def _next(self) -> tuple[Callable[[], Any], Future[Any]] | None:
+        while True:
+            try:
+                return self._queue.get(timeout=self._idle_s)
+            except queue.Empty:
+                assert self._idle is not None
+                try:
+                    self._idle()
+                except Exception as exc:  # noqa: BLE001 - the next command meets it too
+                    logger.warning("idle heartbeat to the other ranks failed: %s", exc)
+
     def _loop(self) -> None:
-        while (job := self._queue.get()) is not None:
+        while (job := self._next()) is not None:
             fn, future = job
             if not future.set_running_or_notify_cancel():
                 continue
@@ -84,6 +102,21 @@ class CommandThread:
     def close(self, timeout_s: float) -> None:
         self._queue.put(None)
         self._thread.join(timeout_s)
+
+
+async def _on_own_thread(fn: Callable[[], Any], name: str) -> Any:
+    """``fn()`` on a new daemon thread: unlike the event loop's shared executor, whose few
+    workers could all be held by groups whose members never come, nothing queues behind it."""
+    future: Future[Any] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await asyncio.wrap_future(future)
 
 
 def _ids(
@@ -134,10 +167,18 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         on_broken: Callable[[], None] | None = None,
         default_chunk_bytes: int = 4 * _MIB,
         push_options: ChannelOptions | None = None,
+        heartbeat_s: float = 0.0,
     ) -> None:
+        """``heartbeat_s``: how long the command thread may stay idle before it sends the other
+        ranks a heartbeat (0: never; a learner of one rank has no one to tell)."""
         self.learner = learner
         self.metrics = metrics
-        self.commands = CommandThread()
+        ctx = learner.ctx
+        self.commands = (
+            CommandThread(lambda: lead(learner, HeartbeatCommand()), heartbeat_s)
+            if ctx.world_size > 1 and heartbeat_s > 0
+            else CommandThread()
+        )
         self.on_broken = on_broken
         self._broken = False
         self._started = time.monotonic()
@@ -512,11 +553,14 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
                 "a weight group needs rank 0 and one rollout rank", field="world_size"
             )
         timeout = request.timeout_s or 600.0
-        # Rank 0 alone: the other learner ranks are not members of the weight group.
-        backend: str = await self.commands.run(
+        # Rank 0 alone (the other learner ranks are not members of the weight group), on a
+        # thread of its own, never the command thread: a member that never arrives costs this
+        # group's deadline, while Train, broadcasts and CloseWeightGroup go on.
+        backend: str = await _on_own_thread(
             lambda: self.learner.open_weight_group(
                 request.group, request.world_size, timeout, request.replica
-            )
+            ),
+            f"open-{request.group}",
         )
         transport = self.learner.spec.weight_transport
         return learner_pb2.OpenWeightGroupResponse(backend=backend, port=transport.port)
@@ -530,7 +574,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         if not any(self.learner.weight_group(name) for name in names):
             raise WeightGroupError(
                 f"none of the weight groups {list(names)} is open on the learner "
-                f"(open: {sorted(g.name for g in self.learner.weight_groups.values()) or 'none'})"
+                f"(open: {self.learner.weight_group_names() or 'none'})"
             )
         if request.bucket_bytes < 0:
             raise BadBatchError("must be >= 0", field="bucket_bytes")
@@ -566,6 +610,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     ) -> learner_pb2.CloseWeightGroupResponse:
         if not request.group:
             raise BadBatchError("empty group name", field="group")
+        # A group still forming is given up at once (its OpenWeightGroup fails); a formed one
+        # is left on the command thread, after any broadcast on it.
+        self.learner.close_weight_group(request.group, forming_only=True)
         await self.commands.run(lambda: self.learner.close_weight_group(request.group))
         return learner_pb2.CloseWeightGroupResponse()
 

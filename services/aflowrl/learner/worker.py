@@ -21,6 +21,7 @@ import abc
 import dataclasses
 import logging
 import math
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from aflowrl.learner.batching import (
     rank_share,
 )
 from aflowrl.learner.distributed import DistContext, all_reduce_sum, broadcast_object
-from aflowrl.learner.errors import NoReferenceError, WeightGroupError
+from aflowrl.learner.errors import NoReferenceError, PolicyDivergedError, WeightGroupError
 from aflowrl.learner.objective import STAT_NAMES, micro_loss, sft_micro_loss, unit_weight
 from aflowrl.learner.optim import learning_rate, make_optimizer
 from aflowrl.learner.policy import PolicyModule, build_policy
@@ -87,6 +88,11 @@ class Learner:
         self.weight_groups: dict[str, broadcast.WeightGroup] = {}
         """Rank 0: the weight groups formed with the rollout replicas (nccl transport), one per
         replica, by replica."""
+        self.forming: dict[str, broadcast.Formation] = {}
+        """Rank 0: the groups forming now (off the command thread), by replica."""
+        self._groups_lock = threading.Lock()
+        """Guards ``group_store``, ``weight_groups`` and ``forming``: groups form on threads of
+        their own while the command thread broadcasts on (and closes) the formed ones."""
 
     # ---- scoring ---------------------------------------------------------------------------------
 
@@ -475,12 +481,31 @@ class Learner:
             self._named(), self.policy.hf_shapes, lora_scale=self.policy.lora_scale, dtype=wire
         )
 
+    def check_finite(self, what: str) -> None:
+        """Raise :class:`PolicyDivergedError` on every rank when any rank's weights hold NaN or
+        infinity (collective): before any byte of a push, broadcast or export leaves, so no
+        replica and no export is ever poisoned. One fused pass over this rank's shards on
+        their own device (:func:`~aflowrl.models.weights.nonfinite_names`), one sum over the
+        ranks."""
+        bad = weights.nonfinite_names((n, _local(t)) for n, t in self._named())
+        count = torch.tensor([float(len(bad))], dtype=torch.float64, device=self.ctx.device)
+        if int(all_reduce_sum(self.ctx, count).item()) == 0:
+            return
+        where = ", ".join(bad[:3]) + (" ..." if len(bad) > 3 else "") if bad else "another rank"
+        raise PolicyDivergedError(
+            f"the learner's weights (version {self.state.policy_version}) hold NaN or infinity "
+            f"({where}): refusing to {what} them (PolicyDiverged); the replicas keep their "
+            "previous weights. Restart the run from a checkpoint taken before it diverged, "
+            "with a lower learning rate or tighter clipping"
+        )
+
     def export(self, path: str | None, dtype: str | None) -> tuple[str, int]:
         """Write the policy as an HF safetensors directory; "" or None = the transport's path.
 
         The transport's export holds what the rollout loads (the adapters alone with LoRA); an
         explicit ``path`` gets the full model, adapters merged. One shard at a time is held.
         """
+        self.check_finite("export")
         transport = self.spec.weight_transport
         version = self.state.policy_version
         target = path or ""
@@ -514,6 +539,7 @@ class Learner:
 
     def stream_weights(self, dtype: str | None, sink: WeightSink | None) -> int:
         """Feed the current weights to ``sink`` (rank 0); returns the version (collective)."""
+        self.check_finite("push")
         version = self.state.policy_version
         stream = self.iter_weights(dtype)
         try:
@@ -530,47 +556,82 @@ class Learner:
         self, name: str, world_size: int, timeout_s: float, replica: str = ""
     ) -> str:
         """Rank 0: form weight group ``name`` with ``world_size - 1`` workers of ``replica``
-        (empty: the group's name), closing that replica's previous group; the other replicas'
-        groups are untouched."""
+        (empty: the group's name), closing that replica's previous group (formed or forming);
+        the other replicas' groups are untouched.
+
+        Not a collective of the learner's ranks: it runs on the caller's thread, never the
+        command thread, and ends within ``timeout_s`` (:class:`~aflowrl.models.broadcast.
+        Formation`): a member that never arrives costs this group's deadline, while Train,
+        broadcasts on the other groups and CloseWeightGroup go on.
+        """
         transport = self.spec.weight_transport
         if transport.type != "nccl":
             raise TransportUnavailableError("weightTransport.type is not 'nccl'")
         replica = replica or name
-        previous = self.weight_groups.pop(replica, None)
+        with self._groups_lock:
+            previous = self.weight_groups.pop(replica, None)
+            superseded = self.forming.pop(replica, None)
+            if self.group_store is None:
+                self.group_store = broadcast.GroupStore(transport.port, transport.timeout_s)
+            # A store client of its own (no store= here): a client's blocking wait for this
+            # group's members would hold up every other group's rendezvous on a shared one.
+            rendezvous = broadcast.Rendezvous(
+                "127.0.0.1", transport.port, name, 0, world_size, timeout_s
+            )
+            formation = broadcast.Formation(rendezvous, self.ctx.device)
+            self.forming[replica] = formation
+        if superseded is not None:
+            superseded.cancel()
         if previous is not None:
             previous.close()
-        if self.group_store is None:
-            self.group_store = broadcast.GroupStore(transport.port, timeout_s)
-        rendezvous = broadcast.Rendezvous("0.0.0.0", transport.port, name, 0, world_size, timeout_s)
         try:
-            group = broadcast.WeightGroup.join(
-                rendezvous, self.ctx.device, store=self.group_store.store
-            )
-        except RuntimeError as exc:
-            raise BroadcastBrokenError(
-                f"weight group {name}: not every one of {world_size} members joined within "
-                f"{timeout_s:.0f}s: {exc}"
-            ) from exc
-        self.weight_groups[replica] = group
+            group = formation.wait()
+        finally:
+            with self._groups_lock:
+                if self.forming.get(replica) is formation:
+                    del self.forming[replica]
+        with self._groups_lock:
+            cancelled = formation.cancelled
+            if not cancelled:
+                self.weight_groups[replica] = group
+        if cancelled:  # closed or re-formed while it formed
+            group.close()
+            raise BroadcastBrokenError(f"weight group {name} was closed while it formed")
         logger.info(
             "weight group %s of %s formed: %d members (%s)",
             name,
             replica,
             world_size,
-            broadcast.group_backend(self.ctx.device),
+            group.backend,
         )
-        return broadcast.group_backend(self.ctx.device)
+        return group.backend
 
-    def close_weight_group(self, name: str | None) -> None:
-        """Rank 0: leave group ``name`` (None: every group)."""
-        for replica, group in list(self.weight_groups.items()):
-            if name is None or group.name == name:
-                del self.weight_groups[replica]
-                group.close()
+    def close_weight_group(self, name: str | None, *, forming_only: bool = False) -> None:
+        """Rank 0: leave group ``name`` (None: every group), formed or still forming
+        (``forming_only``: give up a forming one only)."""
+        closing: list[broadcast.WeightGroup | broadcast.Formation] = []
+        with self._groups_lock:
+            for replica, group in list(self.weight_groups.items()):
+                if not forming_only and (name is None or group.name == name):
+                    closing.append(self.weight_groups.pop(replica))
+            for replica, formation in list(self.forming.items()):
+                if name is None or formation.name == name:
+                    closing.append(self.forming.pop(replica))
+        for item in closing:
+            if isinstance(item, broadcast.Formation):
+                item.cancel()
+            else:
+                item.close()
 
     def weight_group(self, name: str) -> broadcast.WeightGroup | None:
-        """Rank 0: the open group ``name``, if any."""
-        return next((g for g in self.weight_groups.values() if g.name == name), None)
+        """Rank 0: the open (formed) group ``name``, if any."""
+        with self._groups_lock:
+            return next((g for g in self.weight_groups.values() if g.name == name), None)
+
+    def weight_group_names(self) -> list[str]:
+        """Rank 0: the names of the formed groups."""
+        with self._groups_lock:
+            return sorted(g.name for g in self.weight_groups.values())
 
     def broadcast_weights(
         self, names: tuple[str, ...], bucket_bytes: int, dtype: str | None
@@ -579,6 +640,14 @@ class Learner:
         (collective). A group that breaks off (or is not open) is closed and named in the
         result's ``broken``; the others get the whole version."""
         version = self.state.policy_version
+        try:
+            self.check_finite("broadcast")
+        except PolicyDivergedError:
+            if self.ctx.is_main:  # the receivers wait for a header: it says "refused"
+                named = [g for g in map(self.weight_group, names) if g is not None]
+                if named:
+                    broadcast.send_refusal(named, version)
+            raise
         stream = self.iter_weights(dtype)
         try:
             if not self.ctx.is_main:
@@ -743,6 +812,15 @@ class ExportCommand(Command):
         """(directory, bytes written, policy version exported)."""
         path, nbytes = learner.export(self.path, self.dtype)
         return path, nbytes, learner.state.policy_version
+
+
+@dataclass(frozen=True)
+class HeartbeatCommand(Command):
+    """Sent by an idle rank 0 (:data:`~aflowrl.learner.distributed.HEARTBEAT_FRACTION`): the
+    other ranks' wait on the control group ends before its timeout."""
+
+    def run(self, learner: Learner) -> None:
+        return None
 
 
 @dataclass(frozen=True)

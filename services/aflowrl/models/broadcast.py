@@ -25,6 +25,15 @@ the old tensors back where nothing arrived). A receiver that refuses the manifes
 model, a stale version) still receives every bucket, drops them, and raises the refusal at the
 end, so the collective never waits for it.
 
+**Forming is bounded by the group's deadline** (:class:`Formation`): each member joins
+through a store client of its own, the communicator is created eagerly at the join (NCCL:
+non-blocking, so it can be aborted), and one tiny broadcast makes "formed" mean "every member
+connected", all on a helper thread; a member that never arrives makes the join fail at
+``timeout_s`` with the communicator aborted, costing its own group only. A sender whose
+weights hold NaN or infinity sends a header that says so and nothing else
+(:func:`send_refusal`): each receiver raises :class:`~aflowrl.models.errors.
+NonFiniteWeightsError` before loading anything, and the group stays usable.
+
 **Failure costs one group, never the process.** Every collective is waited for on the host
 with a deadline (``work.wait(timeout)``: ``timeout_s`` on the sender, twice that on a receiver,
 :attr:`Rendezvous.wait_s`); one that has not completed by then
@@ -40,6 +49,7 @@ sender that fails closes the group so the other members fail at once too.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -72,6 +82,9 @@ MAGIC = 0x61666C77  # "aflw"
 END = 0x656E6421  # "end!"
 PROTOCOL = 2
 _WORDS = 8
+REFUSED_NONFINITE = 1
+"""The header's last word when the sender refuses to send its version (its weights hold NaN
+or infinity, :func:`send_refusal`): the header is all that is broadcast."""
 SOLO_BYTES = 1024 * 1024
 """Tensors this large are broadcast on their own: packing would copy them (bench/weight_broadcast
 measures a third of gloo's time spent packing 8 MiB tensors), while a collective more costs
@@ -118,7 +131,12 @@ class Rendezvous:
 
 
 class GroupStore:
-    """The TCP store of weight groups, hosted by learner rank 0 for its lifetime."""
+    """The TCP store of weight groups, hosted by learner rank 0 for its lifetime.
+
+    Each group's members, rank 0 included, talk to it through a client of their own: a client
+    serialises its calls, and one group's wait for a member that never comes would hold up
+    every other group's rendezvous on a shared one.
+    """
 
     def __init__(self, port: int, timeout_s: float) -> None:
         self.port = port
@@ -136,6 +154,7 @@ class WeightGroup:
 
     def __init__(self, pg: Any, rendezvous: Rendezvous, device: torch.device) -> None:
         self._pg: Any = pg
+        self._lock = threading.Lock()
         self.rendezvous = rendezvous
         self.device = device
         self.backend = group_backend(device)
@@ -148,30 +167,27 @@ class WeightGroup:
     def join(
         cls, rendezvous: Rendezvous, device: torch.device, *, store: Any = None
     ) -> WeightGroup:
-        """Join (rank 0: with its own ``store``); returns once every member has joined."""
-        timeout = timedelta(seconds=rendezvous.timeout_s)
-        backend_timeout = timedelta(seconds=rendezvous.wait_s + BACKEND_SLACK_S)
-        if store is None:
-            store = dist.TCPStore(  # type: ignore[attr-defined]
-                rendezvous.host, rendezvous.port, is_master=False, timeout=timeout
-            )
-        prefixed = dist.PrefixStore(  # type: ignore[attr-defined]
-            f"aflowrl-weights/{rendezvous.group}", store
-        )
-        rank, size = rendezvous.rank, rendezvous.world_size
-        pg: Any
-        if group_backend(device) == "nccl":
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = backend_timeout
-            # Read when the group is built: this group's errors abort its communicator only.
-            with envs.scoped("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_CLEANUP_ONLY):
-                pg = dist.ProcessGroupNCCL(prefixed, rank, size, options)
-        else:
-            pg = dist.ProcessGroupGloo(prefixed, rank, size, backend_timeout)
-            # gloo connects lazily per pair; one collective makes "joined" mean "connected".
-        group = cls(pg, rendezvous, device)
-        group.broadcast(torch.zeros(1, dtype=torch.int64, device=device))
-        return group
+        """Join (rank 0: with its own ``store``); returns once every member has joined, or
+        raises :class:`BroadcastBrokenError` at ``rendezvous.timeout_s`` (:class:`Formation`)."""
+        return Formation(rendezvous, device, store=store).wait()
+
+    def _eager_connect(self) -> None:
+        """Create the NCCL communicator now (:class:`Formation`)."""
+        pg = self._pg
+        if pg is None:
+            raise BroadcastBrokenError(f"weight group {self.name} is closed")
+        device = self.device
+        if device.index is None:  # NCCL binds one device: this process's current one
+            device = torch.device(device.type, torch.cuda.current_device())
+        try:
+            pg.eager_connect_single_device(device)
+        except RuntimeError as exc:
+            self.abort()
+            raise BroadcastBrokenError(
+                f"weight group {self.name}: the communicator could not be created: {exc}"
+            ) from exc
+        finally:
+            del pg
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0's ``tensor`` into every member's (in place); raises when a member is gone."""
@@ -219,7 +235,8 @@ class WeightGroup:
     def abort(self) -> None:
         """Abort the communicator (a collective still pending on it fails) and leave the group:
         a dead or stalled member costs this group, never this process."""
-        pg, self._pg = self._pg, None
+        with self._lock:
+            pg, self._pg = self._pg, None
         if pg is None:
             return
         try:
@@ -243,13 +260,155 @@ class WeightGroup:
         if self.backend == "nccl":
             self.abort()
             return
-        pg, self._pg = self._pg, None
+        with self._lock:
+            pg, self._pg = self._pg, None
         if pg is not None and hasattr(pg, "shutdown"):
             try:
                 pg.shutdown()
             except RuntimeError as exc:  # already broken: nothing left to release
                 logger.debug("weight group %s shutdown: %s", self.name, exc)
         del pg
+
+
+def _new_process_group(
+    backend: str, store: Any, rank: int, size: int, *, connect_s: float, timeout: timedelta
+) -> Any:
+    """A weight group's process group (tests put a fake in its place).
+
+    NCCL: the communicator is non-blocking (``config.blocking = 0``, what
+    ``TORCH_NCCL_USE_COMM_NONBLOCKING`` sets), so that :meth:`~WeightGroup.abort` can interrupt
+    its initialisation (a blocking ``ncclCommInitRank`` waits for every rank, without a
+    deadline), and its errors abort this communicator only. gloo connects to every member in
+    its constructor, waiting ``connect_s`` at most (the formation's deadline); its collectives
+    then get ``timeout``.
+    """
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        options.config.blocking = 0
+        # Read when the group is built: this group's errors abort its communicator only.
+        with envs.scoped("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_CLEANUP_ONLY):
+            return dist.ProcessGroupNCCL(store, rank, size, options)
+    pg = dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=max(connect_s, 0.001)))
+    pg._set_default_timeout(timeout)
+    return pg
+
+
+def _probe(device: torch.device) -> torch.Tensor:
+    """The formation's first collective: one word (tests put a fake device's in its place)."""
+    return torch.zeros(1, dtype=torch.int64, device=device)
+
+
+class Formation:
+    """One member's formation of a weight group, bounded by ``rendezvous.timeout_s``.
+
+    Forming runs on a helper thread of its own: connecting to the store, building the process
+    group, initialising the communicator eagerly (NCCL: ``eager_connect_single_device``, a
+    non-blocking ``ncclCommInitRank``; gloo connects in its constructor), then one tiny
+    broadcast, so that "formed" means every member connected. :meth:`wait` waits for it until
+    the deadline; a member that never arrives (its engine died before joining) makes the
+    formation time out there: the communicator is aborted (close-by-abort, as a broken
+    broadcast's) and :class:`BroadcastBrokenError` raised. The helper thread, left behind,
+    ends by itself: gloo's constructor waits no longer than the deadline, an aborted NCCL
+    initialisation returns, and a group that forms after all is aborted, never used.
+
+    The caller's thread is held for the deadline at most, and only by its own group: other
+    groups form, broadcast and close meanwhile (the learner forms off its command thread).
+    """
+
+    def __init__(self, rendezvous: Rendezvous, device: torch.device, *, store: Any = None) -> None:
+        self.rendezvous = rendezvous
+        self.device = device
+        self.deadline = time.monotonic() + rendezvous.timeout_s
+        self._store = store
+        self._lock = threading.Lock()
+        self._group: WeightGroup | None = None
+        self._formed = False
+        self._given_up = False
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._form, name=f"form-{rendezvous.group}", daemon=True).start()
+
+    @property
+    def name(self) -> str:
+        return self.rendezvous.group
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether :meth:`cancel` gave it up (a formed group is then aborted)."""
+        with self._lock:
+            return self._given_up
+
+    def _remaining(self) -> float:
+        return max(self.deadline - time.monotonic(), 0.001)
+
+    def _form(self) -> None:
+        rendezvous = self.rendezvous
+        try:
+            store = self._store
+            if store is None:
+                store = dist.TCPStore(  # type: ignore[attr-defined]
+                    rendezvous.host,
+                    rendezvous.port,
+                    is_master=False,
+                    timeout=timedelta(seconds=self._remaining()),
+                )
+            prefixed = dist.PrefixStore(  # type: ignore[attr-defined]
+                f"aflowrl-weights/{rendezvous.group}", store
+            )
+            backend = group_backend(self.device)
+            pg = _new_process_group(
+                backend,
+                prefixed,
+                rendezvous.rank,
+                rendezvous.world_size,
+                connect_s=self._remaining(),
+                timeout=timedelta(seconds=rendezvous.wait_s + BACKEND_SLACK_S),
+            )
+            group = WeightGroup(pg, rendezvous, self.device)
+            del pg
+            with self._lock:
+                if self._given_up:
+                    group.abort()
+                    return
+                self._group = group
+            if backend == "nccl":
+                # Eager: the communicator is created now, under the deadline, not inside the
+                # first broadcast of a push.
+                group._eager_connect()
+            group.complete(group.issue(_probe(self.device)), until=self.deadline)
+            with self._lock:
+                self._formed = not self._given_up
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def wait(self) -> WeightGroup:
+        """The formed group; at the deadline (or once forming failed), the communicator is
+        aborted and :class:`BroadcastBrokenError` raised."""
+        self._done.wait(max(self.deadline - time.monotonic(), 0.0))
+        with self._lock:
+            group = self._group if self._formed else None
+            self._given_up = group is None
+        if group is not None:
+            return group
+        self.cancel()
+        reason = f": {self._error}" if self._error is not None else ""
+        raise BroadcastBrokenError(
+            f"weight group {self.name}: not every one of {self.rendezvous.world_size} members "
+            f"joined within {self.rendezvous.timeout_s:.0f}s (communicator aborted){reason}"
+        ) from self._error
+
+    def cancel(self) -> None:
+        """Give up now (the group is being closed or re-formed): abort what has formed so far,
+        and whatever forms later; a :meth:`wait` in progress raises."""
+        with self._lock:
+            self._given_up = True
+            self._formed = False
+            group = self._group
+        if group is not None:
+            group.abort()
 
 
 def _release(box: list[Any]) -> None:
@@ -418,6 +577,19 @@ def _send(
     return BroadcastResult(manifest, len(plan), manifest.total_bytes, dict(group.broken))
 
 
+def send_refusal(groups: Sequence[WeightGroup], version: int) -> BroadcastResult:
+    """Rank 0: tell every group that ``version`` will not be sent (its weights hold NaN or
+    infinity): a header alone, which each receiver raises as
+    :class:`~aflowrl.models.errors.NonFiniteWeightsError` before loading anything. The groups
+    stay usable for the next version."""
+    fanout = Fanout(groups)
+    with contextlib.suppress(_AllBroken):  # each broken group is named in the result
+        fanout.broadcast(
+            _words(MAGIC, PROTOCOL, version, 0, 0, 0, 0, REFUSED_NONFINITE, device=fanout.device)
+        )
+    return BroadcastResult(Manifest.of(version, []), 0, 0, dict(fanout.broken))
+
+
 def receive_weights(
     group: WeightGroup,
     *,
@@ -436,10 +608,17 @@ def receive_weights(
     try:
         header = _words(device=device)
         group.broadcast(header)
-        magic, protocol, version, blob_size, bucket_bytes, total, count, _ = header.tolist()
+        magic, protocol, version, blob_size, bucket_bytes, total, count, refused = header.tolist()
         if magic != MAGIC or protocol != PROTOCOL:
             raise BroadcastBrokenError(
                 f"not a weight broadcast header (magic {magic:#x}, protocol {protocol})"
+            )
+        if refused == REFUSED_NONFINITE:
+            # Nothing follows; nothing was loaded: the old weights serve on, the group is whole.
+            raise NonFiniteWeightsError(
+                f"the learner refused to send version {version}: its weights hold NaN or "
+                "infinity (the policy diverged)",
+                field="broadcast",
             )
         blob = torch.empty(blob_size, dtype=torch.uint8, device=device)
         group.broadcast(blob)

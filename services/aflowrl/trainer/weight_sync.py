@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import grpc
 from grpc import aio
 
 from aflowrl._proto.v1 import learner_pb2, rollout_pb2
@@ -422,6 +423,10 @@ class NcclWeightSync(WeightSync):
             for i in members
         ]
         sent, *answers = await asyncio.gather(send, *receives, return_exceptions=True)
+        if isinstance(sent, aio.AioRpcError) and sent.code() == grpc.StatusCode.DATA_LOSS:
+            # The learner refused its own weights (NaN or infinity): every receiver was told
+            # and keeps its previous weights; the run cannot go on (PolicyDiverged).
+            raise error_from_rpc(sent, "learner BroadcastWeights") from sent
         broken: dict[str, str] = {}
         if isinstance(sent, learner_pb2.BroadcastWeightsResponse):
             broken = dict(sent.broken)

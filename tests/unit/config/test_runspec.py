@@ -239,3 +239,22 @@ def test_an_unknown_field_with_nothing_near_gets_no_guess():
         RunSpec.from_yaml("policy:\n  zzzqqq: 1\n")
     assert "did you mean" not in str(caught.value)
     assert "unknown field (check its spelling" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("transport", "expected"),
+    [
+        ("{type: grpc}", 1800.0),
+        ("{type: nccl, timeoutS: 600}", 1800.0),
+        ("{type: nccl, timeoutS: 86400}", 86400.0 + 300.0),
+    ],
+)
+def test_the_learners_collective_timeout_outlasts_a_weight_groups_longest_wait(transport, expected):
+    # weightTransport.timeoutS may reach a day; a learner rank that waits in a gather while rank
+    # 0 waits that long on a stalled replica must not be ended by its own 30-minute timeout.
+    from aflowrl.config.transport import learner_collective_timeout_s
+
+    spec = RunSpec.from_yaml(f"weightTransport: {transport}\n", source="t")
+    timeout = learner_collective_timeout_s(spec.weight_transport)
+    assert timeout == expected
+    assert timeout > getattr(spec.weight_transport, "timeout_s", 0.0)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from aflowrl.models import broadcast, weights
 from aflowrl.models.errors import BroadcastBrokenError, StaleWeightsError, WeightMismatchError
@@ -338,3 +340,148 @@ def test_closing_a_group_never_waits_on_its_members_on_nccl(device, expected):
     assert pg.calls == [expected]
     with pytest.raises(BroadcastBrokenError, match="closed"):
         group.issue(torch.zeros(1))
+
+
+def _rank0_join(port: int, name: str, size: int, timeout_s: float, store: Any) -> Any:
+    rendezvous = broadcast.Rendezvous("127.0.0.1", port, name, 0, size, timeout_s=timeout_s)
+    return broadcast.WeightGroup.join(rendezvous, CPU, store=store.store)
+
+
+def test_a_member_that_never_arrives_costs_its_group_its_own_deadline_and_no_more():
+    """Rank 0 forms a group whose other member never comes (its engine died before joining):
+    the join raises at the group's deadline (2 s), not at the process group's own timeout
+    (``wait_s + BACKEND_SLACK_S``, 62 s), and meanwhile another group forms and broadcasts."""
+    port = _port()
+    store = broadcast.GroupStore(port, timeout_s=30)
+    deadline_s = 2.0
+    events: list[str] = []
+    outcome: list[Any] = [None]
+    started = threading.Event()
+
+    def lonely() -> None:
+        started.set()
+        began = time.monotonic()
+        try:
+            _rank0_join(port, "lonely", 2, deadline_s, store)
+        except BaseException as exc:
+            outcome[0] = (exc, time.monotonic() - began)
+        events.append("lonely gave up")
+
+    thread = threading.Thread(target=lonely)
+    thread.start()
+    started.wait()
+    # Another group forms and moves a whole version while "lonely" waits for its member.
+    tensors = _tensors()
+    receiver = Receiver()
+    sent, received = _run([_sender(tensors, 4 * KIB), receiver])
+    assert isinstance(sent, broadcast.BroadcastResult), sent
+    assert isinstance(received, broadcast.BroadcastResult), received
+    events.append("other group done")
+    thread.join(120)
+    assert not thread.is_alive(), "the join of a group whose member never came never returned"
+    error, seconds = outcome[0]
+    assert isinstance(error, BroadcastBrokenError), error
+    assert "not every one of 2 members joined within 2s" in str(error)
+    assert "communicator aborted" in str(error)
+    backend_timeout = deadline_s + broadcast.BACKEND_SLACK_S
+    assert seconds < backend_timeout / 2, (
+        f"the join took {seconds:.1f}s: its deadline is {deadline_s}s, not the process "
+        f"group's {backend_timeout:.0f}s"
+    )
+
+
+def test_a_member_that_arrives_late_within_the_deadline_joins_and_receives():
+    """The receiver starts joining once rank 0 has waited a while (within the deadline)."""
+    port, name = _port(), "late"
+    store = broadcast.GroupStore(port, timeout_s=30)
+    tensors = _tensors()
+    receiver = Receiver()
+    out: list[Any] = [None, None]
+    rank0_waiting = threading.Event()
+
+    def rank0() -> None:
+        try:
+            rank0_waiting.set()
+            group = _rank0_join(port, name, 2, 30.0, store)
+            try:
+                out[0] = _sender(tensors, 4 * KIB)(group)
+            finally:
+                group.close()
+        except BaseException as exc:
+            out[0] = exc
+
+    def late() -> None:
+        rank0_waiting.wait()
+        # Rank 0 has started forming; give it a moment on its own before arriving.
+        time.sleep(1.0)
+        try:
+            rendezvous = broadcast.Rendezvous("127.0.0.1", port, name, 1, 2, timeout_s=30)
+            group = broadcast.WeightGroup.join(rendezvous, CPU)
+            try:
+                out[1] = receiver(group)
+            finally:
+                group.close()
+        except BaseException as exc:
+            out[1] = exc
+
+    threads = [threading.Thread(target=rank0), threading.Thread(target=late)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(90)
+    assert not any(t.is_alive() for t in threads)
+    assert isinstance(out[0], broadcast.BroadcastResult), out[0]
+    assert isinstance(out[1], broadcast.BroadcastResult), out[1]
+    for tensor_name, tensor in tensors.items():
+        assert torch.equal(receiver.loaded[tensor_name], tensor)
+
+
+class _FakeNcclGroup:
+    """A ProcessGroupNCCL whose other members never arrive: its first collective never ends."""
+
+    def __init__(self, calls: list[str], store: Any) -> None:
+        self.calls = calls
+        self.store = store
+
+    def eager_connect_single_device(self, device: torch.device) -> None:
+        self.calls.append(f"eager_connect {device}")
+
+    def broadcast(self, tensors: list[torch.Tensor], options: Any) -> Any:
+        self.calls.append("broadcast")
+        calls = self.calls
+
+        class Work:
+            def wait(self, timeout: Any) -> bool:
+                calls.append("wait")
+                time.sleep(min(timeout.total_seconds(), 5.0))
+                return False
+
+        return Work()
+
+    def abort(self) -> None:
+        self.calls.append("abort")
+
+
+def test_an_nccl_group_is_initialised_eagerly_then_aborted_at_the_deadline(monkeypatch):
+    """The NCCL order a GPU runs (bench/nccl_faults.py never_arrives): the communicator is
+    created non-blocking at the join (not lazily inside the first push), a first tiny collective
+    is waited for until the deadline, then the communicator is aborted and the join raises."""
+    calls: list[str] = []
+    built: list[tuple[str, float]] = []
+
+    def fake(backend: str, store: Any, rank: int, size: int, *, connect_s: float, timeout: Any):
+        built.append((backend, timeout.total_seconds()))
+        calls.append("create")
+        return _FakeNcclGroup(calls, store)
+
+    monkeypatch.setattr(broadcast, "_new_process_group", fake)
+    monkeypatch.setattr(broadcast, "_probe", lambda device: torch.zeros(1, dtype=torch.int64))
+    cuda = torch.device("cuda", 0)
+    rendezvous = broadcast.Rendezvous("127.0.0.1", 1, "g", 0, 2, timeout_s=1.0)
+    with pytest.raises(BroadcastBrokenError, match="not every one of 2 members joined within"):
+        broadcast.WeightGroup.join(rendezvous, cuda, store=dist.HashStore())
+    deadline = time.monotonic() + 30
+    while "abort" not in calls and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert calls == ["create", "eager_connect cuda:0", "broadcast", "wait", "abort"]
+    assert built == [("nccl", 1.0 + broadcast.BACKEND_SLACK_S)]
