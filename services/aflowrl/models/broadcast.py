@@ -356,6 +356,7 @@ class Formation:
             prefixed = dist.PrefixStore(  # type: ignore[attr-defined]
                 f"aflowrl-weights/{rendezvous.group}", store
             )
+            self._check_in(prefixed)
             backend = group_backend(self.device)
             pg = _new_process_group(
                 backend,
@@ -383,6 +384,26 @@ class Formation:
             self._error = exc
         finally:
             self._done.set()
+
+    def _check_in(self, store: Any) -> None:
+        """Wait, on the store alone, until every member has arrived; only then is a backend
+        built. A member that never comes (its engine died before joining) thus times out here,
+        before any NCCL communicator exists: on an H200, rank 0's probe broadcast on an eagerly
+        initialised communicator whose peer never came could not be aborted (the abort itself
+        timed out), and the process's other groups stalled behind it. The store's own wait is
+        bounded by the deadline and needs no abort."""
+        rendezvous = self.rendezvous
+        store.set(f"arrived/{rendezvous.rank}", "1")
+        everyone = [f"arrived/{rank}" for rank in range(rendezvous.world_size)]
+        try:
+            store.wait(everyone, timedelta(seconds=self._remaining()))
+        except (RuntimeError, dist.DistError) as exc:  # type: ignore[attr-defined]
+            missing = [key for key in everyone if not store.check([key])]
+            raise BroadcastBrokenError(
+                f"weight group {rendezvous.group}: {len(missing)} of "
+                f"{rendezvous.world_size} members never arrived within "
+                f"{rendezvous.timeout_s:.0f}s ({', '.join(missing)})"
+            ) from exc
 
     def wait(self) -> WeightGroup:
         """The formed group; at the deadline (or once forming failed), the communicator is

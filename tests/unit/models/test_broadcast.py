@@ -462,10 +462,7 @@ class _FakeNcclGroup:
         self.calls.append("abort")
 
 
-def test_an_nccl_group_is_initialised_eagerly_then_aborted_at_the_deadline(monkeypatch):
-    """The NCCL order a GPU runs (bench/nccl_faults.py never_arrives): the communicator is
-    created non-blocking at the join (not lazily inside the first push), a first tiny collective
-    is waited for until the deadline, then the communicator is aborted and the join raises."""
+def _fake_nccl(monkeypatch) -> tuple[list[str], list[tuple[str, float]]]:
     calls: list[str] = []
     built: list[tuple[str, float]] = []
 
@@ -476,10 +473,35 @@ def test_an_nccl_group_is_initialised_eagerly_then_aborted_at_the_deadline(monke
 
     monkeypatch.setattr(broadcast, "_new_process_group", fake)
     monkeypatch.setattr(broadcast, "_probe", lambda device: torch.zeros(1, dtype=torch.int64))
+    return calls, built
+
+
+def test_a_member_that_never_arrives_is_found_on_the_store_before_any_communicator_exists(
+    monkeypatch,
+):
+    """bench/nccl_faults.py never_arrives on an H200: a probe broadcast on an eagerly created
+    communicator whose peer never came could not be aborted (the abort timed out) and stalled
+    the process's other groups. The members now check in on the store first, under the
+    deadline, so a member that never comes costs no communicator at all."""
+    calls, built = _fake_nccl(monkeypatch)
+    rendezvous = broadcast.Rendezvous("127.0.0.1", 1, "g", 0, 2, timeout_s=1.0)
+    with pytest.raises(BroadcastBrokenError, match=r"1 of 2 members never arrived within 1s"):
+        broadcast.WeightGroup.join(rendezvous, torch.device("cuda", 0), store=dist.HashStore())
+    assert calls == [] and built == []
+
+
+def test_an_nccl_group_is_initialised_eagerly_then_aborted_at_the_deadline(monkeypatch):
+    """The NCCL order a GPU runs once every member has checked in (one that then dies before
+    the communicator forms): the communicator is created non-blocking at the join (not lazily
+    inside the first push), a first tiny collective is waited for until the deadline, then the
+    communicator is aborted and the join raises."""
+    calls, built = _fake_nccl(monkeypatch)
+    store = dist.HashStore()
+    store.set("aflowrl-weights/g/arrived/1", "1")  # the peer checked in, then vanished
     cuda = torch.device("cuda", 0)
     rendezvous = broadcast.Rendezvous("127.0.0.1", 1, "g", 0, 2, timeout_s=1.0)
     with pytest.raises(BroadcastBrokenError, match="not every one of 2 members joined within"):
-        broadcast.WeightGroup.join(rendezvous, cuda, store=dist.HashStore())
+        broadcast.WeightGroup.join(rendezvous, cuda, store=store)
     deadline = time.monotonic() + 30
     while "abort" not in calls and time.monotonic() < deadline:
         time.sleep(0.05)
