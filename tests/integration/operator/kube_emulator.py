@@ -23,6 +23,13 @@ API-server semantics the operator's tests rely on:
   else the User-Agent's product) the owner of the fields they change. Lists are atomic and
   status is not tracked.
 
+RBAC: with :attr:`KubeEmulator.policy` set (:class:`chart_rbac.Policy`, the chart's own
+(Cluster)Roles bound to the operator's ServiceAccount), every request the operator makes (told
+apart from the tests' by its User-Agent: kopf's and the operator's own client) that the policy
+does not grant is answered 403 Forbidden with a ``Status`` as the API server words it, and
+logged in :attr:`KubeEmulator.refused`; an apply that creates needs ``create`` as well as
+``patch``, as on a real API server.
+
 ``GET /api/v1/namespaces`` still fails to parse in kmock, so kopf runs cluster-wide against it.
 Tests play the controllers (kubelet, deployment controller...) with :meth:`set_status`.
 """
@@ -41,6 +48,7 @@ import attrs
 import jsonpatch
 import kmock
 import yaml
+from chart_rbac import Policy, request_verb
 from kmock._internal import dicts, enums, rendering
 
 from crd_admission import defaulted
@@ -91,6 +99,9 @@ PEERING = {
     "kopf.dev/v1/clusterkopfpeerings": ("ClusterKopfPeering", False, False),
     "kopf.dev/v1/kopfpeerings": ("KopfPeering", True, False),
 }
+
+OPERATOR_USER = "system:serviceaccount:aflow-rl:aflow-rl"
+"""Who the operator's requests come from, in a refusal's message."""
 
 DEFAULTED = {"trainingruns"}
 """Resources whose CRD carries defaults: stored with them filled in (see the module docstring)."""
@@ -206,6 +217,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
     """Every creation (POST, or an apply of a missing object): (plural, namespace, name)."""
     changed: list[tuple[str, str | None, str]] = attrs.field(factory=list, init=False)
     """Every write that changed an existing object: (plural, namespace, name)."""
+
+    policy: Policy | None = None
+    """The operator's permissions (None: everything is allowed)."""
+    refused: list[tuple[str, str, str, str | None, str | None]] = attrs.field(
+        factory=list, init=False
+    )
+    """Every operator request refused by :attr:`policy`: (verb, group, resource, namespace,
+    name)."""
 
     def fail_next(self, method: str, plural: str, status: int = 500, *, times: int = 1) -> None:
         """Answer the next ``times`` ``method`` requests on ``plural`` (e.g. "POST", "jobs")
@@ -327,6 +346,51 @@ class KubeEmulator(kmock.KubernetesEmulator):
             seen.add((verb, resource.group or "", name))
         return seen
 
+    # ---- RBAC ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _from_operator(request: rendering.Request) -> bool:
+        agent = (request.headers or {}).get("User-Agent", "")
+        return agent.startswith(("kopf/", "aflowrl-operator/"))
+
+    def _authorize(self, request: rendering.Request, verb: str | None = None) -> None:
+        """Refuse (403) an operator request the policy does not grant."""
+        resource = request.resource
+        if self.policy is None or resource is None or resource.plural is None:
+            return  # discovery is open to every authenticated user
+        if not self._from_operator(request):
+            return
+        method = str(getattr(request.method, "value", request.method)).upper()
+        watching = (request.params or {}).get("watch") == "true"
+        verb = verb or request_verb(method, named=request.name is not None, watching=watching)
+        group = resource.group or ""
+        plural = resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        if self.policy.allows(verb, group, plural, request.namespace, request.name):
+            return
+        self.refused.append((verb, group, plural, request.namespace, request.name))
+        qualified = f"{resource.plural}.{group}" if group else resource.plural
+        what = f'{qualified} "{request.name}"' if request.name else qualified
+        scope = (
+            f' in the namespace "{request.namespace}"'
+            if request.namespace
+            else (" at the cluster scope")
+        )
+        raise kmock.KubernetesError(
+            status=403,
+            reason="Forbidden",
+            message=(
+                f'{what} is forbidden: User "{OPERATOR_USER}" cannot {verb} resource '
+                f'"{plural}" in API group "{group}"{scope}'
+            ),
+            details={"name": request.name or "", "group": group, "kind": resource.plural},
+        )
+
+    def count_refused(self, verb: str | None = None, resource: str | None = None) -> int:
+        """How many operator requests were refused (with this verb, on this resource)."""
+        return sum(
+            1 for v, _, r, _, _ in self.refused if verb in (None, v) and resource in (None, r)
+        )
+
     # ---- the API server's writes -------------------------------------------------------------
 
     def _has_status_subresource(self, resource: kmock.resource) -> bool:
@@ -426,6 +490,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         resource = request.resource
+        self._authorize(request)
         if resource is None or request.action not in {
             enums.action.CREATE,
             enums.action.UPDATE,
@@ -463,6 +528,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 self.writes.append((method, str(resource.plural), request.namespace, request.name))
                 content_type = (request.headers or {}).get("Content-Type", "")
                 if method == "PATCH" and content_type.startswith(APPLY_PATCH):
+                    if self.read_key((resource, request.namespace, request.name)) is None:
+                        self._authorize(request, "create")  # an apply that creates
                     result, created, changed = self._server_side_apply(resource, request)
                     where = (str(resource.plural), request.namespace, str(request.name))
                     (self.created if created else self.changed if changed else []).append(where)

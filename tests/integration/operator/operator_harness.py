@@ -15,13 +15,12 @@ from typing import Any
 import kmock
 import kopf
 import kubernetes
-import yaml
 from kube_emulator import KubeEmulator
 
 from aflowrl_operator.handlers import OperatorConfig, build_registry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "charts"))
-import build_manifests
+import chart_rbac
 
 RUNS = "aflowrl.io/v1alpha1/trainingruns"
 NAMESPACE = "team-a"
@@ -223,32 +222,26 @@ class Cluster:
             await asyncio.sleep(0.05)
 
 
-def chart_denies(requests: set[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
-    """The (verb, group, resource) requests the chart's default ClusterRole does not grant."""
-    rules = [
-        rule
-        for _, text in build_manifests.rendered_documents()
-        for doc in [yaml.safe_load(text)]
-        if doc["kind"] == "ClusterRole"
-        for rule in doc["rules"]
-    ]
-
-    def allowed(verb: str, group: str, resource: str) -> bool:
-        return any(
-            group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
-            for rule in rules
-        )
-
-    return sorted(request for request in requests if not allowed(*request))
+def chart_denies(
+    requests: set[tuple[str, str, str]], values: dict[str, Any] | None = None
+) -> list[tuple[str, str, str]]:
+    """The (verb, group, resource) requests that the RBAC the chart (rendered with ``values``)
+    binds to the operator's ServiceAccount does not grant in the runs' namespace."""
+    policy = chart_rbac.operator_policy(values)
+    return sorted(r for r in requests if not policy.allows(*r, NAMESPACE))
 
 
 @contextlib.asynccontextmanager
-async def emulated_cluster(*tables: dict[str, tuple[str, bool, bool]]) -> AsyncIterator[Cluster]:
-    """An emulated API server declaring ``tables`` of resources, and the operator running
-    against it (stopped on exit)."""
+async def emulated_cluster(
+    *tables: dict[str, tuple[str, bool, bool]], chart_values: dict[str, Any] | None = None
+) -> AsyncIterator[Cluster]:
+    """An emulated API server declaring ``tables`` of resources, enforcing the RBAC the chart
+    (rendered with ``chart_values``) grants the operator, and the operator running against it
+    (stopped on exit). A test may narrow ``cluster.emulator.policy`` (``Policy.without``)."""
     async with KubeEmulator() as emulator, kmock.Server(emulator) as server:
         for table in tables:
             emulator.declare(table)
+        emulator.policy = chart_rbac.operator_policy(chart_values)
         harness = Cluster(emulator, server)
         await harness.start_operator()
         try:
