@@ -118,8 +118,9 @@ async def test_a_refused_delete_never_blocks_the_workload_sync_or_the_status_wri
     complete = {"conditions": [{"type": "Complete", "status": "True"}], "active": 0}
     await cluster.emulator.set_status(JOBS, NAMESPACE, "demo-trainer", complete)
     await cluster.eventually(
-        lambda: _cond(cluster.child(WORKLOADS, "demo-kueue"), "Finished").get("reason")
-        == "Succeeded",
+        lambda: (
+            _cond(cluster.child(WORKLOADS, "demo-kueue"), "Finished").get("reason") == "Succeeded"
+        ),
         what="the Workload Finished",
     )
     await cluster.wait_condition("demo", "Admitted", reason="Finished")
