@@ -84,6 +84,7 @@ RESOURCES: dict[str, tuple[str, bool, bool]] = {
     "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", True, True),
     "rbac.authorization.k8s.io/v1/roles": ("Role", True, False),
     "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True, False),
+    "coordination.k8s.io/v1/leases": ("Lease", True, False),
 }
 MONITORING = {"monitoring.coreos.com/v1/podmonitors": ("PodMonitor", True, False)}
 KUEUE_V1BETA1 = {
