@@ -50,13 +50,12 @@ def _rule_grants(
     if not _matches(rule.get("verbs") or [], verb):
         return False
     resources = rule.get("resources") or []
-    base = resource.split("/", 1)[0]
-    sub = resource.partition("/")[2]
+    base, _, sub = resource.partition("/")
+    # "*" is every resource and subresource; "pods/*" every subresource of pods; "*/scale"
+    # the scale subresource of every resource (the RBAC authorizer's ResourceMatches).
     if not (
         _matches(resources, resource)
-        or (sub and f"{base}/*" in resources)
-        or (not sub and "*" in resources)
-        or (sub and "*/" + sub in resources)
+        or (sub and (f"{base}/*" in resources or f"*/{sub}" in resources))
     ):
         return False
     names = rule.get("resourceNames") or []
@@ -103,17 +102,6 @@ class Policy:
             cluster=narrowed(self.cluster),
             namespaced={ns: narrowed(rules) for ns, rules in self.namespaced.items()},
         )
-
-    def grants(self) -> set[tuple[str, str, str]]:
-        """Every (verb, group, resource) some rule names explicitly (wildcards left out)."""
-        rules = list(self.cluster) + [r for rs in self.namespaced.values() for r in rs]
-        return {
-            (verb, group, resource)
-            for rule in rules
-            for verb in rule.get("verbs") or []
-            for group in rule.get("apiGroups") or []
-            for resource in rule.get("resources") or []
-        }
 
 
 def policy_of(docs: list[JsonDict]) -> Policy:
