@@ -104,18 +104,21 @@ class Policy:
         )
 
 
-def policy_of(docs: list[JsonDict]) -> Policy:
-    """The rules bound to the ServiceAccount the chart's operator Deployment runs as."""
-    deployments = [
-        d
-        for d in docs
-        if d.get("kind") == "Deployment" and d["metadata"]["name"].endswith("-operator")
-    ]
-    if not deployments:
-        return Policy()
-    (deployment,) = deployments
-    account = deployment["spec"]["template"]["spec"].get("serviceAccountName", "default")
-    account_ns = deployment["metadata"].get("namespace", build_manifests.NAMESPACE)
+def policy_of(docs: list[JsonDict], account: str | None = None) -> Policy:
+    """The rules bound to ServiceAccount ``account`` of the release namespace (default: the
+    one the chart's operator Deployment runs as; a Helm hook's, e.g. ``aflow-rl-test``)."""
+    account_ns = build_manifests.NAMESPACE
+    if account is None:
+        deployments = [
+            d
+            for d in docs
+            if d.get("kind") == "Deployment" and d["metadata"]["name"].endswith("-operator")
+        ]
+        if not deployments:
+            return Policy()
+        (deployment,) = deployments
+        account = deployment["spec"]["template"]["spec"].get("serviceAccountName", "default")
+        account_ns = deployment["metadata"].get("namespace", account_ns)
     roles = {
         (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): tuple(
             d.get("rules") or ()
@@ -147,14 +150,17 @@ def policy_of(docs: list[JsonDict]) -> Policy:
 
 
 @functools.cache
-def _policy(values_json: str) -> Policy:
+def _policy(values_json: str, account: str | None) -> Policy:
     docs = [
         yaml.safe_load(text)
-        for _, text in build_manifests.rendered_documents(json.loads(values_json), hooks=False)
+        for _, text in build_manifests.rendered_documents(json.loads(values_json))
     ]
-    return policy_of(docs)
+    return policy_of(docs, account)
 
 
-def operator_policy(values: Mapping[str, Any] | None = None) -> Policy:
-    """The operator's permissions with the chart rendered with ``values`` (cached per values)."""
-    return _policy(json.dumps(values or {}, sort_keys=True))
+def operator_policy(
+    values: Mapping[str, Any] | None = None, *, account: str | None = None
+) -> Policy:
+    """The operator's permissions with the chart rendered with ``values`` (cached per values);
+    with ``account``, that ServiceAccount's instead (a Helm hook's)."""
+    return _policy(json.dumps(values or {}, sort_keys=True), account)

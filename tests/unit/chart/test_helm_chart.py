@@ -290,10 +290,8 @@ def test_hooks_upgrade_the_crd_and_test_the_install():
     assert _hook(job) == "pre-upgrade"
     assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["--install-crd"]
     (rule,) = _one(docs, "ClusterRole", "aflow-rl-crd-upgrade")["rules"]
-    assert rule["resourceNames"] == ["trainingruns.aflowrl.io"] and rule["verbs"] == [
-        "get",
-        "patch",
-    ]
+    assert rule["resourceNames"] == ["trainingruns.aflowrl.io"]
+    assert rule["verbs"] == ["get", "patch", "create"]  # an apply that creates is a create
     # The hook's RBAC exists before the Job runs (lower weights first).
     weights = {
         d["kind"]: int(d["metadata"]["annotations"]["helm.sh/hook-weight"])

@@ -100,8 +100,8 @@ class RecordingApi:
         kind, api_version, ns = manifest["kind"], manifest.get("apiVersion"), meta.get("namespace")
         key = (kind, ns, meta["name"])
         self._note("patch", kind, api_version, ns, meta["name"])
-        if key not in self.store:  # an apply that creates needs create too
-            self._note("create", kind, api_version, ns, None)
+        if key not in self.store:  # an apply that creates needs create too, for its name
+            self._note("create", kind, api_version, ns, meta["name"])
             self.store[key] = self._stamp(copy.deepcopy(manifest))
         else:
             _merge(self.store[key], copy.deepcopy(manifest))
