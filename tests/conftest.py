@@ -28,6 +28,8 @@ os.environ["WANDB_MODE"] = "offline"
 
 if str(ROOT / "services") not in sys.path:  # running without an editable install
     sys.path.insert(0, str(ROOT / "services"))
+if str(ROOT / "charts") not in sys.path:  # the chart's renderer and RBAC (chart_rbac.py)
+    sys.path.insert(0, str(ROOT / "charts"))
 
 
 def find_aflow_data() -> Path | None:

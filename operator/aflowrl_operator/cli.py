@@ -4,13 +4,17 @@ The chart's Deployment runs this command. It watches TrainingRuns (and their chi
 namespace (default) or in the ``--namespace``\\ s given, and serves kopf's liveness probe on
 ``/healthz`` and the operator's Prometheus metrics on ``/metrics``. Alone it runs standalone;
 with ``--peering NAME`` several replicas coordinate through kopf's peering objects (the chart
-creates them): the replica with the highest ``--priority`` works, the others stand by.
+creates them): the replica with the highest ``--priority`` works, the others stand by. With
+``--leader-election`` the replicas elect one leader with a ``coordination.k8s.io/v1`` Lease
+(``--lease-name`` in ``--lease-namespace``), held under the pod's name (``AFLOWRL_POD_NAME``,
+from the downward API): only the leader writes (:mod:`aflowrl_operator.leader`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import socket
@@ -67,6 +71,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="peering priority (the highest works); default: derived from the host name, so "
         "replicas differ",
+    )
+    parser.add_argument(
+        "--leader-election",
+        action="store_true",
+        help="only the holder of a coordination.k8s.io Lease works; the others watch and take "
+        "over when it stops renewing",
+    )
+    parser.add_argument(
+        "--lease-name", default="aflow-rl-operator", help="the Lease's name (--leader-election)"
+    )
+    parser.add_argument(
+        "--lease-namespace",
+        default="default",
+        help="the Lease's namespace (--leader-election; the chart: its release namespace)",
+    )
+    parser.add_argument(
+        "--lease-duration",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="seconds a silent leader keeps the Lease (default 15; it renews every 2 s and "
+        "stops working after two thirds of this without a renewal)",
     )
     parser.add_argument(
         "--liveness-port", type=int, default=8080, help="port of /healthz (0 disables it)"
@@ -128,6 +154,8 @@ def _host_priority() -> int:
 
 def operator_config(args: argparse.Namespace) -> OperatorConfig:
     """The operator's settings from its parsed command line (the one place they are read)."""
+    from aflowrl import envs
+    from aflowrl_operator import leader
     from aflowrl_operator.handlers import OperatorConfig
 
     images = ImageDefaults(
@@ -137,7 +165,19 @@ def operator_config(args: argparse.Namespace) -> OperatorConfig:
         gpu=args.run_gpu_image,
         cpu=args.run_cpu_image,
     )
-    return OperatorConfig(resync_interval_s=args.resync_interval, run_images=images)
+    lease = None
+    if args.leader_election:
+        lease = leader.LeaseConfig(
+            name=args.lease_name,
+            namespace=args.lease_namespace,
+            duration_s=args.lease_duration,
+            renew_deadline_s=args.lease_duration * 2 / 3,
+            retry_s=min(2.0, args.lease_duration / 5),
+        )
+    config = OperatorConfig(resync_interval_s=args.resync_interval, run_images=images, lease=lease)
+    if lease is not None:
+        config = dataclasses.replace(config, identity=envs.AFLOWRL_POD_NAME)
+    return config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -164,7 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
     )
+    if args.leader_election and args.lease_duration < 3:
+        print("aflowrl-operator: error: --lease-duration must be at least 3", file=sys.stderr)
+        return 2
     config = operator_config(args)
+    if config.lease is not None:
+        logger.info("leader election with Lease %s/%s", config.lease.namespace, config.lease.name)
     if args.metrics_port:
         prometheus_client.start_http_server(args.metrics_port, registry=config.metrics.registry)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None

@@ -12,9 +12,15 @@ of one run are serialised by a lock and coalesced (a burst of child events while
 makes one more pass, not one per event); each pass writes the run's status itself before
 releasing the lock, so nothing races.
 
-With ``peering`` set, kopf's peering (``ClusterKopfPeering`` or ``KopfPeering`` objects, which
-the chart creates) lets several operator replicas run: the one with the highest priority
-works, the others stand by and take over when its heartbeat stops.
+With ``lease`` set (:mod:`aflowrl_operator.leader`), the replicas elect a leader with a
+``coordination.k8s.io/v1`` Lease: every replica watches, only the Lease's holder runs passes
+(a stand-by replica's handlers return at once and write nothing), and a replica that starts
+leading runs one pass over every run at once, catching up on what it skipped. This is the
+guarantee that the once-only writes (Job replacement, Workload deletion, ``spec.suspend``,
+Events, status) are made by one replica. With ``peering`` set, kopf's peering
+(``ClusterKopfPeering`` or ``KopfPeering`` objects, which the chart creates) lets several
+operator replicas run: the one with the highest priority works, the others stand by and take
+over when its heartbeat stops (a soft lock: each replica reads the heartbeats once per sweep).
 
 kopf's own bookkeeping lives in ``aflowrl.io/*`` annotations, not in ``status`` (the CRD's status
 schema is pruned). No finalizer is added, so ``kubectl delete trainingrun`` never waits for the
@@ -42,7 +48,7 @@ import kopf
 import kubernetes
 
 from aflowrl.config import API_GROUP, API_VERSION, KIND, PLURAL, ImageDefaults
-from aflowrl_operator import resync
+from aflowrl_operator import leader, resync
 from aflowrl_operator.errors import ApiUnavailableError
 from aflowrl_operator.kube import KubeApi, load_configuration
 from aflowrl_operator.metrics import OperatorMetrics
@@ -83,6 +89,9 @@ class OperatorConfig:
     ``identity``, so the resync task can tell itself apart in the peering object."""
     run_images: ImageDefaults = dataclasses.field(default_factory=ImageDefaults)
     """Images of runs that leave ``spec.images.<kind>`` unset (the chart's ``runDefaults``)."""
+    lease: leader.LeaseConfig | None = None
+    """Leader election through this Lease (None: this replica always works). The Lease's
+    ``holderIdentity`` is ``identity`` (the chart sets it to the pod's name)."""
 
 
 def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -150,7 +159,11 @@ async def _reconcile(
     result = "error"
     try:
         outcome = await _serialised_pass(body, memo, reconciler, delay=delay, coalesce=coalesce)
-        result = "coalesced" if outcome is None else "rejected" if outcome.rejection else "ok"
+        elector: leader.LeaderElector | None = memo.get("elector")
+        if outcome is None:
+            result = "standby" if elector is not None and not elector.leading else "coalesced"
+        else:
+            result = "rejected" if outcome.rejection else "ok"
     except kopf.TemporaryError:
         result = "retry"
         raise
@@ -174,6 +187,9 @@ async def _serialised_pass(
     loop.waiting = True
     async with loop.lock:  # read, apply and write status as one step per run
         loop.waiting = False
+        elector: leader.LeaderElector | None = memo.get("elector")
+        if elector is not None and not elector.leading:
+            return None  # a stand-by replica watches and writes nothing
         try:
             return await reconciler.sync(copy.deepcopy(dict(body)))
         except ApiUnavailableError as exc:
@@ -234,14 +250,28 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
             ),
             name="aflowrl resync",
         )
+        if config.lease is not None:
+
+            async def catch_up() -> None:  # every run once, as soon as this replica leads
+                await resync.resync_once(api, kwargs["runs"], run_pass, peering=peering)
+
+            elector = leader.LeaderElector(
+                api, config.lease, config.identity, on_started_leading=catch_up
+            )
+            memo["elector"] = elector
+            memo["election"] = asyncio.create_task(elector.run(), name="aflowrl election")
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-        task: asyncio.Task[None] | None = memo.get("resync")
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for name in ("election", "resync"):
+            task: asyncio.Task[None] | None = memo.get(name)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        elector: leader.LeaderElector | None = memo.get("elector")
+        if elector is not None:  # the next replica takes over now, not after the lease
+            await elector.release()
         reconciler: Reconciler | None = memo.get("reconciler")
         if reconciler is not None:
             reconciler.api.close()

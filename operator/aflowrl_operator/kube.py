@@ -93,6 +93,7 @@ KINDS: dict[str, Kind] = {
             namespaced=False,
         ),
         Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", namespaced=False),
+        Kind("coordination.k8s.io/v1", "Lease", "leases"),
         Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings", namespaced=False),
         Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings"),
     )

@@ -22,9 +22,10 @@ _BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 HANDLERS = ("reconcile", "child", "resync")
 """Values of the ``handler`` label: kopf's create / update / resume handler, a child's event,
 and the periodic resync task."""
-HANDLER_RESULTS = ("ok", "rejected", "retry", "error", "coalesced")
+HANDLER_RESULTS = ("ok", "rejected", "retry", "error", "coalesced", "standby")
 """Values of the ``result`` label: the pass ran (``ok``), rejected the spec, hit an API error
-that is retried later, failed otherwise, or joined a pass already waiting."""
+that is retried later, failed otherwise, joined a pass already waiting, or was skipped because
+this replica does not hold the leader Lease."""
 
 
 def _registry() -> CollectorRegistry:
@@ -68,7 +69,7 @@ class OperatorMetrics:
         self.handler_calls = Counter(
             "aflowrl_operator_handler_calls",
             "Calls of each handler (reconcile, child, resync), by result (ok, rejected, retry, "
-            "error, coalesced).",
+            "error, coalesced, standby).",
             ["handler", "result"],
             registry=self.registry,
         )

@@ -411,10 +411,14 @@ class Reconciler:
         ) != annotation(workload_manifest, PODSETS_HASH)
         admitted = admission.admitted and admission.active and not reshaped
         held = queue is not None and wants_running and not admitted
-        if body is not None and await self._suspend_for_kueue(
-            run, dict(body), held=held, actions=actions
-        ):
-            held = True
+        suspend_refused: status.Problem | None = None
+        try:
+            if body is not None and await self._suspend_for_kueue(
+                run, dict(body), held=held, actions=actions
+            ):
+                held = True
+        except ApiRejectedError as exc:  # the children still follow ``held``
+            suspend_refused = refused(f"patch {KIND} {run.name} spec.suspend", exc)
         services = wants_running and not held
         scale = children.Scale(
             services=services,
@@ -438,13 +442,22 @@ class Reconciler:
             run, spec, scale, monitoring_api=monitoring_api, group_api=group_api
         )
 
-        problems: list[status.Problem] = []
+        problems: list[status.Problem] = [suspend_refused] if suspend_refused else []
         if not group_api and groups.needs_api(spec):
             problems.append((groups.UNAVAILABLE, groups.unavailable_message(spec)))
-        run_pods = await self.api.list("Pod", ns, {RUN_LABEL: run.name})
+        try:
+            run_pods = await self.api.list("Pod", ns, {RUN_LABEL: run.name})
+        except ApiRejectedError as exc:
+            problems.append(refused("list Pods", exc))
+            run_pods = []
         # The replica LeaderWorkerSets there are (to keep those a new template waits for, and
         # to delete the surplus after).
-        found = [(p, await self.api.list(p.kind, ns, p.labels)) for p in desired.pruned]
+        found: list[tuple[children.Pruned, list[JsonDict]]] = []
+        for pruned in desired.pruned:
+            try:
+                found.append((pruned, await self.api.list(pruned.kind, ns, pruned.labels)))
+            except ApiRejectedError as exc:
+                problems.append(refused(f"list {pruned.kind}s", exc))
         waiting: dict[str, JsonDict] = {}  # replicas whose new template waits for another's
         for pruned, objects in found:
             mine = {
@@ -478,19 +491,23 @@ class Reconciler:
                 problems.append(("ChildConflict", str(exc)))
                 continue
             except ApiRejectedError as exc:
-                problems.append(("ChildRejected", f"{child.kind} {child.name}: {exc}"))
+                problems.append(refused(f"apply {child.kind} {child.name}", exc))
                 continue
             live[(child.kind, child.name)] = obj
             if action != "unchanged":
                 self._record(actions, child.kind, child.name, action)
-        for kind, name in desired.absent:
-            if await remove(self.api, run, kind, name):
-                self._record(actions, kind, name, "deleted")
-        for pruned, objects in found:
-            for obj in objects:
-                name = obj["metadata"]["name"]
-                if name not in pruned.keep and await remove(self.api, run, pruned.kind, name):
-                    self._record(actions, pruned.kind, name, "deleted")
+        surplus = [
+            (pruned.kind, obj["metadata"]["name"])
+            for pruned, objects in found
+            for obj in objects
+            if obj["metadata"]["name"] not in pruned.keep
+        ]
+        for kind, name in [*desired.absent, *surplus]:
+            try:
+                if await remove(self.api, run, kind, name):
+                    self._record(actions, kind, name, "deleted")
+            except ApiRejectedError as exc:  # the rest of the pass goes on
+                problems.append(refused(f"delete {kind} {name}", exc))
         try:
             job_live = await self._ensure_job(
                 run,
@@ -502,7 +519,7 @@ class Reconciler:
             problems.append(("ChildConflict", str(exc)))
             job_live = None
         except ApiRejectedError as exc:
-            problems.append(("ChildRejected", f"Job {run.trainer}: {exc}"))
+            problems.append(refused(f"apply Job {run.trainer}", exc))
 
         pod_problems: dict[str, list[status.Problem]] = {}
         for pod in run_pods:
@@ -561,7 +578,7 @@ class Reconciler:
                     actions=actions,
                 )
             except ApiRejectedError as exc:  # the run stays held; Degraded says why
-                problems.append(("ChildRejected", f"Workload {run.workload}: {exc}"))
+                problems.append(refused(f"sync Workload {run.workload}", exc))
                 queued = None if spec.suspend else f"the Workload was refused: {exc}"
             admitted_condition = _admitted_condition(
                 admission,
@@ -795,6 +812,14 @@ class Reconciler:
             cause = f" ({admitted.reason})" if admitted.reason else ""
             return f"evicted by Kueue{cause}{why}; the run is held until Kueue readmits it", False
         return f"waiting for Kueue to admit the run (queue {queue}){why}", False
+
+
+def refused(what: str, exc: ApiRejectedError) -> status.Problem:
+    """The Degraded problem of a request the API server refused (``what``: the verb and the
+    object, e.g. ``delete NetworkPolicy demo-ingress``): reason ``Forbidden`` when RBAC
+    refused it (HTTP 403), else ``ChildRejected``. The pass goes on without it."""
+    reason = status.FORBIDDEN if exc.status == 403 else "ChildRejected"
+    return reason, f"{what} refused: {exc}"
 
 
 def _admitted_condition(

@@ -27,6 +27,11 @@ JsonDict = dict[str, Any]
 Problem = tuple[str, str]
 """(CamelCase reason, readable message)."""
 
+FORBIDDEN = "Forbidden"
+"""Degraded's reason when the API server's RBAC refused one of the pass's requests (the
+message names the verb and the object): the rest of the pass, the Workload sync and the status
+write included, still happened."""
+
 # Component condition reasons that do not mean anything is wrong.
 _HEALTHY_REASONS = frozenset(
     {
@@ -57,6 +62,7 @@ _DEGRADED_PRIORITY = (
     "InvalidSpec",
     "ImmutableFieldChanged",
     "ChildConflict",
+    FORBIDDEN,
     "ChildRejected",
     "MultiNodeUnavailable",
     "RdmaUnavailable",

@@ -23,8 +23,23 @@ API-server semantics the operator's tests rely on:
   else the User-Agent's product) the owner of the fields they change. Lists are atomic and
   status is not tracked.
 
+RBAC: with :attr:`KubeEmulator.policy` set (:class:`chart_rbac.Policy`, the chart's own
+(Cluster)Roles bound to the operator's ServiceAccount), every request the operator makes (told
+apart from the tests' by its User-Agent: kopf's and the operator's own client) that the policy
+does not grant is answered 403 Forbidden with a ``Status`` as the API server words it, and
+logged in :attr:`KubeEmulator.refused`; an apply that creates needs ``create`` as well as
+``patch``, as on a real API server.
+
 ``GET /api/v1/namespaces`` still fails to parse in kmock, so kopf runs cluster-wide against it.
-Tests play the controllers (kubelet, deployment controller...) with :meth:`set_status`.
+Tests play the controllers (kubelet, deployment controller...) with :meth:`set_status`, or
+with pods: :meth:`KubeEmulator.start_pods`, :meth:`~KubeEmulator.set_pod_ready`,
+:meth:`~KubeEmulator.terminate_pod`, :meth:`~KubeEmulator.finish_termination`,
+:meth:`~KubeEmulator.play_controller` and :meth:`~KubeEmulator.start_lws_group` keep the pods
+and write their owner's status as its controller would (:mod:`emulated_pods`). A pod bound to
+a node (``spec.nodeName``) is deleted gracefully, as the API server does: ``DELETE`` (or the
+garbage collector, when its owner goes) sets ``deletionTimestamp`` and
+``deletionGracePeriodSeconds`` and the pod stays, counted, until a test finishes its
+termination (the kubelet's confirmation) and its finalizers are gone.
 """
 
 from __future__ import annotations
@@ -38,9 +53,11 @@ from typing import Any
 
 import aiohttp.web
 import attrs
+import emulated_pods
 import jsonpatch
 import kmock
 import yaml
+from chart_rbac import Policy, request_verb
 from kmock._internal import dicts, enums, rendering
 
 from crd_admission import defaulted
@@ -67,6 +84,7 @@ RESOURCES: dict[str, tuple[str, bool, bool]] = {
     "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", True, True),
     "rbac.authorization.k8s.io/v1/roles": ("Role", True, False),
     "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True, False),
+    "coordination.k8s.io/v1/leases": ("Lease", True, False),
 }
 MONITORING = {"monitoring.coreos.com/v1/podmonitors": ("PodMonitor", True, False)}
 KUEUE_V1BETA1 = {
@@ -91,6 +109,9 @@ PEERING = {
     "kopf.dev/v1/clusterkopfpeerings": ("ClusterKopfPeering", False, False),
     "kopf.dev/v1/kopfpeerings": ("KopfPeering", True, False),
 }
+
+OPERATOR_USER = "system:serviceaccount:aflow-rl:aflow-rl"
+"""Who the operator's requests come from, in a refusal's message."""
 
 DEFAULTED = {"trainingruns"}
 """Resources whose CRD carries defaults: stored with them filled in (see the module docstring)."""
@@ -167,6 +188,18 @@ def _fields_v1(paths: set[Path]) -> dict[str, Any]:
     return tree
 
 
+def _graceful(resource: kmock.resource, obj: dict[str, Any]) -> bool:
+    """Whether deleting the object starts a graceful termination (a pod bound to a node)
+    rather than removing it."""
+    if resource.plural != "pods" or obj["metadata"].get("deletionTimestamp"):
+        return False
+    return bool((obj.get("spec") or {}).get("nodeName")) and _grace(obj) > 0
+
+
+def _grace(pod: dict[str, Any]) -> int:
+    return int((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+
+
 class _Absent:
     pass
 
@@ -206,6 +239,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
     """Every creation (POST, or an apply of a missing object): (plural, namespace, name)."""
     changed: list[tuple[str, str | None, str]] = attrs.field(factory=list, init=False)
     """Every write that changed an existing object: (plural, namespace, name)."""
+
+    policy: Policy | None = None
+    """The operator's permissions (None: everything is allowed)."""
+    refused: list[tuple[str, str, str, str | None, str | None]] = attrs.field(
+        factory=list, init=False
+    )
+    """Every operator request refused by :attr:`policy`: (verb, group, resource, namespace,
+    name)."""
 
     def fail_next(self, method: str, plural: str, status: int = 500, *, times: int = 1) -> None:
         """Answer the next ``times`` ``method`` requests on ``plural`` (e.g. "POST", "jobs")
@@ -296,14 +337,214 @@ class KubeEmulator(kmock.KubernetesEmulator):
         res = kmock.resource(resource)
         async with self._lock:
             new = self._apply_update(res, namespace, name, patch, None)
-            await self._buses[res].put({"type": "MODIFIED", "object": copy.deepcopy(new)})
+            await self._updated(res, new)
         return new
+
+    async def _updated(self, resource: kmock.resource, obj: dict[str, Any]) -> None:
+        """Announce an update; an object being deleted goes once its last finalizer is gone
+        (a pod in its grace period only once its termination is finished)."""
+        meta = obj["metadata"]
+        graceful = int(meta.get("deletionGracePeriodSeconds") or 0) > 0
+        if meta.get("deletionTimestamp") and not graceful and not meta.get("finalizers"):
+            await self._remove((resource, meta.get("namespace"), meta["name"]), obj)
+        else:
+            await self._buses[resource].put({"type": "MODIFIED", "object": copy.deepcopy(obj)})
 
     async def delete_object(self, resource: str, namespace: str | None, name: str) -> None:
         """Delete an object as a user would (``kubectl delete``)."""
         res = kmock.resource(resource)
         async with self._lock:
             await self._apply_delete(res, namespace, name)
+
+    # ---- the kubelet's and the workload controllers' part -----------------------------------
+
+    async def _put(self, res: kmock.resource, obj: dict[str, Any], *, new: bool) -> None:
+        """Store a version of an object written by a controller (lock held)."""
+        meta = obj["metadata"]
+        key = (res, meta.get("namespace"), meta["name"])
+        if new:
+            obj = self._stamp_new(res, meta.get("namespace"), obj, keep_status=True)
+            self.objects[key] = obj
+        else:
+            obj["metadata"]["resourceVersion"] = str(next(self._versions))
+            self.objects[key].create(obj)
+        kind = "ADDED" if new else "MODIFIED"
+        await self._buses[res].put({"type": kind, "object": copy.deepcopy(obj)})
+
+    def _owner_of(self, pod: dict[str, Any]) -> tuple[kmock.resource, dict[str, Any]] | None:
+        for ref in pod["metadata"].get("ownerReferences") or []:
+            for (res, _, _), stored in self.objects.items():
+                if not stored.deleted and stored.raw["metadata"].get("uid") == ref.get("uid"):
+                    return res, copy.deepcopy(stored.raw)
+        return None
+
+    def _pods_of(self, owner: dict[str, Any]) -> list[dict[str, Any]]:
+        return [
+            pod
+            for pod in self.all("v1/pods", owner["metadata"].get("namespace"))
+            if emulated_pods.owned_by(pod, owner)
+        ]
+
+    async def _refresh(self, res: kmock.resource, owner: dict[str, Any]) -> None:
+        """Write the owner's status from its pods, as its controller would (lock held)."""
+        if owner.get("kind") not in {"Deployment", "StatefulSet", "Job", "LeaderWorkerSet"}:
+            return
+        status = emulated_pods.owner_status(owner, self._pods_of(owner))
+        if status != owner.get("status"):
+            await self._put(res, {**owner, "status": status}, new=False)
+
+    async def _pod_changed(self, pod: dict[str, Any]) -> None:
+        found = self._owner_of(pod)
+        if found is not None:
+            await self._refresh(*found)
+
+    def _owner(self, resource: str, namespace: str | None, name: str) -> dict[str, Any]:
+        owner = self.read(resource, namespace, name)
+        assert owner is not None, f"{resource} {namespace}/{name} does not exist"
+        return owner
+
+    async def refresh_status(self, resource: str, namespace: str | None, name: str) -> None:
+        """Write a Deployment's, StatefulSet's, Job's or LeaderWorkerSet's status from its pods,
+        as its controller would (:func:`emulated_pods.owner_status`)."""
+        async with self._lock:
+            await self._refresh(kmock.resource(resource), self._owner(resource, namespace, name))
+
+    async def start_pods(
+        self,
+        resource: str,
+        namespace: str,
+        name: str,
+        count: int = 1,
+        *,
+        ready: bool = True,
+        node: str | None = "node-1",
+    ) -> list[str]:
+        """Create ``count`` more pods of a workload (from its template, owned by it, on
+        ``node``), running and ``ready`` or running but not ready (a startup or readiness
+        probe failing); the owner's status follows. Returns the pods' names."""
+        pods = kmock.resource("v1/pods")
+        names = []
+        async with self._lock:
+            owner = self._owner(resource, namespace, name)
+            for _ in range(count):
+                pod_name = f"{name}-{next(self._versions)}"
+                pod = emulated_pods.make_pod(owner, pod_name, is_ready=ready, node=node)
+                await self._put(pods, pod, new=True)
+                names.append(pod_name)
+            await self._refresh(kmock.resource(resource), owner)
+        return names
+
+    async def start_lws_group(
+        self,
+        namespace: str,
+        name: str,
+        group: int,
+        *,
+        unready_workers: int = 0,
+        node: str | None = "node-1",
+    ) -> list[str]:
+        """Create the pods of one group of a LeaderWorkerSet (its leader ``<name>-<group>``
+        and ``size - 1`` workers ``<name>-<group>-<i>``), the last ``unready_workers``
+        workers running but not ready; the LeaderWorkerSet's ``readyReplicas`` follows."""
+        res = "leaderworkerset.x-k8s.io/v1/leaderworkersets"
+        pods = kmock.resource("v1/pods")
+        names = []
+        async with self._lock:
+            owner = self._owner(res, namespace, name)
+            size = int(owner["spec"].get("leaderWorkerTemplate", {}).get("size", 1))
+            for index in range(size):
+                pod_name = f"{name}-{group}" + (f"-{index}" if index else "")
+                labels = {
+                    emulated_pods.LWS_NAME: name,
+                    emulated_pods.LWS_GROUP: str(group),
+                    emulated_pods.LWS_WORKER: str(index),
+                    emulated_pods.LWS_SIZE: str(size),
+                }
+                is_ready = index == 0 or index < size - unready_workers
+                pod = emulated_pods.make_pod(
+                    owner, pod_name, is_ready=is_ready, node=node, labels=labels, worker=index > 0
+                )
+                await self._put(pods, pod, new=True)
+                names.append(pod_name)
+            await self._refresh(kmock.resource(res), owner)
+        return names
+
+    async def set_pod_ready(self, namespace: str, name: str, ready: bool = True) -> None:
+        """The kubelet's probes: the pod (still running) becomes ready, or not ready."""
+        pods = kmock.resource("v1/pods")
+        async with self._lock:
+            pod = self._owner("v1/pods", namespace, name)
+            pod["status"] = emulated_pods.pod_status(is_ready=ready)
+            await self._put(pods, pod, new=False)
+            await self._pod_changed(pod)
+
+    async def terminate_pod(self, namespace: str, name: str, grace_s: int = 30) -> None:
+        """Start a pod's graceful termination (as ``kubectl delete pod`` or a controller's
+        scale-down does): ``deletionTimestamp`` set, the pod not ready but still there and
+        still counted where its controller counts terminating pods."""
+        async with self._lock:
+            await self._terminate(self._owner("v1/pods", namespace, name), grace_s)
+
+    async def _terminate(self, pod: dict[str, Any], grace_s: int) -> None:
+        meta = pod["metadata"]
+        if meta.get("deletionTimestamp"):
+            return
+        when = datetime.datetime.now(tz=datetime.UTC) + datetime.timedelta(seconds=grace_s)
+        meta["deletionTimestamp"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+        meta["deletionGracePeriodSeconds"] = grace_s
+        pod["status"] = {**emulated_pods.pod_status(is_ready=False), "phase": "Running"}
+        await self._put(kmock.resource("v1/pods"), pod, new=False)
+        await self._pod_changed(pod)
+
+    async def finish_termination(self, namespace: str, name: str | None = None) -> list[str]:
+        """The kubelet confirms that a terminating pod (or, without ``name``, every
+        terminating pod of the namespace) stopped: it goes, unless finalizers hold it (then it
+        goes when they are removed). Returns the pods that went."""
+        gone = []
+        async with self._lock:
+            for pod in self.all("v1/pods", namespace):
+                meta = pod["metadata"]
+                if not meta.get("deletionTimestamp") or name not in (None, meta["name"]):
+                    continue
+                if meta.get("finalizers"):  # stays until they are removed
+                    if meta.get("deletionGracePeriodSeconds"):
+                        meta["deletionGracePeriodSeconds"] = 0
+                        await self._put(kmock.resource("v1/pods"), pod, new=False)
+                    continue
+                await self._remove((kmock.resource("v1/pods"), namespace, meta["name"]), pod)
+                gone.append(meta["name"])
+                await self._pod_changed(pod)
+        return gone
+
+    def pods_of(self, resource: str, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The pods a workload owns, terminating ones included."""
+        return self._pods_of(self._owner(resource, namespace, name))
+
+    async def play_controller(
+        self,
+        resource: str,
+        namespace: str,
+        name: str,
+        *,
+        ready: bool = True,
+        node: str | None = "node-1",
+        grace_s: int = 30,
+    ) -> None:
+        """One step of a workload's controller: start the pods its spec wants and it lacks
+        (ready or not), start terminating the surplus (a scale-down, a suspended Job: the
+        pods stay, terminating, until :meth:`finish_termination`), write its status."""
+        owner = self._owner(resource, namespace, name)
+        live = [p for p in self._pods_of(owner) if not emulated_pods.terminating(p)]
+        wanted = emulated_pods.desired_pods(owner)
+        if len(live) < wanted:
+            await self.start_pods(
+                resource, namespace, name, wanted - len(live), ready=ready, node=node
+            )
+            return
+        async with self._lock:
+            for pod in live[wanted:]:
+                await self._terminate(pod, grace_s)
+            await self._refresh(kmock.resource(resource), self._owner(resource, namespace, name))
 
     def operator_requests(self) -> set[tuple[str, str, str]]:
         """(verb, API group, resource[/subresource]) of every resource request the operator
@@ -326,6 +567,51 @@ class KubeEmulator(kmock.KubernetesEmulator):
             name = resource.plural + (f"/{request.subresource}" if request.subresource else "")
             seen.add((verb, resource.group or "", name))
         return seen
+
+    # ---- RBAC ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _from_operator(request: rendering.Request) -> bool:
+        agent = (request.headers or {}).get("User-Agent", "")
+        return agent.startswith(("kopf/", "aflowrl-operator/"))
+
+    def _authorize(self, request: rendering.Request, verb: str | None = None) -> None:
+        """Refuse (403) an operator request the policy does not grant."""
+        resource = request.resource
+        if self.policy is None or resource is None or resource.plural is None:
+            return  # discovery is open to every authenticated user
+        if not self._from_operator(request):
+            return
+        method = str(getattr(request.method, "value", request.method)).upper()
+        watching = (request.params or {}).get("watch") == "true"
+        verb = verb or request_verb(method, named=request.name is not None, watching=watching)
+        group = resource.group or ""
+        plural = resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        if self.policy.allows(verb, group, plural, request.namespace, request.name):
+            return
+        self.refused.append((verb, group, plural, request.namespace, request.name))
+        qualified = f"{resource.plural}.{group}" if group else resource.plural
+        what = f'{qualified} "{request.name}"' if request.name else qualified
+        scope = (
+            f' in the namespace "{request.namespace}"'
+            if request.namespace
+            else (" at the cluster scope")
+        )
+        raise kmock.KubernetesError(
+            status=403,
+            reason="Forbidden",
+            message=(
+                f'{what} is forbidden: User "{OPERATOR_USER}" cannot {verb} resource '
+                f'"{plural}" in API group "{group}"{scope}'
+            ),
+            details={"name": request.name or "", "group": group, "kind": resource.plural},
+        )
+
+    def count_refused(self, verb: str | None = None, resource: str | None = None) -> int:
+        """How many operator requests were refused (with this verb, on this resource)."""
+        return sum(
+            1 for v, _, r, _, _ in self.refused if verb in (None, v) and resource in (None, r)
+        )
 
     # ---- the API server's writes -------------------------------------------------------------
 
@@ -402,6 +688,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
             raise kmock.KubernetesObjectNotFoundError()
         obj = copy.deepcopy(self.objects[key].raw)
         meta = obj["metadata"]
+        if _graceful(resource, obj):
+            await self._terminate(obj, _grace(obj))
+            return self.read_key(key) or obj
         if meta.get("finalizers"):
             if not meta.get("deletionTimestamp"):
                 meta["deletionTimestamp"] = _now()
@@ -422,10 +711,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 continue
             owners = child.raw.get("metadata", {}).get("ownerReferences", [])
             if any(ref.get("uid") == uid for ref in owners):
-                await self._remove(child_key, copy.deepcopy(child.raw))
+                dependent = copy.deepcopy(child.raw)
+                if _graceful(child_key[0], dependent):  # the garbage collector's DELETE
+                    await self._terminate(dependent, _grace(dependent))
+                else:
+                    await self._remove(child_key, dependent)
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         resource = request.resource
+        self._authorize(request)
         if resource is None or request.action not in {
             enums.action.CREATE,
             enums.action.UPDATE,
@@ -463,6 +757,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 self.writes.append((method, str(resource.plural), request.namespace, request.name))
                 content_type = (request.headers or {}).get("Content-Type", "")
                 if method == "PATCH" and content_type.startswith(APPLY_PATCH):
+                    if self.read_key((resource, request.namespace, request.name)) is None:
+                        self._authorize(request, "create")  # an apply that creates
                     result, created, changed = self._server_side_apply(resource, request)
                     where = (str(resource.plural), request.namespace, str(request.name))
                     (self.created if created else self.changed if changed else []).append(where)
@@ -486,13 +782,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                         self.changed.append(
                             (str(resource.plural), request.namespace, str(request.name))
                         )
-                deleting = result["metadata"].get("deletionTimestamp")
-                if deleting and not result["metadata"].get("finalizers"):
-                    await self._remove((resource, request.namespace, request.name), result)
-                else:
-                    await self._buses[resource].put(
-                        {"type": "MODIFIED", "object": copy.deepcopy(result)}
-                    )
+                await self._updated(resource, result)
             elif request.action == enums.action.DELETE and request.name is not None:
                 self.writes.append((method, str(resource.plural), request.namespace, request.name))
                 result = await self._apply_delete(resource, request.namespace, request.name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,18 +16,27 @@ from typing import Any
 import kmock
 import kopf
 import kubernetes
-import yaml
 from kube_emulator import KubeEmulator
 
+from aflowrl_operator import leader
 from aflowrl_operator.handlers import OperatorConfig, build_registry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "charts"))
-import build_manifests
+import chart_rbac
 
 RUNS = "aflowrl.io/v1alpha1/trainingruns"
 NAMESPACE = "team-a"
 RESYNC_S = 0.3
 PEERING_LIFETIME_S = 3
+TEST_LEASE = leader.LeaseConfig(
+    name="aflow-rl-operator",  # the chart's, in its release namespace (its RBAC names it)
+    namespace="aflow-rl",
+    duration_s=10.0,
+    renew_deadline_s=6.0,
+    retry_s=0.3,
+)
+"""A Lease renewed often (a released one is taken over within a retry), with a deadline that
+a loaded CI machine's pauses do not reach."""
 
 
 class Operator:
@@ -34,12 +44,24 @@ class Operator:
     ``kopf.testing.KopfRunner`` runs it (kopf cancels every task of its loop it did not start,
     and installs signal handlers in the main thread)."""
 
-    def __init__(self, url: str, *, peering: str | None = None, priority: int = 0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        peering: str | None = None,
+        priority: int = 0,
+        lease: leader.LeaseConfig | None = None,
+        identity: str | None = None,
+    ) -> None:
         self.url = url
         self.peering = peering
         self.priority = priority
+        self.lease = lease
         self.config = self._config()
+        if identity is not None:
+            self.config = dataclasses.replace(self.config, identity=identity)
         self._stop = threading.Event()
+        self._memo = kopf.Memo()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -59,6 +81,7 @@ class Operator:
             kube=kube,
             login=login,
             peering_lifetime_s=PEERING_LIFETIME_S,
+            lease=self.lease,
         )
 
     def _serve(self, ready: threading.Event) -> None:
@@ -76,7 +99,7 @@ class Operator:
                     clusterwide=True,
                     stop_flag=self._stop,
                     ready_flag=ready,
-                    memo=kopf.Memo(),
+                    memo=self._memo,
                     identity=self.config.identity,
                     **peering,
                 )
@@ -101,6 +124,11 @@ class Operator:
         assert not alive, "the operator did not stop"
         if self._error is not None:
             raise self._error
+
+    def leading(self) -> bool:
+        """Whether this replica holds the leader Lease now (False without leader election)."""
+        elector: leader.LeaderElector | None = (self._memo or {}).get("elector")
+        return elector is not None and elector.leading
 
     def passes(self) -> float:
         """Reconcile passes this replica finished (any result), from its own metrics."""
@@ -141,6 +169,16 @@ class Cluster:
     async def start_replica(self, peering: str, priority: int) -> Operator:
         """Another operator replica peering through ``peering`` with this priority."""
         replica = Operator(self.url, peering=peering, priority=priority)
+        self.replicas.append(replica)
+        await replica.start()
+        return replica
+
+    async def start_elected(
+        self, identity: str, lease: leader.LeaseConfig = TEST_LEASE
+    ) -> Operator:
+        """Another operator replica, electing its leader through ``lease`` as ``identity``
+        (a pod's name), standalone for kopf (no peering)."""
+        replica = Operator(self.url, lease=lease, identity=identity)
         self.replicas.append(replica)
         await replica.start()
         return replica
@@ -223,34 +261,32 @@ class Cluster:
             await asyncio.sleep(0.05)
 
 
-def chart_denies(requests: set[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
-    """The (verb, group, resource) requests the chart's default ClusterRole does not grant."""
-    rules = [
-        rule
-        for _, text in build_manifests.rendered_documents()
-        for doc in [yaml.safe_load(text)]
-        if doc["kind"] == "ClusterRole"
-        for rule in doc["rules"]
-    ]
-
-    def allowed(verb: str, group: str, resource: str) -> bool:
-        return any(
-            group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
-            for rule in rules
-        )
-
-    return sorted(request for request in requests if not allowed(*request))
+def chart_denies(
+    requests: set[tuple[str, str, str]], values: dict[str, Any] | None = None
+) -> list[tuple[str, str, str]]:
+    """The (verb, group, resource) requests that the RBAC the chart (rendered with ``values``)
+    binds to the operator's ServiceAccount does not grant in the runs' namespace."""
+    policy = chart_rbac.operator_policy(values)
+    return sorted(r for r in requests if not policy.allows(*r, NAMESPACE))
 
 
 @contextlib.asynccontextmanager
-async def emulated_cluster(*tables: dict[str, tuple[str, bool, bool]]) -> AsyncIterator[Cluster]:
-    """An emulated API server declaring ``tables`` of resources, and the operator running
-    against it (stopped on exit)."""
+async def emulated_cluster(
+    *tables: dict[str, tuple[str, bool, bool]],
+    chart_values: dict[str, Any] | None = None,
+    operator: bool = True,
+) -> AsyncIterator[Cluster]:
+    """An emulated API server declaring ``tables`` of resources, enforcing the RBAC the chart
+    (rendered with ``chart_values``) grants the operator, and the operator running against it
+    (stopped on exit; ``operator=False``: none, the test starts its own replicas). A test may
+    narrow ``cluster.emulator.policy`` (``Policy.without``)."""
     async with KubeEmulator() as emulator, kmock.Server(emulator) as server:
         for table in tables:
             emulator.declare(table)
+        emulator.policy = chart_rbac.operator_policy(chart_values)
         harness = Cluster(emulator, server)
-        await harness.start_operator()
+        if operator:
+            await harness.start_operator()
         try:
             yield harness
         finally:

@@ -4,6 +4,7 @@ conflicts, force), gang scheduling, and two peering replicas (Kueue: test_operat
 from __future__ import annotations
 
 import aiohttp
+import chart_rbac
 import pytest
 from operator_harness import NAMESPACE, RUNS, Cluster
 
@@ -130,6 +131,7 @@ async def test_gang_scheduling_groups_the_gpu_pods(cluster: Cluster):
     assert "schedulerName" not in template["spec"]
 
 
+@pytest.mark.parametrize("chart_values", [{"peering": {"enabled": True}}])  # its RBAC
 async def test_two_peering_replicas_work_one_at_a_time(cluster: Cluster):
     await cluster.stop_operator()  # the standalone one: replace it with two peering replicas
     await cluster.emulator.put_object(
@@ -176,12 +178,19 @@ async def test_the_chart_hooks_install_the_crd_and_check_the_install(cluster: Cl
     from aflowrl_operator.kube import KubeApi
 
     crds = "apiextensions.k8s.io/v1/customresourcedefinitions"
+    # Each hook runs as its own ServiceAccount, with the chart's RBAC for it (the emulator
+    # enforces one policy at a time: the operator, which this test does not need, stops).
+    await cluster.stop_operator()
+    installer = chart_rbac.operator_policy(account="aflow-rl-crd-upgrade")
+    tester = chart_rbac.operator_policy(account="aflow-rl-test")
     configuration = kubernetes.client.Configuration()
     configuration.host = cluster.url
     api = KubeApi(configuration)
     try:
+        cluster.emulator.policy = tester
         ok, message = await install.check("aflow-rl/aflow-rl-operator", api=api)
         assert not ok and "missing or not established" in message
+        cluster.emulator.policy = installer
         task = asyncio.create_task(install.install_crd(api=api, timeout_s=30))
         crd = await cluster.eventually(
             lambda: cluster.emulator.read(crds, None, "trainingruns.aflowrl.io"), what="the CRD"
@@ -197,6 +206,7 @@ async def test_the_chart_hooks_install_the_crd_and_check_the_install(cluster: Cl
         )
         ok, message = await task
         assert ok, message
+        cluster.emulator.policy = tester
         ok, message = await install.check("aflow-rl/aflow-rl-operator", api=api)
         assert not ok and "no ready operator pod" in message
         await cluster.emulator.put_object(
@@ -217,5 +227,6 @@ async def test_the_chart_hooks_install_the_crd_and_check_the_install(cluster: Cl
         )
         ok, message = await install.check("aflow-rl/aflow-rl-operator", api=api)
         assert not ok and "is not this operator's" in message
+        assert cluster.emulator.refused == []
     finally:
         api.close()

@@ -38,6 +38,11 @@ def _hook(doc: dict) -> str | None:
     return (doc["metadata"].get("annotations") or {}).get("helm.sh/hook")
 
 
+def _runs(doc: dict) -> bool:
+    """Whether a Role is the one granting the runs' children (not the Lease's)."""
+    return doc["metadata"]["name"].endswith("-runs")
+
+
 def _all_options() -> dict:
     return yaml.safe_load(ALL_OPTIONS.read_text())
 
@@ -83,6 +88,8 @@ def test_default_install_watches_everything_with_least_privilege():
             *["ClusterRole"] * 4,  # cluster reads, the runs, aggregated edit and view
             "ClusterRoleBinding",
             "ClusterRoleBinding",
+            "Role",  # leader election: the operator's own Lease
+            "RoleBinding",
             "Deployment",
         ]
     )
@@ -90,9 +97,10 @@ def test_default_install_watches_everything_with_least_privilege():
     deployment = _one(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    assert (
-        deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
-    )
+    # Leader election makes a rolling update safe: the new pod writes only once it holds the
+    # Lease, which the old one releases on shutdown.
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     assert container["command"] == ["aflowrl-operator"]
     assert "--all-namespaces" in container["args"]
     assert container["image"] == "ghcr.io/aflow-rl/aflow-rl-operator:0.1.0"
@@ -117,7 +125,9 @@ def test_the_operator_may_set_block_owner_deletion_on_its_children():
         "verbs": ["update"],
     }
     assert wanted in _one(_render(hooks=False), "ClusterRole", "aflow-rl-runs")["rules"]
-    roles = [d for d in _render(_all_options()) if d["kind"] == "Role" and not _hook(d)]
+    roles = [
+        d for d in _render(_all_options()) if d["kind"] == "Role" and not _hook(d) and _runs(d)
+    ]
     assert roles and all(wanted in role["rules"] for role in roles)
 
 
@@ -133,7 +143,7 @@ def test_every_option_on():
     assert pod["serviceAccountName"] == "aflowrl-operator"
     assert pod["priorityClassName"] == "system-cluster-critical"
     assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
-    roles = [d for d in docs if d["kind"] == "Role" and not _hook(d)]
+    roles = [d for d in docs if d["kind"] == "Role" and not _hook(d) and _runs(d)]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert not any(
         d["metadata"]["name"] == "aflowrl-prod-runs" for d in docs if d["kind"] == "ClusterRole"
@@ -220,7 +230,7 @@ def test_several_replicas_peer_and_keep_one_through_drains():
     )
     peerings = [d for d in docs if d["kind"] == "KopfPeering"]  # namespaced: one per namespace
     assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
-    roles = [d for d in docs if d["kind"] == "Role" and not _hook(d)]
+    roles = [d for d in docs if d["kind"] == "Role" and not _hook(d) and _runs(d)]
     for role in roles:
         assert any("kopfpeerings" in rule["resources"] for rule in role["rules"])
     pdb = _one(docs, "PodDisruptionBudget")
@@ -280,10 +290,8 @@ def test_hooks_upgrade_the_crd_and_test_the_install():
     assert _hook(job) == "pre-upgrade"
     assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["--install-crd"]
     (rule,) = _one(docs, "ClusterRole", "aflow-rl-crd-upgrade")["rules"]
-    assert rule["resourceNames"] == ["trainingruns.aflowrl.io"] and rule["verbs"] == [
-        "get",
-        "patch",
-    ]
+    assert rule["resourceNames"] == ["trainingruns.aflowrl.io"]
+    assert rule["verbs"] == ["get", "patch", "create"]  # an apply that creates is a create
     # The hook's RBAC exists before the Job runs (lower weights first).
     weights = {
         d["kind"]: int(d["metadata"]["annotations"]["helm.sh/hook-weight"])
@@ -370,3 +378,36 @@ def test_the_kueue_suspend_policy_matches_only_queued_unsuspended_runs():
     cel.compile(expression)
     assert "spec: Object.spec{suspend: true}" in expression
     assert "'aflowrl.io/suspended-by': 'kueue'" in expression  # the operator's marker
+
+
+def test_leader_election_holds_the_operators_own_lease_under_the_pods_name():
+    docs = _render(hooks=False)
+    pod = _one(docs, "Deployment")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert "--leader-election" in container["args"]
+    assert "--lease-name=aflow-rl-operator" in container["args"]
+    assert "--lease-namespace=aflow-rl" in container["args"]
+    assert "--lease-duration=15" in container["args"]
+    (env,) = [e for e in container["env"] if e["name"] == "AFLOWRL_POD_NAME"]
+    assert env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    role = _one(docs, "Role", "aflow-rl-leader-election")
+    assert role["metadata"]["namespace"] == "aflow-rl"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["aflow-rl-operator"],
+            "verbs": ["get", "patch"],
+        },
+    ]
+    binding = _one(docs, "RoleBinding", "aflow-rl-leader-election")
+    assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
+
+    off = _render({"leaderElection": {"enabled": False}}, hooks=False)
+    deployment = _one(off, "Deployment")
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"  # one pod at a time
+    assert (
+        "--leader-election" not in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    assert not any(d["kind"] == "Role" for d in off)
