@@ -397,7 +397,7 @@ class Formation:
         everyone = [f"arrived/{rank}" for rank in range(rendezvous.world_size)]
         try:
             store.wait(everyone, timedelta(seconds=self._remaining()))
-        except (RuntimeError, dist.DistError) as exc:  # type: ignore[attr-defined]
+        except (RuntimeError, dist.DistError) as exc:
             missing = [key for key in everyone if not store.check([key])]
             raise BroadcastBrokenError(
                 f"weight group {rendezvous.group}: {len(missing)} of "
