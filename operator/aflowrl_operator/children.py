@@ -309,6 +309,7 @@ def kueue_workload(
     ]
     meta = run.metadata(run.workload, "scheduling")
     meta["annotations"] = {PODSETS_HASH: digest(shape)}
+    meta["finalizers"] = [kueue.RESOURCE_IN_USE]
     return {
         "apiVersion": api_version,
         "kind": "Workload",

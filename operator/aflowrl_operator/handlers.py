@@ -43,7 +43,7 @@ import kubernetes
 
 from aflowrl.config import API_GROUP, API_VERSION, KIND, PLURAL
 from aflowrl_operator import resync
-from aflowrl_operator.errors import ApiUnavailableError
+from aflowrl_operator.errors import ApiRejectedError, ApiUnavailableError
 from aflowrl_operator.kube import KubeApi, load_configuration
 from aflowrl_operator.metrics import OperatorMetrics
 from aflowrl_operator.names import RUN_LABEL
@@ -265,6 +265,14 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
             if ref.get("kind") == KIND and ref.get("controller")
         ]
         keys: list[Any] = owners or [(namespace, labels.get(RUN_LABEL))]
+        if not any(runs.get(key) for key in keys) and labels.get(RUN_LABEL):
+            # The run is gone: its Workload keeps its quota until the last pod is gone.
+            reconciler: Reconciler = memo["reconciler"]
+            try:
+                await reconciler.release_orphaned(namespace or "", labels[RUN_LABEL])
+            except (ApiUnavailableError, ApiRejectedError) as exc:  # the next event retries
+                kwargs["logger"].warning("releasing a deleted run's Workload: %s", exc)
+            return
         for key in keys:
             for run in runs.get(key, ()):
                 try:

@@ -54,6 +54,12 @@ without it is the user's, which the operator never turns off."""
 RUN_SUSPENDED_BY_KUEUE = "kueue"
 WORKLOAD_PRIORITY_CLASS = "WorkloadPriorityClass"
 PRIORITY_CLASS = "PriorityClass"
+RESOURCE_IN_USE = f"{GROUP}/resource-in-use"
+"""Finalizer on the run's Workload while any pod of the run may still hold the resources
+Kueue admitted (Kueue's ``ResourceInUseFinalizerName``, which its ``jobframework`` puts on the
+Workloads of its own jobs at creation): the Workload, and with it the quota, outlives a
+deletion (the run's, or the operator's on a reshape) until every pod of the run is gone."""
+_FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 _REQUEUED_REASONS = frozenset({"Preempted", "NodeFailures"})
 """Eviction reasons after which Kueue's job reconciler marks the Workload ``Requeued`` True at
 once (the others, such as ``PodsReadyTimeout``, are requeued by Kueue after its backoff)."""
@@ -100,6 +106,37 @@ class Priority:
     name: str
     kind: str
     value: int | None
+
+
+def holds_resources(pod: JsonDict) -> bool:
+    """Whether a pod of the run may still hold what Kueue admitted: every pod that has not
+    ended (``Succeeded``/``Failed``), ready or not, scheduled or not, terminating too (its
+    containers run until its grace period ends). Kueue's pod integration counts every Running
+    pod, terminating ones too (``pod_controller.go`` ``IsActive``); a Pending pod is counted as
+    well here, since it may start on the admitted nodes at any moment."""
+    return (pod.get("status") or {}).get("phase") not in _FINISHED_PHASES
+
+
+def idle(pods: list[JsonDict]) -> bool:
+    """Whether none of the run's pods (all those labelled with the run) holds resources: the
+    only moment the quota may be given back or the Workload deleted."""
+    return not any(holds_resources(pod) for pod in pods)
+
+
+def finalizer_patch(workload: JsonDict, *, present: bool) -> JsonDict | None:
+    """The merge patch that adds (``present``) or removes :data:`RESOURCE_IN_USE` on the
+    Workload, keeping every other finalizer; None when it is already so. It carries the
+    Workload's ``resourceVersion`` (finalizers are one list: a concurrent write wins, 409)."""
+    meta = workload.get("metadata") or {}
+    finalizers = list(meta.get("finalizers") or [])
+    if (RESOURCE_IN_USE in finalizers) == present:
+        return None
+    wanted = finalizers + [RESOURCE_IN_USE] if present else [
+        f for f in finalizers if f != RESOURCE_IN_USE
+    ]
+    return {
+        "metadata": {"resourceVersion": meta.get("resourceVersion"), "finalizers": wanted}
+    }
 
 
 def condition(workload: JsonDict | None, type_: str) -> JsonDict:

@@ -298,6 +298,50 @@ class Reconciler:
             await self._event(run, "Normal", "Reconciled", ", ".join(actions))
         return Outcome(status=new_status, rejection=rejection, status_written=written)
 
+    async def release_orphaned(self, namespace: str, run_name: str) -> bool:
+        """Take the :data:`kueue.RESOURCE_IN_USE` finalizer off the Workload of a deleted run
+        once none of its pods holds resources any more (its pods terminate after it, within
+        their grace period); Kueue then frees the quota. True when it did."""
+        version = await self._kueue_version()
+        if not await self.api.has_api(version):  # no Kueue: no Workload to release
+            return False
+        selector = {RUN_LABEL: run_name}
+        held = [
+            w
+            for w in await self.api.list("Workload", namespace, selector, api_version=version)
+            if kueue.RESOURCE_IN_USE in ((w.get("metadata") or {}).get("finalizers") or [])
+        ]
+        if not held:
+            return False
+        run = await self.api.get(KIND, namespace, run_name)
+        run_meta = (run or {}).get("metadata") or {}
+        if not kueue.idle(await self.api.list("Pod", namespace, selector)):
+            return False
+        released = False
+        for workload in held:
+            owners = {
+                ref.get("uid")
+                for ref in (workload.get("metadata") or {}).get("ownerReferences") or []
+                if ref.get("kind") == KIND
+            }
+            if run is not None and run_meta.get("uid") in owners:
+                continue  # the run lives: its own passes decide
+            patch = kueue.finalizer_patch(workload, present=False)
+            if patch is None:
+                continue
+            name = workload["metadata"]["name"]
+            try:
+                await self.api.patch(
+                    "Workload", namespace, name, patch, api_version=workload["apiVersion"]
+                )
+            except ApiRejectedError as exc:
+                if exc.status not in (404, 409):
+                    raise
+                continue  # gone, or written meanwhile: its next event tries again
+            logger.info("released Workload %s/%s of the deleted run %s", namespace, name, run_name)
+            released = True
+        return released
+
     async def _status_refused(self, run: RunRef, exc: ApiRejectedError) -> None:
         """The API server refuses the run's status: say so once, in an Event and the log.
 
@@ -534,7 +578,9 @@ class Reconciler:
         deactivated = False
         admitted_condition: tuple[bool, str, str] | None = None
         if queue is not None:
-            idle = trainer.active == 0 and not any(w.ready for w in components)
+            # Idle from the run's pods themselves (ready or not, terminating too), never from
+            # its workloads' ready counts: a pod in its startup probe holds its GPUs as well.
+            idle = trainer.active == 0 and kueue.idle(run_pods)
             every_pod_ready = (trainer.ready > 0 or trainer.complete) and all(
                 w.desired > 0 and w.ready >= w.desired for w in components
             )
@@ -685,6 +731,20 @@ class Reconciler:
             logger.info("Workload %s/%s changed meanwhile: %s", run.namespace, run.workload, exc)
             return None
 
+    async def _in_use(
+        self, run: RunRef, live: JsonDict, *, present: bool, actions: list[str]
+    ) -> JsonDict | None:
+        """Put (``present``) or take away the Workload's :data:`kueue.RESOURCE_IN_USE`
+        finalizer; the Workload as it now is (None when Kueue wrote meanwhile, or it is gone)."""
+        patch = kueue.finalizer_patch(live, present=present)
+        if patch is None:
+            return live
+        written = await self._patch_workload(run, live, patch)
+        if written is not None:
+            action = "held in use" if present else "released from use"
+            self._record(actions, "Workload", run.workload, action)
+        return written
+
     async def _sync_workload(
         self,
         run: RunRef,
@@ -715,17 +775,25 @@ class Reconciler:
             patch = None
             if live is not None:
                 patch = kueue.finished(live, ended.complete, ended.failure_message, now)
-            if (
-                live is not None
-                and patch is not None
-                and await self._patch_workload(run, live, patch, subresource="status")
-            ):
-                self._record(actions, "Workload", run.workload, "finished")
+            if live is not None and patch is not None:
+                finished = await self._patch_workload(run, live, patch, subresource="status")
+                if finished is not None:
+                    live = finished
+                    self._record(actions, "Workload", run.workload, "finished")
+            if live is not None and idle:  # nothing of the run holds resources any more
+                await self._in_use(run, live, present=False, actions=actions)
             return None, False
-        if live is not None and reshaped and (not admitted.reserved or idle):
-            if await remove(self.api, run, "Workload", run.workload, api_version=version):
+        if live is not None and reshaped and idle:
+            # Kueue does not let pod sets change: a new Workload, once no pod of the run holds
+            # what the old one admitted (its finalizer goes first, as Kueue's workload.Delete).
+            live = await self._in_use(run, live, present=False, actions=actions)
+            if live is not None and await remove(
+                self.api, run, "Workload", run.workload, api_version=version
+            ):
                 self._record(actions, "Workload", run.workload, "deleted")
             live = None
+        if live is not None and not reshaped:
+            live = await self._in_use(run, live, present=True, actions=actions) or live
         if live is None:
             if suspended:
                 return None, False  # nothing to queue until the run resumes

@@ -9,7 +9,8 @@ API-server semantics the operator's tests rely on:
 - resources declared with a ``status`` subresource get its semantics: writes to the main resource
   never change ``status``, writes to ``/status`` change nothing else, and creation drops status;
 - a failing JSON-patch ``test`` answers 422 (kopf retries), a missing object 404, a duplicate 409;
-- deleting an object deletes its dependents (owner-reference garbage collection, foreground);
+- deleting an object deletes its dependents (owner-reference garbage collection), which their
+  finalizers hold (``deletionTimestamp`` set) until removed;
 - watches subscribe before replaying the existing objects, so no event in between is lost;
 - lists honour equality ``labelSelector``\\ s;
 - a TrainingRun is stored with its CRD's structural defaults filled in, on every write, as the
@@ -422,7 +423,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 continue
             owners = child.raw.get("metadata", {}).get("ownerReferences", [])
             if any(ref.get("uid") == uid for ref in owners):
-                await self._remove(child_key, copy.deepcopy(child.raw))
+                # The garbage collector deletes a dependent: its finalizers hold it.
+                await self._apply_delete(*child_key)
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         resource = request.resource

@@ -77,8 +77,48 @@ async def _admit(cluster: Cluster, version: str = V1BETA2, **extra: Any) -> None
     )
 
 
+PODS = "v1/pods"
+RUN_PODS = {"rollout": 1, "learner": 1, "environment": 2, "trainer": 1}
+
+
+async def _pod(
+    cluster: Cluster, name: str, component: str, *, ready: bool, terminating: bool = False
+) -> None:
+    """One pod of the run as the kubelet shows it: Running, ready or not, terminating or not
+    (``deletionTimestamp`` set, its containers still running within their grace period)."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": NAMESPACE,
+        "labels": {"aflowrl.io/run": "demo", "app.kubernetes.io/component": component},
+    }
+    if terminating:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        meta["deletionGracePeriodSeconds"] = 30
+    ready_status = "True" if ready else "False"
+    await cluster.emulator.put_object(
+        PODS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {"containers": [{"name": "main", "image": "x"}]},
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": ready_status}],
+            },
+        },
+    )
+
+
 async def _pods(cluster: Cluster, *, ready: bool) -> None:
     """The kubelet's and controllers' part: every pod of the run ready (or every pod gone)."""
+    for component, count in RUN_PODS.items():
+        for i in range(count):
+            name = f"demo-{component}-{i}"
+            if ready:
+                await _pod(cluster, name, component, ready=True)
+            elif cluster.emulator.read(PODS, NAMESPACE, name) is not None:
+                await cluster.emulator.delete_object(PODS, NAMESPACE, name)
     n = 1 if ready else 0
     await cluster.emulator.set_status(JOBS, NAMESPACE, "demo-trainer", {"active": n, "ready": n})
     for resource, name, count in (
