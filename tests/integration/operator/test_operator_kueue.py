@@ -12,6 +12,7 @@ suspend (unmarked) deactivates the Workload and is never turned off by the opera
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -556,3 +557,92 @@ async def test_removing_the_marker_makes_a_queued_runs_suspend_the_users(cluster
     await cluster.settle()
     assert _suspend(cluster) == (True, None)
     assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+
+
+def _evicted(reason: str = "Preempted") -> dict[str, Any]:
+    evicted = _admitted()
+    evicted["conditions"].append(
+        {"type": "Evicted", "status": "True", "reason": reason, "message": reason.lower()}
+    )
+    return evicted
+
+
+async def test_an_evicted_runs_quota_is_held_while_any_pod_runs_unready_or_terminating(
+    cluster: Cluster,
+):
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await _admit(cluster)
+    await _pods(cluster, ready=True)
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", _evicted())
+    await cluster.eventually(
+        lambda: cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0,
+        what="scaled to zero",
+    )
+    # Every workload reports nothing ready and the trainer nothing active, but a vLLM pod is
+    # still in its startup probe (running, not ready) and a learner pod is terminating.
+    await _pods(cluster, ready=False)
+    await _pod(cluster, "demo-rollout-slow", "rollout", ready=False)
+    await _pod(cluster, "demo-learner-old", "learner", ready=True, terminating=True)
+    await cluster.settle()
+    assert _workload(cluster)["status"].get("admission") is not None, "quota released early"
+    await cluster.emulator.delete_object(PODS, NAMESPACE, "demo-rollout-slow")
+    await cluster.settle()
+    assert _workload(cluster)["status"].get("admission") is not None, "a pod still terminates"
+    # The terminating pod's containers are gone: only now is the quota given back.
+    await cluster.emulator.set_status(
+        PODS, NAMESPACE, "demo-learner-old", {"phase": "Succeeded"}
+    )
+    await cluster.eventually(
+        lambda: "admission" not in _workload(cluster)["status"], what="the quota released"
+    )
+
+
+async def test_the_workload_of_a_deleted_run_keeps_its_quota_until_its_pods_are_gone(
+    cluster: Cluster,
+):
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    # Kueue's resource-in-use finalizer, as its jobframework puts on its own jobs' Workloads.
+    assert "kueue.x-k8s.io/resource-in-use" in workload["metadata"]["finalizers"]
+    await _admit(cluster)
+    await _pods(cluster, ready=True)
+    await cluster.emulator.delete_object(RUNS, NAMESPACE, "demo")
+    # The garbage collector deletes the Workload, but its finalizer holds it (and the quota)
+    # while the run's pods terminate.
+    await cluster.eventually(
+        lambda: _workload(cluster)["metadata"].get("deletionTimestamp"), what="being deleted"
+    )
+    await cluster.emulator.delete_object(PODS, NAMESPACE, "demo-rollout-0")
+    await cluster.emulator.delete_object(PODS, NAMESPACE, "demo-learner-0")
+    await asyncio.sleep(1.0)  # events of the pods above reach the operator (not a deadline)
+    assert _workload(cluster) is not None, "the Workload went while pods still ran"
+    for pod in ("demo-environment-0", "demo-environment-1", "demo-trainer-0"):
+        await cluster.emulator.delete_object(PODS, NAMESPACE, pod)
+    await cluster.eventually(lambda: _workload(cluster) is None, what="the Workload gone")
+
+
+async def test_a_reshaped_runs_workload_is_replaced_only_once_its_pods_are_gone(
+    cluster: Cluster,
+):
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await _admit(cluster)
+    await _pods(cluster, ready=True)
+    # A new shape (more environment pods): Kueue does not let pod sets change.
+    await cluster.patch_spec("demo", {"environment": {"replicas": {"min": 2, "max": 6}}})
+    await cluster.eventually(
+        lambda: cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0,
+        what="the run held",
+    )
+    await _pods(cluster, ready=False)
+    await _pod(cluster, "demo-env-old", "environment", ready=False, terminating=True)
+    await cluster.settle()
+    live = _workload(cluster)
+    assert live is not None and live["metadata"]["uid"] == workload["metadata"]["uid"]
+    await cluster.emulator.delete_object(PODS, NAMESPACE, "demo-env-old")
+    await cluster.eventually(
+        lambda: (w := _workload(cluster)) and w["metadata"]["uid"] != workload["metadata"]["uid"],
+        what="a new Workload",
+    )
+    assert cluster.emulator.count_created("workloads") == 2
