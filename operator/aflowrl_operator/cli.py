@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-format", choices=["text", "json"], default="text", help="log line format"
     )
+    parser.add_argument(
+        "--manage-runs-without-queue-name",
+        action="store_true",
+        help="as Kueue's manageJobsWithoutQueueName: hold a run that names no LocalQueue "
+        "(kueue.x-k8s.io/queue-name) until it names one, instead of running it outside Kueue",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     tasks = parser.add_mutually_exclusive_group()
     tasks.add_argument(
@@ -121,7 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
     )
-    config = OperatorConfig(resync_interval_s=args.resync_interval)
+    config = OperatorConfig(
+        resync_interval_s=args.resync_interval,
+        manage_runs_without_queue_name=args.manage_runs_without_queue_name,
+    )
     if args.metrics_port:
         prometheus_client.start_http_server(args.metrics_port, registry=config.metrics.registry)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None

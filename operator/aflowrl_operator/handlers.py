@@ -76,6 +76,10 @@ class OperatorConfig:
     peering_lifetime_s: int = 60
     """How long a silent peer counts as alive (seconds): a stand-by replica takes over this
     long after the active one stops."""
+    manage_runs_without_queue_name: bool = False
+    """Kueue's ``manageJobsWithoutQueueName``: a run without the ``kueue.x-k8s.io/queue-name``
+    label (and no ``default`` LocalQueue in its namespace) is held until it names a queue,
+    instead of running outside Kueue. Set it as Kueue's own configuration says."""
     identity: str = dataclasses.field(
         default_factory=lambda: f"{socket.gethostname()}/{uuid.uuid4().hex[:8]}"
     )
@@ -197,6 +201,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
             metrics=config.metrics,
             cluster_cache_s=config.cluster_cache_s,
             reporting_instance=config.identity,
+            manage_without_queue_name=config.manage_runs_without_queue_name,
         )
         memo["run_loops"] = {}
         peering = None

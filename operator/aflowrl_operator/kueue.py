@@ -108,6 +108,72 @@ class Priority:
     value: int | None
 
 
+QUEUE_LABEL = f"{GROUP}/queue-name"
+DEFAULT_LOCAL_QUEUE = "default"
+"""The LocalQueue Kueue defaults a job's queue to when the namespace has one of this name and
+the job names none (Kueue's ``LocalQueueDefaulting``, ``jobframework.ApplyDefaultLocalQueue``)."""
+QUEUE_IMMUTABLE = "QueueNameImmutable"
+LOCAL_QUEUE_MISSING = "LocalQueueMissing"
+
+
+@dataclasses.dataclass(frozen=True)
+class Queueing:
+    """Which LocalQueue a run is under in this pass, as Kueue's job integrations decide it.
+
+    ``queue``: the queue (None: the run is not under Kueue); ``refused``: why a change of the
+    run's ``kueue.x-k8s.io/queue-name`` label is not acted on (the run stays under
+    ``queue``); ``label_default``: the operator labels the run with the namespace's
+    ``default`` LocalQueue; ``unqueued``: the run names no queue and the operator manages
+    runs without one (``manageJobsWithoutQueueName``): held until it names one.
+    """
+
+    queue: str | None
+    refused: str = ""
+    label_default: bool = False
+    unqueued: bool = False
+
+
+def queueing(
+    label: str | None,
+    workload: JsonDict | None,
+    *,
+    in_use: bool,
+    default_queue: bool,
+    manage_without_queue_name: bool,
+) -> Queueing:
+    """Decide a run's queue from its label and its live Workload.
+
+    Kueue keeps a job's queue name immutable while the job runs (its webhook's
+    ``validateUpdateForQueueName``), so the quota it admitted cannot be escaped by relabelling.
+    The run's own rule is stricter, because a run's ``spec.suspend`` is also written while it
+    is evicted but still holds quota: while the Workload holds quota or any pod of the run
+    exists (``in_use``), a label that differs from the Workload's ``spec.queueName`` (removed
+    or changed) is refused and the run stays under the Workload's queue. Otherwise the label
+    wins (the Workload follows it while it holds no quota, as Kueue's ``QueueNameChange``).
+    A run without the label gets the namespace's ``default`` LocalQueue when that exists
+    (``default_queue``), and with ``manage_without_queue_name`` it is held until it names one.
+    """
+    live = workload is not None and not _true(workload, "Finished")
+    bound = str(((workload or {}).get("spec") or {}).get("queueName") or "") if live else ""
+    label = label or None
+    if live and in_use and bound and label != bound:
+        said = f"changed to {label!r}" if label else "removed"
+        return Queueing(
+            queue=bound,
+            refused=f"the {QUEUE_LABEL} label was {said} while the run holds quota or runs on "
+            f"LocalQueue {bound!r}: the queue of a running run is immutable, so the run stays "
+            f"on {bound!r}; restore the label, or suspend the run and change it once its pods "
+            "are gone",
+        )
+    if label is not None:
+        return Queueing(queue=label)
+    if default_queue:
+        return Queueing(queue=DEFAULT_LOCAL_QUEUE, label_default=True)
+    if manage_without_queue_name:
+        return Queueing(queue=None, unqueued=True)
+    return Queueing(queue=None)
+
+
 def holds_resources(pod: JsonDict) -> bool:
     """Whether a pod of the run may still hold what Kueue admitted: every pod that has not
     ended (``Succeeded``/``Failed``), ready or not, scheduled or not, terminating too (its

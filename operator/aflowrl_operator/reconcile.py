@@ -109,6 +109,7 @@ class Reconciler:
         metrics: OperatorMetrics | None = None,
         cluster_cache_s: float = 60.0,
         reporting_instance: str = REPORTING_COMPONENT,
+        manage_without_queue_name: bool = False,
     ) -> None:
         self.api = api
         self._instance = reporting_instance
@@ -120,6 +121,8 @@ class Reconciler:
         self._status_refusals: set[str] = set()  # runs whose status the API server refuses
         self._nodes: tuple[float, list[JsonDict]] | None = None
         self._kueue: tuple[float, str] | None = None
+        self._kueue_served: tuple[float, bool] | None = None
+        self._manage_without_queue_name = manage_without_queue_name
         self._warned_priority: set[tuple[str, str]] = set()
 
     def _record(self, actions: list[str], kind: str, name: str, action: str) -> None:
@@ -421,10 +424,40 @@ class Reconciler:
         workload_manifest: JsonDict = {}
         workload_live: JsonDict | None = None
         admission = kueue.Admission()
-        if queue is not None:
+        problems: list[status.Problem] = []
+        run_pods = await self.api.list("Pod", ns, {RUN_LABEL: run.name})
+        unqueued = False
+        if await self._has_kueue():
+            # The Workload is read whatever the label says: relabelling cannot escape it.
             version = await self._kueue_version()
             workload_live = await self.api.get("Workload", ns, run.workload, api_version=version)
             admission = kueue.admission(workload_live)
+            choice = kueue.queueing(
+                queue,
+                workload_live,
+                in_use=admission.reserved or not kueue.idle(run_pods),
+                default_queue=queue is None
+                and await self._local_queue(ns, kueue.DEFAULT_LOCAL_QUEUE, version) is True,
+                manage_without_queue_name=self._manage_without_queue_name,
+            )
+            queue, unqueued = choice.queue, choice.unqueued
+            if choice.refused:
+                problems.append((kueue.QUEUE_IMMUTABLE, choice.refused))
+            if choice.label_default and body is not None and kueue.idle(run_pods):
+                await self._label_default_queue(run, dict(body), actions)
+            if queue is None and workload_live is not None and not admission.finished:
+                await self._drop_workload(run, workload_live, kueue.idle(run_pods), actions)
+                workload_live, admission = None, kueue.Admission()
+            if queue is not None and await self._local_queue(ns, queue, version) is False:
+                problems.append(
+                    (
+                        kueue.LOCAL_QUEUE_MISSING,
+                        f"LocalQueue {queue} does not exist in namespace {ns}: the run stays "
+                        "queued until it does (or label the run with an existing one)",
+                    )
+                )
+        if queue is not None:
+            version = await self._kueue_version()
             # The pod sets are the pods as built before admission (Kueue's placement is not
             # part of a Workload's pod sets).
             unplaced = children.build(
@@ -445,7 +478,7 @@ class Reconciler:
             workload_live, PODSETS_HASH
         ) != annotation(workload_manifest, PODSETS_HASH)
         admitted = admission.admitted and admission.active and not reshaped
-        held = queue is not None and wants_running and not admitted
+        held = (queue is not None or unqueued) and wants_running and not admitted
         if body is not None and await self._suspend_for_kueue(
             run, dict(body), held=held, actions=actions
         ):
@@ -473,10 +506,8 @@ class Reconciler:
             run, spec, scale, monitoring_api=monitoring_api, group_api=group_api
         )
 
-        problems: list[status.Problem] = []
         if not group_api and groups.needs_api(spec):
             problems.append((groups.UNAVAILABLE, groups.unavailable_message(spec)))
-        run_pods = await self.api.list("Pod", ns, {RUN_LABEL: run.name})
         # The replica LeaderWorkerSets there are (to keep those a new template waits for, and
         # to delete the surplus after).
         found = [(p, await self.api.list(p.kind, ns, p.labels)) for p in desired.pruned]
@@ -608,6 +639,13 @@ class Reconciler:
                 suspended=spec.suspend,
                 ended=finished and not kept,
             )
+        elif unqueued and wants_running:
+            queued = (
+                f"the run names no LocalQueue ({KUEUE_QUEUE_LABEL} label) and the operator "
+                "manages runs without one (manageJobsWithoutQueueName): it is held until it "
+                "names one"
+            )
+            admitted_condition = (False, "NoQueueName", queued)
         observed = status.Observation(
             spec=spec,
             rejection=rejection,
@@ -668,6 +706,59 @@ class Reconciler:
             body = written
             break
         return attempted and not held and bool((body.get("spec") or {}).get("suspend"))
+
+    async def _has_kueue(self) -> bool:
+        """Whether the cluster serves Kueue's Workload API (cached like the others)."""
+        now = time.monotonic()
+        if self._kueue_served is None or now - self._kueue_served[0] > self._cache_s:
+            self._kueue_served = (now, await self.api.has_api(await self._kueue_version()))
+        return self._kueue_served[1]
+
+    async def _local_queue(self, namespace: str, name: str, version: str) -> bool | None:
+        """Whether the LocalQueue exists (None: unknown, e.g. no RBAC to read it)."""
+        try:
+            found = await self.api.get("LocalQueue", namespace, name, api_version=version)
+        except ApiRejectedError as exc:
+            logger.debug("cannot read LocalQueue %s/%s: %s", namespace, name, exc)
+            return None
+        return found is not None
+
+    async def _label_default_queue(self, run: RunRef, body: JsonDict, actions: list[str]) -> None:
+        """Label the run with the namespace's ``default`` LocalQueue, as Kueue's defaulting
+        webhooks label its own jobs, and suspend it (marked as Kueue's) in the same write, so
+        it waits for admission (the write carries the run's version: a user's wins)."""
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        patch: JsonDict = {"spec": {}}
+        if not (body.get("spec") or {}).get("suspend"):
+            # Queued from now on: suspended with it, as a run created with the label is.
+            patch = kueue.suspend_patch(body, held=True) or patch
+        patch["metadata"] = {
+            **patch.get("metadata", {}),
+            **({"resourceVersion": version} if version else {}),
+            "labels": {KUEUE_QUEUE_LABEL: kueue.DEFAULT_LOCAL_QUEUE},
+        }
+        if not patch["spec"]:
+            del patch["spec"]
+        try:
+            await self.api.patch(KIND, run.namespace, run.name, patch, field_manager=FIELD_MANAGER)
+        except ApiRejectedError as exc:
+            if exc.status != 409:
+                raise
+            return  # the user wrote meanwhile: the next pass decides again
+        actions.append(f"labelled with LocalQueue {kueue.DEFAULT_LOCAL_QUEUE}")
+
+    async def _drop_workload(
+        self, run: RunRef, live: JsonDict, idle: bool, actions: list[str]
+    ) -> None:
+        """The run left Kueue (its label removed while it held no quota): its Workload goes
+        once no pod of the run holds resources (finalizer first)."""
+        if not idle or kueue.admission(live).reserved:
+            return
+        live_now = await self._in_use(run, live, present=False, actions=actions)
+        if live_now is not None and await remove(
+            self.api, run, "Workload", run.workload, api_version=live["apiVersion"]
+        ):
+            self._record(actions, "Workload", run.workload, "deleted")
 
     async def _placement(self, admitted: kueue.Admission) -> dict[str, kueue.Placement]:
         """Per pod set, what its admission adds to its pods (:func:`kueue.placement`)."""

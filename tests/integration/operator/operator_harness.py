@@ -242,6 +242,17 @@ def chart_denies(requests: set[tuple[str, str, str]]) -> list[tuple[str, str, st
     return sorted(request for request in requests if not allowed(*request))
 
 
+def local_queue(resource: str, namespace: str, name: str) -> dict[str, Any]:
+    """A Kueue LocalQueue (of the API version ``resource`` names) pointing at ClusterQueue
+    ``gpu``."""
+    return {
+        "apiVersion": resource.rsplit("/", 1)[0],
+        "kind": "LocalQueue",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"clusterQueue": "gpu"},
+    }
+
+
 @contextlib.asynccontextmanager
 async def emulated_cluster(*tables: dict[str, tuple[str, bool, bool]]) -> AsyncIterator[Cluster]:
     """An emulated API server declaring ``tables`` of resources, and the operator running
@@ -249,6 +260,9 @@ async def emulated_cluster(*tables: dict[str, tuple[str, bool, bool]]) -> AsyncI
     async with KubeEmulator() as emulator, kmock.Server(emulator) as server:
         for table in tables:
             emulator.declare(table)
+            for resource in table:
+                if resource.endswith("/localqueues"):  # the queue the tests' runs name
+                    await emulator.put_object(resource, local_queue(resource, NAMESPACE, "team-a"))
         harness = Cluster(emulator, server)
         await harness.start_operator()
         try:

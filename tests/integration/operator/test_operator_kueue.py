@@ -13,10 +13,11 @@ suspend (unmarked) deactivates the Workload and is never turned off by the opera
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
-from operator_harness import NAMESPACE, RUNS, Cluster, chart_denies
+from operator_harness import NAMESPACE, RUNS, Cluster, Operator, chart_denies, local_queue
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -646,3 +647,81 @@ async def test_a_reshaped_runs_workload_is_replaced_only_once_its_pods_are_gone(
         what="a new Workload",
     )
     assert cluster.emulator.count_created("workloads") == 2
+
+
+async def test_relabelling_an_admitted_run_is_refused_and_it_keeps_its_queue_and_quota(
+    cluster: Cluster,
+):
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await _admit(cluster)
+    await _pods(cluster, ready=True)
+    # Taking the run out of its queue (the chart's admission policy refuses this on a real
+    # API server; the emulator has none): the operator refuses to act on it.
+    await cluster.emulator.patch_object(
+        RUNS, NAMESPACE, "demo", {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": None}}}
+    )
+    degraded = await cluster.wait_condition("demo", "Degraded", reason="QueueNameImmutable")
+    assert "'team-a'" in degraded["message"]
+    await cluster.settle()
+    workload = _workload(cluster)
+    assert workload["spec"]["queueName"] == "team-a"
+    assert workload["status"].get("admission") is not None
+    assert cluster.condition("demo", "Admitted")["status"] == "True"
+    # Kueue still decides: an eviction stops the unlabelled run as before.
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", _evicted())
+    await cluster.eventually(
+        lambda: cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0,
+        what="the run stopped",
+    )
+    # Moved to another queue while running: refused the same way.
+    await cluster.emulator.patch_object(
+        RUNS, NAMESPACE, "demo", {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "b"}}}
+    )
+    await cluster.eventually(
+        lambda: "changed to 'b'" in cluster.condition("demo", "Degraded")["message"],
+        what="the change refused",
+    )
+    assert cluster.emulator.count_created("workloads") == 1
+
+
+async def test_a_run_without_a_queue_gets_the_namespaces_default_local_queue(cluster: Cluster):
+    await cluster.emulator.put_object(
+        f"{V1BETA2}/localqueues", local_queue(f"{V1BETA2}/localqueues", NAMESPACE, "default")
+    )
+    await cluster.create_run("demo", TINY)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    assert workload["spec"]["queueName"] == "default"
+    labels = cluster.run("demo")["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "default"
+    await cluster.eventually(lambda: _suspend(cluster) == (True, "kueue"), what="suspended")
+    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0
+    await _admit(cluster)
+    await cluster.eventually(lambda: _suspend(cluster) == (False, None), what="unsuspended")
+
+
+async def test_a_missing_local_queue_is_reported_and_the_run_stays_queued(cluster: Cluster):
+    await cluster.create_run("demo", TINY, labels={"kueue.x-k8s.io/queue-name": "nowhere"})
+    degraded = await cluster.wait_condition("demo", "Degraded", reason="LocalQueueMissing")
+    assert "LocalQueue nowhere does not exist in namespace team-a" in degraded["message"]
+    assert cluster.condition("demo", "Admitted")["reason"] == "Queued"
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+
+
+async def test_with_manage_jobs_without_queue_name_an_unlabelled_run_is_held(cluster: Cluster):
+    await cluster.stop_operator()
+    cluster.operator = Operator(cluster.url)
+    cluster.operator.config = dataclasses.replace(
+        cluster.operator.config, manage_runs_without_queue_name=True
+    )
+    await cluster.start_operator()
+    await cluster.create_run("demo", TINY)
+    admitted = await cluster.wait_condition("demo", "Admitted", reason="NoQueueName")
+    assert "manageJobsWithoutQueueName" in admitted["message"]
+    await cluster.eventually(lambda: _suspend(cluster) == (True, "kueue"), what="suspended")
+    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+    # Naming a queue queues it.
+    await cluster.emulator.patch_object(RUNS, NAMESPACE, "demo", {"metadata": {"labels": QUEUE}})
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    assert workload["spec"]["queueName"] == "team-a"
