@@ -114,6 +114,7 @@ DEFAULT_LOCAL_QUEUE = "default"
 the job names none (Kueue's ``LocalQueueDefaulting``, ``jobframework.ApplyDefaultLocalQueue``)."""
 QUEUE_IMMUTABLE = "QueueNameImmutable"
 LOCAL_QUEUE_MISSING = "LocalQueueMissing"
+PLACEMENT_FAILED = "PlacementFailed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,6 +275,26 @@ def placement(admitted: Admission, flavor_objects: dict[str, JsonDict]) -> dict[
             annotations.update(update.get("annotations") or {})
         out[pod_set] = Placement(selector, tolerations, labels, annotations)
     return out
+
+
+def conflicts(pod_sets: list[JsonDict], placements: dict[str, Placement]) -> str:
+    """Why admission cannot be applied to the pod sets ("" when it can): a node label of the
+    admitted flavor (or a pod set update) that the pod set's own ``nodeSelector`` sets to
+    another value. Kueue refuses to start a job so (``podset.Merge``'s conflict, reported as
+    ``BadPodSetsUpdateError``) rather than pick one silently."""
+    found: list[str] = []
+    for pod_set in pod_sets:
+        where = placements.get(str(pod_set.get("name")))
+        if where is None:
+            continue
+        own = ((pod_set.get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
+        for key, value in sorted(where.node_selector.items()):
+            if key in own and own[key] != value:
+                found.append(
+                    f"pod set {pod_set['name']}: nodeSelector {key}={own[key]} conflicts with "
+                    f"{key}={value} of its admission"
+                )
+    return "; ".join(found)
 
 
 def place(template: JsonDict, where: Placement | None) -> None:

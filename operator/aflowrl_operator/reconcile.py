@@ -478,6 +478,18 @@ class Reconciler:
             workload_live, PODSETS_HASH
         ) != annotation(workload_manifest, PODSETS_HASH)
         admitted = admission.admitted and admission.active and not reshaped
+        placement: dict[str, kueue.Placement] = {}
+        unplaceable = ""
+        if queue is not None and admitted:
+            # Fails closed, as Kueue's BadPodSetsUpdateError: pods never start without (or
+            # against) what admission says about their nodes.
+            placement, unplaceable = await self._placement(admission)
+            unplaceable = unplaceable or kueue.conflicts(
+                workload_manifest["spec"]["podSets"], placement
+            )
+            if unplaceable:
+                problems.append((kueue.PLACEMENT_FAILED, unplaceable))
+                admitted, placement = False, {}
         held = (queue is not None or unqueued) and wants_running and not admitted
         if body is not None and await self._suspend_for_kueue(
             run, dict(body), held=held, actions=actions
@@ -488,7 +500,7 @@ class Reconciler:
             services=services,
             environment_replicas=env_replicas,
             trainer_suspended=spec.suspend or held,
-            placement=await self._placement(admission) if queue is not None and admitted else {},
+            placement=placement,
         )
         monitoring_api = await self._has_monitoring()
         wants_monitor = spec.monitoring.service_monitor.enabled
@@ -612,9 +624,24 @@ class Reconciler:
             # Idle from the run's pods themselves (ready or not, terminating too), never from
             # its workloads' ready counts: a pod in its startup probe holds its GPUs as well.
             idle = trainer.active == 0 and kueue.idle(run_pods)
-            every_pod_ready = (trainer.ready > 0 or trainer.complete) and all(
-                w.desired > 0 and w.ready >= w.desired for w in components
+            # PodsReady against what Kueue admitted, not the moment's desire: the environment
+            # needs its floor (an HPA scale-up's new pods do not count against it), and a roll
+            # the operator makes one replica at a time keeps a True PodsReady True.
+            fixed = [workload("rollout"), workload("learner"), workload("executor")]
+            every_pod_ready = (
+                (trainer.ready > 0 or trainer.complete)
+                and all(w.ready >= w.desired for w in fixed)
+                and fixed[0].desired > 0
+                and fixed[1].desired > 0
+                and workload("environment").ready >= spec.environment.replicas.min
             )
+            rolling = bool(waiting) or any(
+                kueue.condition(obj, "UpdateInProgress").get("status") == "True"
+                for (kind, _), obj in live.items()
+                if kind == groups.KIND
+            )
+            if rolling and kueue.condition(workload_live, "PodsReady").get("status") == "True":
+                every_pod_ready = True
             try:
                 queued, deactivated = await self._sync_workload(
                     run,
@@ -639,6 +666,9 @@ class Reconciler:
                 suspended=spec.suspend,
                 ended=finished and not kept,
             )
+            if unplaceable and queued is None and not spec.suspend:
+                queued = f"admitted, but its pods cannot be placed: {unplaceable}"
+                admitted_condition = (False, kueue.PLACEMENT_FAILED, queued)
         elif unqueued and wants_running:
             queued = (
                 f"the run names no LocalQueue ({KUEUE_QUEUE_LABEL} label) and the operator "
@@ -760,19 +790,29 @@ class Reconciler:
         ):
             self._record(actions, "Workload", run.workload, "deleted")
 
-    async def _placement(self, admitted: kueue.Admission) -> dict[str, kueue.Placement]:
-        """Per pod set, what its admission adds to its pods (:func:`kueue.placement`)."""
+    async def _placement(self, admitted: kueue.Admission) -> tuple[dict[str, kueue.Placement], str]:
+        """Per pod set, what its admission adds to its pods (:func:`kueue.placement`), and why
+        it cannot be known ("" when it can): a ResourceFlavor that cannot be read."""
         version = await self._kueue_version()
         objects: dict[str, JsonDict] = {}
-        for name in {f for flavors in admitted.flavors.values() for f in flavors.values()}:
+        unreadable: list[str] = []
+        for name in sorted({f for flavors in admitted.flavors.values() for f in flavors.values()}):
             try:
                 found = await self.api.get("ResourceFlavor", None, name, api_version=version)
-            except ApiRejectedError as exc:  # no RBAC for flavors: pods keep their placement
+            except ApiRejectedError as exc:
                 logger.warning("cannot read ResourceFlavor %s: %s", name, exc)
-                found = None
-            if found is not None:
+                unreadable.append(f"ResourceFlavor {name} cannot be read ({exc})")
+                continue
+            if found is None:
+                unreadable.append(f"ResourceFlavor {name} does not exist")
+            else:
                 objects[name] = found
-        return kueue.placement(admitted, objects)
+        if unreadable:
+            return {}, (
+                f"{'; '.join(unreadable)}: the run stays suspended, since its pods would start "
+                "without the flavor's node labels and tolerations"
+            )
+        return kueue.placement(admitted, objects), ""
 
     async def _priority(
         self, spec: RunSpec, workload_class: str | None, version: str

@@ -725,3 +725,79 @@ async def test_with_manage_jobs_without_queue_name_an_unlabelled_run_is_held(clu
     await cluster.emulator.patch_object(RUNS, NAMESPACE, "demo", {"metadata": {"labels": QUEUE}})
     workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
     assert workload["spec"]["queueName"] == "team-a"
+
+
+async def test_an_unreadable_flavor_keeps_the_admitted_run_suspended_and_names_it(
+    cluster: Cluster,
+):
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    # Admitted on flavor h100, which does not exist (or the operator may not read it).
+    await cluster.emulator.set_status(
+        f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", _admitted()
+    )
+    admitted = await cluster.wait_condition("demo", "Admitted", reason="PlacementFailed")
+    assert "ResourceFlavor h100 does not exist" in admitted["message"]
+    assert cluster.condition("demo", "Degraded")["reason"] == "PlacementFailed"
+    await cluster.settle()
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0
+    assert _suspend(cluster) == (True, "kueue")
+    # The flavor appears: the run starts on its nodes.
+    await _flavor(cluster)
+    await cluster.eventually(
+        lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is False, what="started"
+    )
+    pod = cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"cloud.example.com/pool": "h100"}
+
+
+async def test_a_flavor_conflicting_with_the_users_node_selector_keeps_the_run_suspended(
+    cluster: Cluster,
+):
+    await _flavor(cluster)
+    spec = {**TINY, "rollout": {"pod": {"nodeSelector": {"cloud.example.com/pool": "a100"}}}}
+    await cluster.create_run("demo", spec, labels=QUEUE)
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await cluster.emulator.set_status(
+        f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", _admitted()
+    )
+    admitted = await cluster.wait_condition("demo", "Admitted", reason="PlacementFailed")
+    assert (
+        "pod set rollout: nodeSelector cloud.example.com/pool=a100 conflicts with "
+        "cloud.example.com/pool=h100" in admitted["message"]
+    )
+    await cluster.settle()
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0
+
+
+async def test_pods_ready_is_measured_against_the_admitted_counts_not_an_autoscale(
+    cluster: Cluster,
+):
+    await _flavor(cluster)
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await _admit(cluster)
+    await _pods(cluster, ready=True)
+    await cluster.eventually(
+        lambda: _cond(_workload(cluster), "PodsReady").get("status") == "True", what="PodsReady"
+    )
+    # The HPA scales the environment up: two new pods start, not ready yet.
+    await cluster.emulator.patch_object(
+        DEPLOYMENTS, NAMESPACE, "demo-env", {"spec": {"replicas": 4}}
+    )
+    await cluster.emulator.set_status(
+        DEPLOYMENTS, NAMESPACE, "demo-env", {"readyReplicas": 2, "replicas": 4}
+    )
+    await cluster.settle()
+    assert cluster.child(DEPLOYMENTS, "demo-env")["spec"]["replicas"] == 4
+    assert _cond(_workload(cluster), "PodsReady")["status"] == "True"
+    # Below the floor the run admitted: that is a lost pod.
+    await cluster.emulator.set_status(
+        DEPLOYMENTS, NAMESPACE, "demo-env", {"readyReplicas": 1, "replicas": 4}
+    )
+    await cluster.eventually(
+        lambda: _cond(_workload(cluster), "PodsReady").get("reason") == "WaitForRecovery",
+        what="PodsReady False",
+    )
