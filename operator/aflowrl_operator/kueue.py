@@ -198,12 +198,12 @@ def finalizer_patch(workload: JsonDict, *, present: bool) -> JsonDict | None:
     finalizers = list(meta.get("finalizers") or [])
     if (RESOURCE_IN_USE in finalizers) == present:
         return None
-    wanted = finalizers + [RESOURCE_IN_USE] if present else [
-        f for f in finalizers if f != RESOURCE_IN_USE
-    ]
-    return {
-        "metadata": {"resourceVersion": meta.get("resourceVersion"), "finalizers": wanted}
-    }
+    wanted = (
+        [*finalizers, RESOURCE_IN_USE]
+        if present
+        else [f for f in finalizers if f != RESOURCE_IN_USE]
+    )
+    return {"metadata": {"resourceVersion": meta.get("resourceVersion"), "finalizers": wanted}}
 
 
 def condition(workload: JsonDict | None, type_: str) -> JsonDict:

@@ -591,9 +591,7 @@ async def test_an_evicted_runs_quota_is_held_while_any_pod_runs_unready_or_termi
     await cluster.settle()
     assert _workload(cluster)["status"].get("admission") is not None, "a pod still terminates"
     # The terminating pod's containers are gone: only now is the quota given back.
-    await cluster.emulator.set_status(
-        PODS, NAMESPACE, "demo-learner-old", {"phase": "Succeeded"}
-    )
+    await cluster.emulator.set_status(PODS, NAMESPACE, "demo-learner-old", {"phase": "Succeeded"})
     await cluster.eventually(
         lambda: "admission" not in _workload(cluster)["status"], what="the quota released"
     )
@@ -733,9 +731,7 @@ async def test_an_unreadable_flavor_keeps_the_admitted_run_suspended_and_names_i
     await cluster.create_run("demo", TINY, labels=QUEUE)
     await cluster.eventually(lambda: _workload(cluster), what="the Workload")
     # Admitted on flavor h100, which does not exist (or the operator may not read it).
-    await cluster.emulator.set_status(
-        f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", _admitted()
-    )
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", _admitted())
     admitted = await cluster.wait_condition("demo", "Admitted", reason="PlacementFailed")
     assert "ResourceFlavor h100 does not exist" in admitted["message"]
     assert cluster.condition("demo", "Degraded")["reason"] == "PlacementFailed"
@@ -759,9 +755,7 @@ async def test_a_flavor_conflicting_with_the_users_node_selector_keeps_the_run_s
     spec = {**TINY, "rollout": {"pod": {"nodeSelector": {"cloud.example.com/pool": "a100"}}}}
     await cluster.create_run("demo", spec, labels=QUEUE)
     await cluster.eventually(lambda: _workload(cluster), what="the Workload")
-    await cluster.emulator.set_status(
-        f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", _admitted()
-    )
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", _admitted())
     admitted = await cluster.wait_condition("demo", "Admitted", reason="PlacementFailed")
     assert (
         "pod set rollout: nodeSelector cloud.example.com/pool=a100 conflicts with "
