@@ -274,6 +274,7 @@ def kueue_workload(
     queue: str,
     priority: kueue.Priority | None,
     api_version: str = f"{kueue.GROUP}/{kueue.VERSIONS[0]}",
+    max_execution_label: str | None = None,
 ) -> JsonDict:
     """The run's Kueue Workload: one pod set per component with its pod template (as built
     before admission) and the count it runs with (the environment's autoscaler ceiling),
@@ -283,7 +284,13 @@ def kueue_workload(
     (one per multi-node replica) is one pod set of every pod of every group, so Kueue admits
     all the replicas or none. The Workload is created once per shape (:data:`PODSETS_HASH` of
     counts and requests) and replaced only when the shape changes while it holds no quota.
+    Its ``maximumExecutionTimeSeconds`` (after which Kueue deactivates it) is the run's
+    deadline, ``trainer.activeDeadlineSeconds``, or the run's
+    ``kueue.x-k8s.io/max-exec-time-seconds`` label (``max_execution_label``), the shorter.
     """
+    max_execution_s = kueue.max_execution_seconds(
+        spec.trainer.active_deadline_seconds, max_execution_label
+    )
     serve = served_executor(spec)
     counts = {
         "executor": serve.replicas * serve.nodes_per_replica if serve is not None else 0,
@@ -318,6 +325,11 @@ def kueue_workload(
             "queueName": queue,
             "podSets": pod_sets,
             **kueue.priority_fields(api_version, priority),
+            **(
+                {"maximumExecutionTimeSeconds": max_execution_s}
+                if max_execution_s is not None
+                else {}
+            ),
         },
     }
 

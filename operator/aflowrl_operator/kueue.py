@@ -175,6 +175,26 @@ def queueing(
     return Queueing(queue=None)
 
 
+MAX_EXEC_TIME_LABEL = f"{GROUP}/max-exec-time-seconds"
+"""Kueue's label for a job's maximum execution time (seconds admitted before it is evicted
+and deactivated): a positive integer, anything else is ignored, as Kueue's
+``MaximumExecutionTimeSecondsForObject`` does."""
+
+
+def max_execution_seconds(deadline_s: int | None, label: str | None) -> int | None:
+    """The Workload's ``maximumExecutionTimeSeconds``: the shorter of the run's deadline and
+    its :data:`MAX_EXEC_TIME_LABEL` (None: neither)."""
+    found: list[int] = [deadline_s] if deadline_s is not None and deadline_s > 0 else []
+    if label is not None:
+        try:
+            value = int(label)
+        except ValueError:
+            value = 0
+        if 0 < value < 2**31:
+            found.append(value)
+    return min(found) if found else None
+
+
 def holds_resources(pod: JsonDict) -> bool:
     """Whether a pod of the run may still hold what Kueue admitted: every pod that has not
     ended (``Succeeded``/``Failed``), ready or not, scheduled or not, terminating too (its
@@ -337,6 +357,34 @@ def priority_fields(api_version: str, priority: Priority | None) -> JsonDict:
         }
     out["priority"] = priority.value
     return out
+
+
+_PRIORITY_FIELDS = ("priorityClassRef", "priorityClassName", "priorityClassSource", "priority")
+
+
+def _workload_class(spec: JsonDict) -> str:
+    """The WorkloadPriorityClass a Workload spec names ("" for none or a PriorityClass)."""
+    ref = spec.get("priorityClassRef") or {}
+    if ref.get("kind") == WORKLOAD_PRIORITY_CLASS:
+        return str(ref.get("name") or "")
+    if spec.get("priorityClassSource") == f"{GROUP}/workloadpriorityclass":
+        return str(spec.get("priorityClassName") or "")
+    return ""
+
+
+def priority_patch(live: JsonDict, wanted: JsonDict) -> JsonDict | None:
+    """The merge patch moving an admitted Workload to the run's new WorkloadPriorityClass
+    and its value (None: nothing to move). Kueue lets a running job change its
+    WorkloadPriorityClass, not gain or lose one (``ValidateUpdateForWorkloadPriorityClassName``
+    in its ``jobframework/validation.go``), and updates the Workload's priority with it."""
+    old, new = live.get("spec") or {}, wanted.get("spec") or {}
+    if not _workload_class(old) or not _workload_class(new):
+        return None
+    changed = {f: new.get(f) for f in _PRIORITY_FIELDS if new.get(f) != old.get(f)}
+    if not changed:
+        return None
+    version = (live.get("metadata") or {}).get("resourceVersion")
+    return {"metadata": {"resourceVersion": version}, "spec": changed}
 
 
 def _set_condition(conditions: list[JsonDict], new: JsonDict, now: str) -> bool:

@@ -473,6 +473,9 @@ class Reconciler:
                 queue=queue,
                 priority=await self._priority(spec, priority, version),
                 api_version=version,
+                max_execution_label=(((body or {}).get("metadata") or {}).get("labels") or {}).get(
+                    kueue.MAX_EXEC_TIME_LABEL
+                ),
             )
         reshaped = workload_live is not None and annotation(
             workload_live, PODSETS_HASH
@@ -936,6 +939,13 @@ class Reconciler:
             live, action = await ensure(self.api, run, manifest)
             if action != "unchanged":
                 self._record(actions, "Workload", run.workload, action)
+        elif not reshaped:
+            # A WorkloadPriorityClass changed on a running run: Kueue's job reconciler moves
+            # its Workload's priority too (preemption orders by it); adding or removing one
+            # while running is what Kueue refuses.
+            patch = kueue.priority_patch(live, manifest)
+            if patch is not None and await self._patch_workload(run, live, patch):
+                self._record(actions, "Workload", run.workload, "reprioritised")
         ours = annotation(live, kueue.SUSPENDED_BY) is not None
         if suspended and admitted.active:
             patch = {

@@ -795,3 +795,40 @@ async def test_pods_ready_is_measured_against_the_admitted_counts_not_an_autosca
         lambda: _cond(_workload(cluster), "PodsReady").get("reason") == "WaitForRecovery",
         what="PodsReady False",
     )
+
+
+async def test_a_priority_class_change_reaches_the_admitted_workload_and_the_deadline_bounds_it(
+    cluster: Cluster,
+):
+    for name, value in (("low", 10), ("high", 1000)):
+        await cluster.emulator.put_object(
+            f"{V1BETA2}/workloadpriorityclasses",
+            {
+                "apiVersion": V1BETA2,
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": name},
+                "value": value,
+            },
+        )
+    await _flavor(cluster)
+    spec = {**TINY, "trainer": {"activeDeadlineSeconds": 7200}}
+    labels = {**QUEUE, "kueue.x-k8s.io/priority-class": "low"}
+    await cluster.create_run("demo", spec, labels=labels)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    # The run's deadline is Kueue's maximum execution time.
+    assert workload["spec"]["maximumExecutionTimeSeconds"] == 7200
+    assert workload["spec"]["priority"] == 10
+    await _admit(cluster)
+    await cluster.emulator.patch_object(
+        RUNS,
+        NAMESPACE,
+        "demo",
+        {"metadata": {"labels": {"kueue.x-k8s.io/priority-class": "high"}}},
+    )
+    await cluster.eventually(
+        lambda: _workload(cluster)["spec"]["priority"] == 1000, what="the new priority"
+    )
+    live = _workload(cluster)
+    assert live["spec"]["priorityClassRef"]["name"] == "high"
+    assert live["status"].get("admission") is not None  # still admitted: no requeue
+    assert cluster.emulator.count_created("workloads") == 1
