@@ -282,8 +282,9 @@ def kueue_workload(
 
     One Workload per run, whatever its children: a component of several LeaderWorkerSets
     (one per multi-node replica) is one pod set of every pod of every group, so Kueue admits
-    all the replicas or none. The Workload is created once per shape (:data:`PODSETS_HASH` of
-    counts and requests) and replaced only when the shape changes while it holds no quota.
+    all the replicas or none. The Workload is created once per shape (what Kueue admits:
+    counts, requests and placement, :func:`kueue.admitted_shape`, hashed in
+    :data:`PODSETS_HASH`) and replaced only when the shape changes, once no pod runs.
     Its ``maximumExecutionTimeSeconds`` (after which Kueue deactivates it) is the run's
     deadline, ``trainer.activeDeadlineSeconds``, or the run's
     ``kueue.x-k8s.io/max-exec-time-seconds`` label (``max_execution_label``), the shorter.
@@ -310,12 +311,8 @@ def kueue_workload(
     pod_sets.append(
         {"name": "trainer", "count": 1, "template": desired.trainer_job["spec"]["template"]}
     )
-    shape = [
-        (ps["name"], ps["count"], [c["resources"] for c in ps["template"]["spec"]["containers"]])
-        for ps in pod_sets
-    ]
     meta = run.metadata(run.workload, "scheduling")
-    meta["annotations"] = {PODSETS_HASH: digest(shape)}
+    meta["annotations"] = {PODSETS_HASH: digest(kueue.admitted_shape(pod_sets))}
     meta["finalizers"] = [kueue.RESOURCE_IN_USE]
     return {
         "apiVersion": api_version,

@@ -195,6 +195,45 @@ def max_execution_seconds(deadline_s: int | None, label: str | None) -> int | No
     return min(found) if found else None
 
 
+_PLACEMENT_FIELDS = (
+    "nodeSelector",
+    "affinity",
+    "tolerations",
+    "priorityClassName",
+    "runtimeClassName",
+)
+"""Pod-spec fields that decide where a pod set's pods may run, which Kueue checks a Workload's
+admission against (flavor node labels and taints, TAS): an edit to them is a new shape."""
+
+
+def _requests(container: JsonDict) -> JsonDict:
+    """What Kueue counts of a container: its requests, a limit standing in for a missing
+    request (as the API server defaults requests from limits)."""
+    resources = container.get("resources") or {}
+    return {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+
+
+def admitted_shape(pod_sets: list[JsonDict]) -> list[JsonDict]:
+    """What Kueue admits of a Workload's pod sets: per pod set its name, count, containers'
+    (and init containers') requests and placement fields. Two Workloads with the same shape
+    need no new admission: only a change to it replaces the Workload (stop and requeue); an
+    operator release that renders other details differently (commands, probes, labels,
+    environment) leaves admitted runs alone."""
+    shape: list[JsonDict] = []
+    for pod_set in pod_sets:
+        pod = (pod_set.get("template") or {}).get("spec") or {}
+        shape.append(
+            {
+                "name": pod_set.get("name"),
+                "count": pod_set.get("count"),
+                "containers": [_requests(c) for c in pod.get("containers") or []],
+                "initContainers": [_requests(c) for c in pod.get("initContainers") or []],
+                **{f: pod[f] for f in _PLACEMENT_FIELDS if pod.get(f)},
+            }
+        )
+    return shape
+
+
 def holds_resources(pod: JsonDict) -> bool:
     """Whether a pod of the run may still hold what Kueue admitted: every pod that has not
     ended (``Succeeded``/``Failed``), ready or not, scheduled or not, terminating too (its

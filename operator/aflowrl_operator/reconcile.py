@@ -56,7 +56,6 @@ from aflowrl_operator.names import (
     COMPONENT_LABEL,
     KUEUE_PRIORITY_LABEL,
     KUEUE_QUEUE_LABEL,
-    PODSETS_HASH,
     RUN_LABEL,
     TEMPLATE_HASH,
     RunRef,
@@ -477,9 +476,11 @@ class Reconciler:
                     kueue.MAX_EXEC_TIME_LABEL
                 ),
             )
-        reshaped = workload_live is not None and annotation(
-            workload_live, PODSETS_HASH
-        ) != annotation(workload_manifest, PODSETS_HASH)
+        # Compared by content, not by the hash a release wrote: a new release that renders
+        # other details differently does not requeue an admitted run.
+        reshaped = workload_live is not None and kueue.admitted_shape(
+            (workload_live.get("spec") or {}).get("podSets") or []
+        ) != kueue.admitted_shape(workload_manifest["spec"]["podSets"])
         admitted = admission.admitted and admission.active and not reshaped
         placement: dict[str, kueue.Placement] = {}
         unplaceable = ""

@@ -832,3 +832,45 @@ async def test_a_priority_class_change_reaches_the_admitted_workload_and_the_dea
     assert live["spec"]["priorityClassRef"]["name"] == "high"
     assert live["status"].get("admission") is not None  # still admitted: no requeue
     assert cluster.emulator.count_created("workloads") == 1
+
+
+async def test_a_placement_edit_requeues_an_admitted_run_and_a_rendering_change_does_not(
+    cluster: Cluster,
+):
+    await _flavor(cluster)
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    uid = workload["metadata"]["uid"]
+    await _admit(cluster)
+    await _pods(cluster, ready=True)
+    # A Workload written by an older release: another hash, other rendered details (a
+    # command), the same counts, requests and placement. Nothing Kueue admitted changed.
+    pod_sets = workload["spec"]["podSets"]
+    pod_sets[0]["template"]["spec"]["containers"][0]["command"] = ["an", "older", "command"]
+    await cluster.emulator.patch_object(
+        f"{V1BETA2}/workloads",
+        NAMESPACE,
+        "demo-kueue",
+        {
+            "metadata": {"annotations": {"aflowrl.io/podsets-hash": "older-release"}},
+            "spec": {"podSets": pod_sets},
+        },
+    )
+    await cluster.settle()
+    assert _workload(cluster)["metadata"]["uid"] == uid
+    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 1
+    assert cluster.condition("demo", "Admitted")["status"] == "True"
+    # The user moves the rollout to other nodes: Kueue never checked that placement, so the
+    # run stops, and once its pods are gone a new Workload is admitted.
+    await cluster.patch_spec("demo", {"rollout": {"pod": {"nodeSelector": {"rack": "r7"}}}})
+    await cluster.eventually(
+        lambda: cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0,
+        what="the run held",
+    )
+    await _pods(cluster, ready=False)
+    fresh = await cluster.eventually(
+        lambda: (w := _workload(cluster)) and w["metadata"]["uid"] != uid and w,
+        what="a new Workload",
+    )
+    rollout = next(ps for ps in fresh["spec"]["podSets"] if ps["name"] == "rollout")
+    assert rollout["template"]["spec"]["nodeSelector"]["rack"] == "r7"
