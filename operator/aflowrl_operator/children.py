@@ -311,6 +311,10 @@ def kueue_workload(
     pod_sets.append(
         {"name": "trainer", "count": 1, "template": desired.trainer_job["spec"]["template"]}
     )
+    for pod_set in pod_sets:
+        request = kueue.topology_request(pod_set["template"])
+        if request is not None:
+            pod_set["topologyRequest"] = request
     meta = run.metadata(run.workload, "scheduling")
     meta["annotations"] = {PODSETS_HASH: digest(kueue.admitted_shape(pod_sets))}
     meta["finalizers"] = [kueue.RESOURCE_IN_USE]
@@ -455,6 +459,11 @@ def build(
         if "trainer" in scale.placement:
             kueue.place(job["spec"]["template"], scale.placement["trainer"])
             job["metadata"]["annotations"][TEMPLATE_HASH] = digest(job["spec"]["template"])
+    exclusive = spec.scheduling.exclusive_topology
+    for child in children:
+        if child.kind == groups.KIND and exclusive:
+            meta = child.manifest["metadata"]
+            meta.setdefault("annotations", {})[groups.EXCLUSIVE_TOPOLOGY] = exclusive
     for child in children:
         if child.kind == groups.KIND and REPLICA_LABEL in child.manifest["metadata"]["labels"]:
             groups.stamp(child.manifest)  # its template as placed: replicas take it in turn

@@ -86,6 +86,7 @@ KINDS: dict[str, Kind] = {
         Kind("scheduling.x-k8s.io/v1alpha1", "PodGroup", "podgroups"),
         Kind("kueue.x-k8s.io/v1beta2", "Workload", "workloads"),
         Kind("kueue.x-k8s.io/v1beta2", "LocalQueue", "localqueues"),
+        Kind("kueue.x-k8s.io/v1beta2", "AdmissionCheck", "admissionchecks", namespaced=False),
         Kind("kueue.x-k8s.io/v1beta2", "ResourceFlavor", "resourceflavors", namespaced=False),
         Kind(
             "kueue.x-k8s.io/v1beta2",

@@ -86,6 +86,11 @@ class Admission:
     message: str = ""
     flavors: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     updates: dict[str, list[JsonDict]] = dataclasses.field(default_factory=dict)
+    name: str = ""
+    topology: frozenset[str] = frozenset()
+    """Pod sets admitted with a ``topologyAssignment`` (topology-aware scheduling)."""
+    checks: tuple[str, ...] = ()
+    """Admission checks of the Workload (their names, to look their controllers up)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +101,7 @@ class Placement:
     tolerations: list[JsonDict] = dataclasses.field(default_factory=list)
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     annotations: dict[str, str] = dataclasses.field(default_factory=dict)
+    scheduling_gates: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +179,41 @@ def queueing(
     if manage_without_queue_name:
         return Queueing(queue=None, unqueued=True)
     return Queueing(queue=None)
+
+
+PODSET_LABEL = f"{GROUP}/podset"
+WORKLOAD_ANNOTATION = f"{GROUP}/workload"
+TOPOLOGY_GATE = f"{GROUP}/topology"
+MULTIKUEUE_CONTROLLER = f"{GROUP}/multikueue"
+"""``controllerName`` of MultiKueue's AdmissionCheck: it dispatches a Workload to a worker
+cluster through an adapter of the job's kind, and there is none for TrainingRuns."""
+MULTIKUEUE_UNSUPPORTED = "MultiKueueUnsupported"
+_TOPOLOGY_ANNOTATIONS = {
+    f"{GROUP}/podset-required-topology": "required",
+    f"{GROUP}/podset-preferred-topology": "preferred",
+    f"{GROUP}/podset-unconstrained-topology": "unconstrained",
+    f"{GROUP}/podset-slice-required-topology": "podSetSliceRequiredTopology",
+    f"{GROUP}/podset-slice-size": "podSetSliceSize",
+}
+"""Kueue's topology annotations of a pod template and the ``topologyRequest`` field each
+fills (``jobframework``'s ``NewPodSetTopologyRequest``)."""
+
+
+def topology_request(template: JsonDict) -> JsonDict | None:
+    """A pod set's ``topologyRequest`` from Kueue's annotations on its pod template (set
+    through the component's ``pod.annotations``), as Kueue builds it for its own jobs."""
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    request: JsonDict = {}
+    for key, field in _TOPOLOGY_ANNOTATIONS.items():
+        if key not in annotations:
+            continue
+        value: Any = annotations[key]
+        if field == "unconstrained":
+            value = str(value).lower() == "true"
+        elif field == "podSetSliceSize":
+            value = int(value) if str(value).isdigit() else value
+        request[field] = value
+    return request or None
 
 
 MAX_EXEC_TIME_LABEL = f"{GROUP}/max-exec-time-seconds"
@@ -301,6 +342,11 @@ def admission(workload: JsonDict | None) -> Admission:
         cause = condition(workload, "Admitted")
     return Admission(
         exists=True,
+        name=str((workload.get("metadata") or {}).get("name") or ""),
+        topology=frozenset(str(a.get("name")) for a in assignments if a.get("topologyAssignment")),
+        checks=tuple(
+            str(check.get("name")) for check in wl_status.get("admissionChecks") or []
+        ),
         uid=str((workload.get("metadata") or {}).get("uid") or ""),
         admitted=admitted,
         evicted=evicted,
@@ -323,6 +369,14 @@ def placement(admitted: Admission, flavor_objects: dict[str, JsonDict]) -> dict[
         tolerations: list[JsonDict] = []
         labels: dict[str, str] = {}
         annotations: dict[str, str] = {}
+        gates: tuple[str, ...] = ()
+        if pod_set in admitted.topology:
+            # Topology-aware scheduling, as Kueue starts its own jobs' pods
+            # (podset.FromAssignment): gated until Kueue's topology ungater, which finds them
+            # by these, gives each pod the nodes of its assigned domain.
+            labels[PODSET_LABEL] = pod_set
+            annotations[WORKLOAD_ANNOTATION] = admitted.name
+            gates = (TOPOLOGY_GATE,)
         for name in sorted(set(admitted.flavors.get(pod_set, {}).values())):
             spec = (flavor_objects.get(name) or {}).get("spec") or {}
             selector.update(spec.get("nodeLabels") or {})
@@ -332,7 +386,7 @@ def placement(admitted: Admission, flavor_objects: dict[str, JsonDict]) -> dict[
             tolerations += [t for t in update.get("tolerations") or [] if t not in tolerations]
             labels.update(update.get("labels") or {})
             annotations.update(update.get("annotations") or {})
-        out[pod_set] = Placement(selector, tolerations, labels, annotations)
+        out[pod_set] = Placement(selector, tolerations, labels, annotations, gates)
     return out
 
 
@@ -365,6 +419,12 @@ def place(template: JsonDict, where: Placement | None) -> None:
     if where.tolerations:
         own = list(pod.get("tolerations") or [])
         pod["tolerations"] = own + [copy.deepcopy(t) for t in where.tolerations if t not in own]
+    if where.scheduling_gates:
+        own_gates = list(pod.get("schedulingGates") or [])
+        names = {g.get("name") for g in own_gates}
+        pod["schedulingGates"] = own_gates + [
+            {"name": g} for g in where.scheduling_gates if g not in names
+        ]
     meta = template.setdefault("metadata", {})
     if where.labels:
         meta["labels"] = {**where.labels, **(meta.get("labels") or {})}

@@ -447,6 +447,17 @@ class Reconciler:
             if queue is None and workload_live is not None and not admission.finished:
                 await self._drop_workload(run, workload_live, kueue.idle(run_pods), actions)
                 workload_live, admission = None, kueue.Admission()
+            multikueue = await self._multikueue_checks(admission, version)
+            if multikueue:
+                problems.append(
+                    (
+                        kueue.MULTIKUEUE_UNSUPPORTED,
+                        f"the run's ClusterQueue dispatches through MultiKueue (admission check "
+                        f"{', '.join(multikueue)}), which has no adapter for TrainingRuns: the "
+                        "run cannot run on a worker cluster; queue it on a ClusterQueue without "
+                        "MultiKueue",
+                    )
+                )
             if queue is not None and await self._local_queue(ns, queue, version) is False:
                 problems.append(
                     (
@@ -747,6 +758,21 @@ class Reconciler:
         if self._kueue_served is None or now - self._kueue_served[0] > self._cache_s:
             self._kueue_served = (now, await self.api.has_api(await self._kueue_version()))
         return self._kueue_served[1]
+
+    async def _multikueue_checks(self, admitted: kueue.Admission, version: str) -> list[str]:
+        """The Workload's admission checks that MultiKueue controls (unreadable ones skipped)."""
+        found = []
+        for name in admitted.checks:
+            try:
+                check = await self.api.get("AdmissionCheck", None, name, api_version=version)
+            except ApiRejectedError as exc:
+                logger.debug("cannot read AdmissionCheck %s: %s", name, exc)
+                continue
+            if ((check or {}).get("spec") or {}).get("controllerName") == (
+                kueue.MULTIKUEUE_CONTROLLER
+            ):
+                found.append(name)
+        return found
 
     async def _local_queue(self, namespace: str, name: str, version: str) -> bool | None:
         """Whether the LocalQueue exists (None: unknown, e.g. no RBAC to read it)."""

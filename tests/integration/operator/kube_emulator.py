@@ -74,6 +74,7 @@ KUEUE_V1BETA1 = {
     "kueue.x-k8s.io/v1beta1/workloads": ("Workload", True, True),
     "kueue.x-k8s.io/v1beta1/resourceflavors": ("ResourceFlavor", False, False),
     "kueue.x-k8s.io/v1beta1/localqueues": ("LocalQueue", True, True),
+    "kueue.x-k8s.io/v1beta1/admissionchecks": ("AdmissionCheck", False, True),
     "kueue.x-k8s.io/v1beta1/workloadpriorityclasses": ("WorkloadPriorityClass", False, False),
     "scheduling.k8s.io/v1/priorityclasses": ("PriorityClass", False, False),
 }
@@ -82,6 +83,7 @@ KUEUE = {
     "kueue.x-k8s.io/v1beta2/workloads": ("Workload", True, True),
     "kueue.x-k8s.io/v1beta2/resourceflavors": ("ResourceFlavor", False, False),
     "kueue.x-k8s.io/v1beta2/localqueues": ("LocalQueue", True, True),
+    "kueue.x-k8s.io/v1beta2/admissionchecks": ("AdmissionCheck", False, True),
     "kueue.x-k8s.io/v1beta2/workloadpriorityclasses": ("WorkloadPriorityClass", False, False),
     "scheduling.k8s.io/v1/priorityclasses": ("PriorityClass", False, False),
 }

@@ -874,3 +874,53 @@ async def test_a_placement_edit_requeues_an_admitted_run_and_a_rendering_change_
     )
     rollout = next(ps for ps in fresh["spec"]["podSets"] if ps["name"] == "rollout")
     assert rollout["template"]["spec"]["nodeSelector"]["rack"] == "r7"
+
+
+async def test_topology_aware_scheduling_requests_and_gates_the_pod_sets_pods(cluster: Cluster):
+    await _flavor(cluster)
+    rack = {"kueue.x-k8s.io/podset-required-topology": "cloud.example.com/rack"}
+    spec = {**TINY, "rollout": {"pod": {"annotations": rack}}}
+    await cluster.create_run("demo", spec, labels=QUEUE)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    by_name = {ps["name"]: ps for ps in workload["spec"]["podSets"]}
+    assert by_name["rollout"]["topologyRequest"] == {"required": "cloud.example.com/rack"}
+    assert "topologyRequest" not in by_name["learner"]
+    # Kueue admits the rollout pod set on one rack: its pods start gated, found by Kueue's
+    # topology ungater through the pod set label and the Workload annotation.
+    admitted = _admitted()
+    assignment = {"levels": ["cloud.example.com/rack"], "domains": [{"values": ["r1"], "count": 1}]}
+    admitted["admission"]["podSetAssignments"][0]["topologyAssignment"] = assignment
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", admitted)
+    await cluster.eventually(
+        lambda: cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 1,
+        what="started",
+    )
+    template = cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["template"]
+    assert template["spec"]["schedulingGates"] == [{"name": "kueue.x-k8s.io/topology"}]
+    assert template["metadata"]["labels"]["kueue.x-k8s.io/podset"] == "rollout"
+    assert template["metadata"]["annotations"]["kueue.x-k8s.io/workload"] == "demo-kueue"
+    learner = cluster.child(STATEFULSETS, "demo-learner")["spec"]["template"]
+    assert "schedulingGates" not in learner["spec"]
+
+
+async def test_a_multikueue_cluster_queue_is_reported_unsupported(cluster: Cluster):
+    await cluster.emulator.put_object(
+        f"{V1BETA2}/admissionchecks",
+        {
+            "apiVersion": V1BETA2,
+            "kind": "AdmissionCheck",
+            "metadata": {"name": "dispatch"},
+            "spec": {"controllerName": "kueue.x-k8s.io/multikueue"},
+        },
+    )
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await cluster.emulator.set_status(
+        f"{V1BETA2}/workloads",
+        NAMESPACE,
+        "demo-kueue",
+        {"admissionChecks": [{"name": "dispatch", "state": "Pending", "message": ""}]},
+    )
+    degraded = await cluster.wait_condition("demo", "Degraded", reason="MultiKueueUnsupported")
+    assert "admission check dispatch" in degraded["message"]
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True

@@ -210,3 +210,20 @@ def test_every_child_kueue_looks_at_is_controlled_by_the_run():
     for obj in looked_at:
         owner = _controller(obj)
         assert owner is not None, obj["metadata"]["name"]
+
+
+def test_multi_node_groups_take_a_topology_domain_each_when_asked():
+    exclusive = SPEC.model_copy(
+        update={
+            "scheduling": SPEC.scheduling.model_copy(
+                update={"exclusive_topology": "nvidia.com/gpu.clique"}
+            )
+        }
+    )
+    for spec, wanted in ((SPEC, None), (exclusive, "nvidia.com/gpu.clique")):
+        desired = children.build(RUN, spec, RUNNING, monitoring_api=False)
+        sets = [c.manifest for c in desired.children if c.kind == "LeaderWorkerSet"]
+        assert sets
+        for lws in sets:
+            annotations = lws["metadata"].get("annotations") or {}
+            assert annotations.get("leaderworkerset.sigs.k8s.io/exclusive-topology") == wanted
