@@ -344,9 +344,7 @@ def admission(workload: JsonDict | None) -> Admission:
         exists=True,
         name=str((workload.get("metadata") or {}).get("name") or ""),
         topology=frozenset(str(a.get("name")) for a in assignments if a.get("topologyAssignment")),
-        checks=tuple(
-            str(check.get("name")) for check in wl_status.get("admissionChecks") or []
-        ),
+        checks=tuple(str(check.get("name")) for check in wl_status.get("admissionChecks") or []),
         uid=str((workload.get("metadata") or {}).get("uid") or ""),
         admitted=admitted,
         evicted=evicted,

@@ -481,7 +481,7 @@ class Reconciler:
                 spec,
                 unplaced,
                 queue=queue,
-                priority=await self._priority(spec, priority, version),
+                priority=await self._priority(spec, priority, version, unplaced),
                 api_version=version,
                 max_execution_label=(((body or {}).get("metadata") or {}).get("labels") or {}).get(
                     kueue.MAX_EXEC_TIME_LABEL
@@ -845,15 +845,26 @@ class Reconciler:
         return kueue.placement(admitted, objects), ""
 
     async def _priority(
-        self, spec: RunSpec, workload_class: str | None, version: str
+        self, spec: RunSpec, workload_class: str | None, version: str, desired: children.Desired
     ) -> kueue.Priority | None:
         """The run's priority as Kueue's integrations resolve it: the WorkloadPriorityClass
-        its ``kueue.x-k8s.io/priority-class`` label names, else the pods' PriorityClass
-        (``scheduling.priorityClassName``), with that class's value."""
+        its ``kueue.x-k8s.io/priority-class`` label names, else the PriorityClass of the first
+        pod set whose pods name one (``scheduling.priorityClassName``, or a component's own
+        ``pod.priorityClassName``; Kueue's ``ExtractPriority``), with that class's value."""
+        templates = [groups.pod_template_of(c.manifest) for c in desired.children]
+        templates.append(desired.trainer_job["spec"]["template"])
+        pod_class = spec.scheduling.priority_class_name or next(
+            (
+                str(t["spec"]["priorityClassName"])
+                for t in templates
+                if t is not None and t["spec"].get("priorityClassName")
+            ),
+            None,
+        )
         if workload_class:
             kind, name, api_version = kueue.WORKLOAD_PRIORITY_CLASS, workload_class, version
-        elif spec.scheduling.priority_class_name:
-            kind, name = kueue.PRIORITY_CLASS, spec.scheduling.priority_class_name
+        elif pod_class:
+            kind, name = kueue.PRIORITY_CLASS, pod_class
             api_version = "scheduling.k8s.io/v1"
         else:
             return None

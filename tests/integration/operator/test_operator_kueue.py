@@ -924,3 +924,23 @@ async def test_a_multikueue_cluster_queue_is_reported_unsupported(cluster: Clust
     degraded = await cluster.wait_condition("demo", "Degraded", reason="MultiKueueUnsupported")
     assert "admission check dispatch" in degraded["message"]
     assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+
+
+async def test_a_components_own_priority_class_sets_the_workloads_priority(cluster: Cluster):
+    await cluster.emulator.put_object(
+        "scheduling.k8s.io/v1/priorityclasses",
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": "training"},
+            "value": 500,
+        },
+    )
+    spec = {**TINY, "learner": {"pod": {"priorityClassName": "training"}}}
+    await cluster.create_run("demo", spec, labels=QUEUE)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    # As Kueue's ExtractPriority: the first pod set whose pods name a PriorityClass.
+    assert workload["spec"]["priority"] == 500
+    assert workload["spec"]["priorityClassRef"]["name"] == "training"
+    learner = next(ps for ps in workload["spec"]["podSets"] if ps["name"] == "learner")
+    assert learner["template"]["spec"]["priorityClassName"] == "training"
