@@ -71,6 +71,10 @@ async def _flavor(cluster: Cluster, version: str = V1BETA2) -> None:
 
 
 async def _admit(cluster: Cluster, version: str = V1BETA2, **extra: Any) -> None:
+    """Kueue's part: admit the run's Workload on flavor h100 (which Kueue only admits on when
+    it exists)."""
+    if cluster.emulator.read(f"{version}/resourceflavors", None, "h100") is None:
+        await _flavor(cluster, version)
     await cluster.emulator.set_status(
         f"{version}/workloads", NAMESPACE, "demo-kueue", _admitted(**extra)
     )
