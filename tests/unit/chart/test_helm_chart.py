@@ -208,7 +208,13 @@ def test_install_yaml_is_valid_kubernetes():
     assert docs[0]["kind"] == "CustomResourceDefinition"
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
-        if doc["kind"] not in {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}:
+        if doc["kind"] not in {
+            "CustomResourceDefinition",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ValidatingAdmissionPolicy",  # cluster-scoped
+            "ValidatingAdmissionPolicyBinding",
+        }:
             assert doc["metadata"]["namespace"] == "aflow-rl"
 
 
