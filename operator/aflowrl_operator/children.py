@@ -274,6 +274,7 @@ def kueue_workload(
     queue: str,
     priority: kueue.Priority | None,
     api_version: str = f"{kueue.GROUP}/{kueue.VERSIONS[0]}",
+    max_execution_label: str | None = None,
 ) -> JsonDict:
     """The run's Kueue Workload: one pod set per component with its pod template (as built
     before admission) and the count it runs with (the environment's autoscaler ceiling),
@@ -281,9 +282,16 @@ def kueue_workload(
 
     One Workload per run, whatever its children: a component of several LeaderWorkerSets
     (one per multi-node replica) is one pod set of every pod of every group, so Kueue admits
-    all the replicas or none. The Workload is created once per shape (:data:`PODSETS_HASH` of
-    counts and requests) and replaced only when the shape changes while it holds no quota.
+    all the replicas or none. The Workload is created once per shape (what Kueue admits:
+    counts, requests and placement, :func:`kueue.admitted_shape`, hashed in
+    :data:`PODSETS_HASH`) and replaced only when the shape changes, once no pod runs.
+    Its ``maximumExecutionTimeSeconds`` (after which Kueue deactivates it) is the run's
+    deadline, ``trainer.activeDeadlineSeconds``, or the run's
+    ``kueue.x-k8s.io/max-exec-time-seconds`` label (``max_execution_label``), the shorter.
     """
+    max_execution_s = kueue.max_execution_seconds(
+        spec.trainer.active_deadline_seconds, max_execution_label
+    )
     serve = served_executor(spec)
     counts = {
         "executor": serve.replicas * serve.nodes_per_replica if serve is not None else 0,
@@ -303,12 +311,13 @@ def kueue_workload(
     pod_sets.append(
         {"name": "trainer", "count": 1, "template": desired.trainer_job["spec"]["template"]}
     )
-    shape = [
-        (ps["name"], ps["count"], [c["resources"] for c in ps["template"]["spec"]["containers"]])
-        for ps in pod_sets
-    ]
+    for pod_set in pod_sets:
+        request = kueue.topology_request(pod_set["template"])
+        if request is not None:
+            pod_set["topologyRequest"] = request
     meta = run.metadata(run.workload, "scheduling")
-    meta["annotations"] = {PODSETS_HASH: digest(shape)}
+    meta["annotations"] = {PODSETS_HASH: digest(kueue.admitted_shape(pod_sets))}
+    meta["finalizers"] = [kueue.RESOURCE_IN_USE]
     return {
         "apiVersion": api_version,
         "kind": "Workload",
@@ -317,6 +326,11 @@ def kueue_workload(
             "queueName": queue,
             "podSets": pod_sets,
             **kueue.priority_fields(api_version, priority),
+            **(
+                {"maximumExecutionTimeSeconds": max_execution_s}
+                if max_execution_s is not None
+                else {}
+            ),
         },
     }
 
@@ -445,6 +459,11 @@ def build(
         if "trainer" in scale.placement:
             kueue.place(job["spec"]["template"], scale.placement["trainer"])
             job["metadata"]["annotations"][TEMPLATE_HASH] = digest(job["spec"]["template"])
+    exclusive = spec.scheduling.exclusive_topology
+    for child in children:
+        if child.kind == groups.KIND and exclusive:
+            meta = child.manifest["metadata"]
+            meta.setdefault("annotations", {})[groups.EXCLUSIVE_TOPOLOGY] = exclusive
     for child in children:
         if child.kind == groups.KIND and REPLICA_LABEL in child.manifest["metadata"]["labels"]:
             groups.stamp(child.manifest)  # its template as placed: replicas take it in turn

@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-format", choices=["text", "json"], default="text", help="log line format"
     )
+    parser.add_argument(
+        "--manage-runs-without-queue-name",
+        action="store_true",
+        help="as Kueue's manageJobsWithoutQueueName: hold a run that names no LocalQueue "
+        "(kueue.x-k8s.io/queue-name) until it names one, instead of running it outside Kueue",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     images = parser.add_argument_group(
         "images of runs",
@@ -174,7 +180,12 @@ def operator_config(args: argparse.Namespace) -> OperatorConfig:
             renew_deadline_s=args.lease_duration * 2 / 3,
             retry_s=min(2.0, args.lease_duration / 5),
         )
-    config = OperatorConfig(resync_interval_s=args.resync_interval, run_images=images, lease=lease)
+    config = OperatorConfig(
+        resync_interval_s=args.resync_interval,
+        run_images=images,
+        lease=lease,
+        manage_runs_without_queue_name=args.manage_runs_without_queue_name,
+    )
     if lease is not None:
         config = dataclasses.replace(config, identity=envs.AFLOWRL_POD_NAME)
     return config
@@ -204,12 +215,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
     )
-    if args.leader_election and args.lease_duration < 3:
-        print("aflowrl-operator: error: --lease-duration must be at least 3", file=sys.stderr)
-        return 2
-    config = operator_config(args)
-    if config.lease is not None:
-        logger.info("leader election with Lease %s/%s", config.lease.namespace, config.lease.name)
     if args.metrics_port:
         prometheus_client.start_http_server(args.metrics_port, registry=config.metrics.registry)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None

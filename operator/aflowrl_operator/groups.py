@@ -77,6 +77,9 @@ from aflowrl_operator.workloads import (
 
 JsonDict = dict[str, Any]
 
+EXCLUSIVE_TOPOLOGY = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+"""LeaderWorkerSet annotation: the node label of the topology domain each group takes whole
+(LWS's webhook turns it into pod affinity within a group and anti-affinity across groups)."""
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 """API group version of LeaderWorkerSet."""
 KIND = "LeaderWorkerSet"

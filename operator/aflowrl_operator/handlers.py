@@ -49,7 +49,7 @@ import kubernetes
 
 from aflowrl.config import API_GROUP, API_VERSION, KIND, PLURAL, ImageDefaults
 from aflowrl_operator import leader, resync
-from aflowrl_operator.errors import ApiUnavailableError
+from aflowrl_operator.errors import ApiRejectedError, ApiUnavailableError
 from aflowrl_operator.kube import KubeApi, load_configuration
 from aflowrl_operator.metrics import OperatorMetrics
 from aflowrl_operator.names import RUN_LABEL
@@ -82,6 +82,10 @@ class OperatorConfig:
     peering_lifetime_s: int = 60
     """How long a silent peer counts as alive (seconds): a stand-by replica takes over this
     long after the active one stops."""
+    manage_runs_without_queue_name: bool = False
+    """Kueue's ``manageJobsWithoutQueueName``: a run without the ``kueue.x-k8s.io/queue-name``
+    label (and no ``default`` LocalQueue in its namespace) is held until it names a queue,
+    instead of running outside Kueue. Set it as Kueue's own configuration says."""
     identity: str = dataclasses.field(
         default_factory=lambda: f"{socket.gethostname()}/{uuid.uuid4().hex[:8]}"
     )
@@ -216,6 +220,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
             cluster_cache_s=config.cluster_cache_s,
             reporting_instance=config.identity,
             run_images=config.run_images,
+            manage_without_queue_name=config.manage_runs_without_queue_name,
         )
         memo["run_loops"] = {}
         peering = None
@@ -298,6 +303,14 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
             if ref.get("kind") == KIND and ref.get("controller")
         ]
         keys: list[Any] = owners or [(namespace, labels.get(RUN_LABEL))]
+        if not any(runs.get(key) for key in keys) and labels.get(RUN_LABEL):
+            # The run is gone: its Workload keeps its quota until the last pod is gone.
+            reconciler: Reconciler = memo["reconciler"]
+            try:
+                await reconciler.release_orphaned(namespace or "", labels[RUN_LABEL])
+            except (ApiUnavailableError, ApiRejectedError) as exc:  # the next event retries
+                kwargs["logger"].warning("releasing a deleted run's Workload: %s", exc)
+            return
         for key in keys:
             for run in runs.get(key, ()):
                 try:

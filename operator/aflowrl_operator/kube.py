@@ -85,6 +85,8 @@ KINDS: dict[str, Kind] = {
         Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
         Kind("scheduling.x-k8s.io/v1alpha1", "PodGroup", "podgroups"),
         Kind("kueue.x-k8s.io/v1beta2", "Workload", "workloads"),
+        Kind("kueue.x-k8s.io/v1beta2", "LocalQueue", "localqueues"),
+        Kind("kueue.x-k8s.io/v1beta2", "AdmissionCheck", "admissionchecks", namespaced=False),
         Kind("kueue.x-k8s.io/v1beta2", "ResourceFlavor", "resourceflavors", namespaced=False),
         Kind(
             "kueue.x-k8s.io/v1beta2",

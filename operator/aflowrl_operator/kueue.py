@@ -54,6 +54,12 @@ without it is the user's, which the operator never turns off."""
 RUN_SUSPENDED_BY_KUEUE = "kueue"
 WORKLOAD_PRIORITY_CLASS = "WorkloadPriorityClass"
 PRIORITY_CLASS = "PriorityClass"
+RESOURCE_IN_USE = f"{GROUP}/resource-in-use"
+"""Finalizer on the run's Workload while any pod of the run may still hold the resources
+Kueue admitted (Kueue's ``ResourceInUseFinalizerName``, which its ``jobframework`` puts on the
+Workloads of its own jobs at creation): the Workload, and with it the quota, outlives a
+deletion (the run's, or the operator's on a reshape) until every pod of the run is gone."""
+_FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 _REQUEUED_REASONS = frozenset({"Preempted", "NodeFailures"})
 """Eviction reasons after which Kueue's job reconciler marks the Workload ``Requeued`` True at
 once (the others, such as ``PodsReadyTimeout``, are requeued by Kueue after its backoff)."""
@@ -80,6 +86,11 @@ class Admission:
     message: str = ""
     flavors: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     updates: dict[str, list[JsonDict]] = dataclasses.field(default_factory=dict)
+    name: str = ""
+    topology: frozenset[str] = frozenset()
+    """Pod sets admitted with a ``topologyAssignment`` (topology-aware scheduling)."""
+    checks: tuple[str, ...] = ()
+    """Admission checks of the Workload (their names, to look their controllers up)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +101,7 @@ class Placement:
     tolerations: list[JsonDict] = dataclasses.field(default_factory=list)
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     annotations: dict[str, str] = dataclasses.field(default_factory=dict)
+    scheduling_gates: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +112,198 @@ class Priority:
     name: str
     kind: str
     value: int | None
+
+
+QUEUE_LABEL = f"{GROUP}/queue-name"
+DEFAULT_LOCAL_QUEUE = "default"
+"""The LocalQueue Kueue defaults a job's queue to when the namespace has one of this name and
+the job names none (Kueue's ``LocalQueueDefaulting``, ``jobframework.ApplyDefaultLocalQueue``)."""
+QUEUE_IMMUTABLE = "QueueNameImmutable"
+LOCAL_QUEUE_MISSING = "LocalQueueMissing"
+PLACEMENT_FAILED = "PlacementFailed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Queueing:
+    """Which LocalQueue a run is under in this pass, as Kueue's job integrations decide it.
+
+    ``queue``: the queue (None: the run is not under Kueue); ``refused``: why a change of the
+    run's ``kueue.x-k8s.io/queue-name`` label is not acted on (the run stays under
+    ``queue``); ``label_default``: the operator labels the run with the namespace's
+    ``default`` LocalQueue; ``unqueued``: the run names no queue and the operator manages
+    runs without one (``manageJobsWithoutQueueName``): held until it names one.
+    """
+
+    queue: str | None
+    refused: str = ""
+    label_default: bool = False
+    unqueued: bool = False
+
+
+def queueing(
+    label: str | None,
+    workload: JsonDict | None,
+    *,
+    in_use: bool,
+    default_queue: bool,
+    manage_without_queue_name: bool,
+) -> Queueing:
+    """Decide a run's queue from its label and its live Workload.
+
+    Kueue keeps a job's queue name immutable while the job runs (its webhook's
+    ``validateUpdateForQueueName``), so the quota it admitted cannot be escaped by relabelling.
+    The run's own rule is stricter, because a run's ``spec.suspend`` is also written while it
+    is evicted but still holds quota: while the Workload holds quota or any pod of the run
+    exists (``in_use``), a label that differs from the Workload's ``spec.queueName`` (removed
+    or changed) is refused and the run stays under the Workload's queue. Otherwise the label
+    wins (the Workload follows it while it holds no quota, as Kueue's ``QueueNameChange``).
+    A run without the label gets the namespace's ``default`` LocalQueue when that exists
+    (``default_queue``), and with ``manage_without_queue_name`` it is held until it names one.
+    """
+    live = workload is not None and not _true(workload, "Finished")
+    bound = str(((workload or {}).get("spec") or {}).get("queueName") or "") if live else ""
+    label = label or None
+    if live and in_use and bound and label != bound:
+        said = f"changed to {label!r}" if label else "removed"
+        return Queueing(
+            queue=bound,
+            refused=f"the {QUEUE_LABEL} label was {said} while the run holds quota or runs on "
+            f"LocalQueue {bound!r}: the queue of a running run is immutable, so the run stays "
+            f"on {bound!r}; restore the label, or suspend the run and change it once its pods "
+            "are gone",
+        )
+    if label is not None:
+        return Queueing(queue=label)
+    if default_queue:
+        return Queueing(queue=DEFAULT_LOCAL_QUEUE, label_default=True)
+    if manage_without_queue_name:
+        return Queueing(queue=None, unqueued=True)
+    return Queueing(queue=None)
+
+
+PODSET_LABEL = f"{GROUP}/podset"
+WORKLOAD_ANNOTATION = f"{GROUP}/workload"
+TOPOLOGY_GATE = f"{GROUP}/topology"
+MULTIKUEUE_CONTROLLER = f"{GROUP}/multikueue"
+"""``controllerName`` of MultiKueue's AdmissionCheck: it dispatches a Workload to a worker
+cluster through an adapter of the job's kind, and there is none for TrainingRuns."""
+MULTIKUEUE_UNSUPPORTED = "MultiKueueUnsupported"
+_TOPOLOGY_ANNOTATIONS = {
+    f"{GROUP}/podset-required-topology": "required",
+    f"{GROUP}/podset-preferred-topology": "preferred",
+    f"{GROUP}/podset-unconstrained-topology": "unconstrained",
+    f"{GROUP}/podset-slice-required-topology": "podSetSliceRequiredTopology",
+    f"{GROUP}/podset-slice-size": "podSetSliceSize",
+}
+"""Kueue's topology annotations of a pod template and the ``topologyRequest`` field each
+fills (``jobframework``'s ``NewPodSetTopologyRequest``)."""
+
+
+def topology_request(template: JsonDict) -> JsonDict | None:
+    """A pod set's ``topologyRequest`` from Kueue's annotations on its pod template (set
+    through the component's ``pod.annotations``), as Kueue builds it for its own jobs."""
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    request: JsonDict = {}
+    for key, field in _TOPOLOGY_ANNOTATIONS.items():
+        if key not in annotations:
+            continue
+        value: Any = annotations[key]
+        if field == "unconstrained":
+            value = str(value).lower() == "true"
+        elif field == "podSetSliceSize":
+            value = int(value) if str(value).isdigit() else value
+        request[field] = value
+    return request or None
+
+
+MAX_EXEC_TIME_LABEL = f"{GROUP}/max-exec-time-seconds"
+"""Kueue's label for a job's maximum execution time (seconds admitted before it is evicted
+and deactivated): a positive integer, anything else is ignored, as Kueue's
+``MaximumExecutionTimeSecondsForObject`` does."""
+
+
+def max_execution_seconds(deadline_s: int | None, label: str | None) -> int | None:
+    """The Workload's ``maximumExecutionTimeSeconds``: the shorter of the run's deadline and
+    its :data:`MAX_EXEC_TIME_LABEL` (None: neither)."""
+    found: list[int] = [deadline_s] if deadline_s is not None and deadline_s > 0 else []
+    if label is not None:
+        try:
+            value = int(label)
+        except ValueError:
+            value = 0
+        if 0 < value < 2**31:
+            found.append(value)
+    return min(found) if found else None
+
+
+_PLACEMENT_FIELDS = (
+    "nodeSelector",
+    "affinity",
+    "tolerations",
+    "priorityClassName",
+    "runtimeClassName",
+)
+"""Pod-spec fields that decide where a pod set's pods may run, which Kueue checks a Workload's
+admission against (flavor node labels and taints, TAS): an edit to them is a new shape."""
+
+
+def _requests(container: JsonDict) -> JsonDict:
+    """What Kueue counts of a container: its requests, a limit standing in for a missing
+    request (as the API server defaults requests from limits)."""
+    resources = container.get("resources") or {}
+    return {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+
+
+def admitted_shape(pod_sets: list[JsonDict]) -> list[JsonDict]:
+    """What Kueue admits of a Workload's pod sets: per pod set its name, count, containers'
+    (and init containers') requests and placement fields. Two Workloads with the same shape
+    need no new admission: only a change to it replaces the Workload (stop and requeue); an
+    operator release that renders other details differently (commands, probes, labels,
+    environment) leaves admitted runs alone."""
+    shape: list[JsonDict] = []
+    for pod_set in pod_sets:
+        pod = (pod_set.get("template") or {}).get("spec") or {}
+        shape.append(
+            {
+                "name": pod_set.get("name"),
+                "count": pod_set.get("count"),
+                "containers": [_requests(c) for c in pod.get("containers") or []],
+                "initContainers": [_requests(c) for c in pod.get("initContainers") or []],
+                **{f: pod[f] for f in _PLACEMENT_FIELDS if pod.get(f)},
+            }
+        )
+    return shape
+
+
+def holds_resources(pod: JsonDict) -> bool:
+    """Whether a pod of the run may still hold what Kueue admitted: every pod that has not
+    ended (``Succeeded``/``Failed``), ready or not, scheduled or not, terminating too (its
+    containers run until its grace period ends). Kueue's pod integration counts every Running
+    pod, terminating ones too (``pod_controller.go`` ``IsActive``); a Pending pod is counted as
+    well here, since it may start on the admitted nodes at any moment."""
+    return (pod.get("status") or {}).get("phase") not in _FINISHED_PHASES
+
+
+def idle(pods: list[JsonDict]) -> bool:
+    """Whether none of the run's pods (all those labelled with the run) holds resources: the
+    only moment the quota may be given back or the Workload deleted."""
+    return not any(holds_resources(pod) for pod in pods)
+
+
+def finalizer_patch(workload: JsonDict, *, present: bool) -> JsonDict | None:
+    """The merge patch that adds (``present``) or removes :data:`RESOURCE_IN_USE` on the
+    Workload, keeping every other finalizer; None when it is already so. It carries the
+    Workload's ``resourceVersion`` (finalizers are one list: a concurrent write wins, 409)."""
+    meta = workload.get("metadata") or {}
+    finalizers = list(meta.get("finalizers") or [])
+    if (RESOURCE_IN_USE in finalizers) == present:
+        return None
+    wanted = (
+        [*finalizers, RESOURCE_IN_USE]
+        if present
+        else [f for f in finalizers if f != RESOURCE_IN_USE]
+    )
+    return {"metadata": {"resourceVersion": meta.get("resourceVersion"), "finalizers": wanted}}
 
 
 def condition(workload: JsonDict | None, type_: str) -> JsonDict:
@@ -138,6 +342,9 @@ def admission(workload: JsonDict | None) -> Admission:
         cause = condition(workload, "Admitted")
     return Admission(
         exists=True,
+        name=str((workload.get("metadata") or {}).get("name") or ""),
+        topology=frozenset(str(a.get("name")) for a in assignments if a.get("topologyAssignment")),
+        checks=tuple(str(check.get("name")) for check in wl_status.get("admissionChecks") or []),
         uid=str((workload.get("metadata") or {}).get("uid") or ""),
         admitted=admitted,
         evicted=evicted,
@@ -160,6 +367,14 @@ def placement(admitted: Admission, flavor_objects: dict[str, JsonDict]) -> dict[
         tolerations: list[JsonDict] = []
         labels: dict[str, str] = {}
         annotations: dict[str, str] = {}
+        gates: tuple[str, ...] = ()
+        if pod_set in admitted.topology:
+            # Topology-aware scheduling, as Kueue starts its own jobs' pods
+            # (podset.FromAssignment): gated until Kueue's topology ungater, which finds them
+            # by these, gives each pod the nodes of its assigned domain.
+            labels[PODSET_LABEL] = pod_set
+            annotations[WORKLOAD_ANNOTATION] = admitted.name
+            gates = (TOPOLOGY_GATE,)
         for name in sorted(set(admitted.flavors.get(pod_set, {}).values())):
             spec = (flavor_objects.get(name) or {}).get("spec") or {}
             selector.update(spec.get("nodeLabels") or {})
@@ -169,8 +384,28 @@ def placement(admitted: Admission, flavor_objects: dict[str, JsonDict]) -> dict[
             tolerations += [t for t in update.get("tolerations") or [] if t not in tolerations]
             labels.update(update.get("labels") or {})
             annotations.update(update.get("annotations") or {})
-        out[pod_set] = Placement(selector, tolerations, labels, annotations)
+        out[pod_set] = Placement(selector, tolerations, labels, annotations, gates)
     return out
+
+
+def conflicts(pod_sets: list[JsonDict], placements: dict[str, Placement]) -> str:
+    """Why admission cannot be applied to the pod sets ("" when it can): a node label of the
+    admitted flavor (or a pod set update) that the pod set's own ``nodeSelector`` sets to
+    another value. Kueue refuses to start a job so (``podset.Merge``'s conflict, reported as
+    ``BadPodSetsUpdateError``) rather than pick one silently."""
+    found: list[str] = []
+    for pod_set in pod_sets:
+        where = placements.get(str(pod_set.get("name")))
+        if where is None:
+            continue
+        own = ((pod_set.get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
+        for key, value in sorted(where.node_selector.items()):
+            if key in own and own[key] != value:
+                found.append(
+                    f"pod set {pod_set['name']}: nodeSelector {key}={own[key]} conflicts with "
+                    f"{key}={value} of its admission"
+                )
+    return "; ".join(found)
 
 
 def place(template: JsonDict, where: Placement | None) -> None:
@@ -182,6 +417,12 @@ def place(template: JsonDict, where: Placement | None) -> None:
     if where.tolerations:
         own = list(pod.get("tolerations") or [])
         pod["tolerations"] = own + [copy.deepcopy(t) for t in where.tolerations if t not in own]
+    if where.scheduling_gates:
+        own_gates = list(pod.get("schedulingGates") or [])
+        names = {g.get("name") for g in own_gates}
+        pod["schedulingGates"] = own_gates + [
+            {"name": g} for g in where.scheduling_gates if g not in names
+        ]
     meta = template.setdefault("metadata", {})
     if where.labels:
         meta["labels"] = {**where.labels, **(meta.get("labels") or {})}
@@ -213,6 +454,34 @@ def priority_fields(api_version: str, priority: Priority | None) -> JsonDict:
         }
     out["priority"] = priority.value
     return out
+
+
+_PRIORITY_FIELDS = ("priorityClassRef", "priorityClassName", "priorityClassSource", "priority")
+
+
+def _workload_class(spec: JsonDict) -> str:
+    """The WorkloadPriorityClass a Workload spec names ("" for none or a PriorityClass)."""
+    ref = spec.get("priorityClassRef") or {}
+    if ref.get("kind") == WORKLOAD_PRIORITY_CLASS:
+        return str(ref.get("name") or "")
+    if spec.get("priorityClassSource") == f"{GROUP}/workloadpriorityclass":
+        return str(spec.get("priorityClassName") or "")
+    return ""
+
+
+def priority_patch(live: JsonDict, wanted: JsonDict) -> JsonDict | None:
+    """The merge patch moving an admitted Workload to the run's new WorkloadPriorityClass
+    and its value (None: nothing to move). Kueue lets a running job change its
+    WorkloadPriorityClass, not gain or lose one (``ValidateUpdateForWorkloadPriorityClassName``
+    in its ``jobframework/validation.go``), and updates the Workload's priority with it."""
+    old, new = live.get("spec") or {}, wanted.get("spec") or {}
+    if not _workload_class(old) or not _workload_class(new):
+        return None
+    changed = {f: new.get(f) for f in _PRIORITY_FIELDS if new.get(f) != old.get(f)}
+    if not changed:
+        return None
+    version = (live.get("metadata") or {}).get("resourceVersion")
+    return {"metadata": {"resourceVersion": version}, "spec": changed}
 
 
 def _set_condition(conditions: list[JsonDict], new: JsonDict, now: str) -> bool:

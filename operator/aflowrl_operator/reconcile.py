@@ -56,7 +56,6 @@ from aflowrl_operator.names import (
     COMPONENT_LABEL,
     KUEUE_PRIORITY_LABEL,
     KUEUE_QUEUE_LABEL,
-    PODSETS_HASH,
     RUN_LABEL,
     TEMPLATE_HASH,
     RunRef,
@@ -115,6 +114,7 @@ class Reconciler:
         cluster_cache_s: float = 60.0,
         reporting_instance: str = REPORTING_COMPONENT,
         run_images: ImageDefaults | None = None,
+        manage_without_queue_name: bool = False,
     ) -> None:
         self.api = api
         self._run_images = run_images or ImageDefaults()
@@ -127,6 +127,8 @@ class Reconciler:
         self._status_refusals: set[str] = set()  # runs whose status the API server refuses
         self._nodes: tuple[float, list[JsonDict]] | None = None
         self._kueue: tuple[float, str] | None = None
+        self._kueue_served: tuple[float, bool] | None = None
+        self._manage_without_queue_name = manage_without_queue_name
         self._warned_priority: set[tuple[str, str]] = set()
 
     def _record(self, actions: list[str], kind: str, name: str, action: str) -> None:
@@ -307,6 +309,50 @@ class Reconciler:
             await self._event(run, "Normal", "Reconciled", ", ".join(actions))
         return Outcome(status=new_status, rejection=rejection, status_written=written)
 
+    async def release_orphaned(self, namespace: str, run_name: str) -> bool:
+        """Take the :data:`kueue.RESOURCE_IN_USE` finalizer off the Workload of a deleted run
+        once none of its pods holds resources any more (its pods terminate after it, within
+        their grace period); Kueue then frees the quota. True when it did."""
+        version = await self._kueue_version()
+        if not await self.api.has_api(version):  # no Kueue: no Workload to release
+            return False
+        selector = {RUN_LABEL: run_name}
+        held = [
+            w
+            for w in await self.api.list("Workload", namespace, selector, api_version=version)
+            if kueue.RESOURCE_IN_USE in ((w.get("metadata") or {}).get("finalizers") or [])
+        ]
+        if not held:
+            return False
+        run = await self.api.get(KIND, namespace, run_name)
+        run_meta = (run or {}).get("metadata") or {}
+        if not kueue.idle(await self.api.list("Pod", namespace, selector)):
+            return False
+        released = False
+        for workload in held:
+            owners = {
+                ref.get("uid")
+                for ref in (workload.get("metadata") or {}).get("ownerReferences") or []
+                if ref.get("kind") == KIND
+            }
+            if run is not None and run_meta.get("uid") in owners:
+                continue  # the run lives: its own passes decide
+            patch = kueue.finalizer_patch(workload, present=False)
+            if patch is None:
+                continue
+            name = workload["metadata"]["name"]
+            try:
+                await self.api.patch(
+                    "Workload", namespace, name, patch, api_version=workload["apiVersion"]
+                )
+            except ApiRejectedError as exc:
+                if exc.status not in (404, 409):
+                    raise
+                continue  # gone, or written meanwhile: its next event tries again
+            logger.info("released Workload %s/%s of the deleted run %s", namespace, name, run_name)
+            released = True
+        return released
+
     async def _status_refused(self, run: RunRef, exc: ApiRejectedError) -> None:
         """The API server refuses the run's status: say so once, in an Event and the log.
 
@@ -386,10 +432,57 @@ class Reconciler:
         workload_manifest: JsonDict = {}
         workload_live: JsonDict | None = None
         admission = kueue.Admission()
-        if queue is not None:
+        problems: list[status.Problem] = []
+        try:
+            run_pods = await self.api.list("Pod", ns, {RUN_LABEL: run.name})
+            pods_gone = kueue.idle(run_pods)
+        except ApiRejectedError as exc:
+            problems.append(refused("list Pods", exc))
+            # Unknown pods are never "gone": quota is held and nothing is released or reshaped.
+            run_pods, pods_gone = [], False
+        unqueued = False
+        if await self._has_kueue():
+            # The Workload is read whatever the label says: relabelling cannot escape it.
             version = await self._kueue_version()
             workload_live = await self.api.get("Workload", ns, run.workload, api_version=version)
             admission = kueue.admission(workload_live)
+            choice = kueue.queueing(
+                queue,
+                workload_live,
+                in_use=admission.reserved or not pods_gone,
+                default_queue=queue is None
+                and await self._local_queue(ns, kueue.DEFAULT_LOCAL_QUEUE, version) is True,
+                manage_without_queue_name=self._manage_without_queue_name,
+            )
+            queue, unqueued = choice.queue, choice.unqueued
+            if choice.refused:
+                problems.append((kueue.QUEUE_IMMUTABLE, choice.refused))
+            if choice.label_default and body is not None and pods_gone:
+                await self._label_default_queue(run, dict(body), actions)
+            if queue is None and workload_live is not None and not admission.finished:
+                await self._drop_workload(run, workload_live, pods_gone, actions)
+                workload_live, admission = None, kueue.Admission()
+            multikueue = await self._multikueue_checks(admission, version)
+            if multikueue:
+                problems.append(
+                    (
+                        kueue.MULTIKUEUE_UNSUPPORTED,
+                        f"the run's ClusterQueue dispatches through MultiKueue (admission check "
+                        f"{', '.join(multikueue)}), which has no adapter for TrainingRuns: the "
+                        "run cannot run on a worker cluster; queue it on a ClusterQueue without "
+                        "MultiKueue",
+                    )
+                )
+            if queue is not None and await self._local_queue(ns, queue, version) is False:
+                problems.append(
+                    (
+                        kueue.LOCAL_QUEUE_MISSING,
+                        f"LocalQueue {queue} does not exist in namespace {ns}: the run stays "
+                        "queued until it does (or label the run with an existing one)",
+                    )
+                )
+        if queue is not None:
+            version = await self._kueue_version()
             # The pod sets are the pods as built before admission (Kueue's placement is not
             # part of a Workload's pod sets).
             unplaced = children.build(
@@ -403,28 +496,44 @@ class Reconciler:
                 spec,
                 unplaced,
                 queue=queue,
-                priority=await self._priority(spec, priority, version),
+                priority=await self._priority(spec, priority, version, unplaced),
                 api_version=version,
+                max_execution_label=(((body or {}).get("metadata") or {}).get("labels") or {}).get(
+                    kueue.MAX_EXEC_TIME_LABEL
+                ),
             )
-        reshaped = workload_live is not None and annotation(
-            workload_live, PODSETS_HASH
-        ) != annotation(workload_manifest, PODSETS_HASH)
+        # Compared by content, not by the hash a release wrote: a new release that renders
+        # other details differently does not requeue an admitted run.
+        reshaped = workload_live is not None and kueue.admitted_shape(
+            (workload_live.get("spec") or {}).get("podSets") or []
+        ) != kueue.admitted_shape(workload_manifest["spec"]["podSets"])
         admitted = admission.admitted and admission.active and not reshaped
-        held = queue is not None and wants_running and not admitted
-        suspend_refused: status.Problem | None = None
+        placement: dict[str, kueue.Placement] = {}
+        unplaceable = ""
+        if queue is not None and admitted:
+            # Fails closed, as Kueue's BadPodSetsUpdateError: pods never start without (or
+            # against) what admission says about their nodes.
+            placement, unplaceable = await self._placement(admission)
+            unplaceable = unplaceable or kueue.conflicts(
+                workload_manifest["spec"]["podSets"], placement
+            )
+            if unplaceable:
+                problems.append((kueue.PLACEMENT_FAILED, unplaceable))
+                admitted, placement = False, {}
+        held = (queue is not None or unqueued) and wants_running and not admitted
         try:
             if body is not None and await self._suspend_for_kueue(
                 run, dict(body), held=held, actions=actions
             ):
                 held = True
         except ApiRejectedError as exc:  # the children still follow ``held``
-            suspend_refused = refused(f"patch {KIND} {run.name} spec.suspend", exc)
+            problems.append(refused(f"patch {KIND} {run.name} spec.suspend", exc))
         services = wants_running and not held
         scale = children.Scale(
             services=services,
             environment_replicas=env_replicas,
             trainer_suspended=spec.suspend or held,
-            placement=await self._placement(admission) if queue is not None and admitted else {},
+            placement=placement,
         )
         monitoring_api = await self._has_monitoring()
         wants_monitor = spec.monitoring.service_monitor.enabled
@@ -442,14 +551,8 @@ class Reconciler:
             run, spec, scale, monitoring_api=monitoring_api, group_api=group_api
         )
 
-        problems: list[status.Problem] = [suspend_refused] if suspend_refused else []
         if not group_api and groups.needs_api(spec):
             problems.append((groups.UNAVAILABLE, groups.unavailable_message(spec)))
-        try:
-            run_pods = await self.api.list("Pod", ns, {RUN_LABEL: run.name})
-        except ApiRejectedError as exc:
-            problems.append(refused("list Pods", exc))
-            run_pods = []
         # The replica LeaderWorkerSets there are (to keep those a new template waits for, and
         # to delete the surplus after).
         found: list[tuple[children.Pruned, list[JsonDict]]] = []
@@ -560,10 +663,27 @@ class Reconciler:
         deactivated = False
         admitted_condition: tuple[bool, str, str] | None = None
         if queue is not None:
-            idle = trainer.active == 0 and not any(w.ready for w in components)
-            every_pod_ready = (trainer.ready > 0 or trainer.complete) and all(
-                w.desired > 0 and w.ready >= w.desired for w in components
+            # Idle from the run's pods themselves (ready or not, terminating too), never from
+            # its workloads' ready counts: a pod in its startup probe holds its GPUs as well.
+            idle = trainer.active == 0 and pods_gone
+            # PodsReady against what Kueue admitted, not the moment's desire: the environment
+            # needs its floor (an HPA scale-up's new pods do not count against it), and a roll
+            # the operator makes one replica at a time keeps a True PodsReady True.
+            fixed = [workload("rollout"), workload("learner"), workload("executor")]
+            every_pod_ready = (
+                (trainer.ready > 0 or trainer.complete)
+                and all(w.ready >= w.desired for w in fixed)
+                and fixed[0].desired > 0
+                and fixed[1].desired > 0
+                and workload("environment").ready >= spec.environment.replicas.min
             )
+            rolling = bool(waiting) or any(
+                kueue.condition(obj, "UpdateInProgress").get("status") == "True"
+                for (kind, _), obj in live.items()
+                if kind == groups.KIND
+            )
+            if rolling and kueue.condition(workload_live, "PodsReady").get("status") == "True":
+                every_pod_ready = True
             try:
                 queued, deactivated = await self._sync_workload(
                     run,
@@ -588,6 +708,16 @@ class Reconciler:
                 suspended=spec.suspend,
                 ended=finished and not kept,
             )
+            if unplaceable and queued is None and not spec.suspend:
+                queued = f"admitted, but its pods cannot be placed: {unplaceable}"
+                admitted_condition = (False, kueue.PLACEMENT_FAILED, queued)
+        elif unqueued and wants_running:
+            queued = (
+                f"the run names no LocalQueue ({KUEUE_QUEUE_LABEL} label) and the operator "
+                "manages runs without one (manageJobsWithoutQueueName): it is held until it "
+                "names one"
+            )
+            admitted_condition = (False, "NoQueueName", queued)
         observed = status.Observation(
             spec=spec,
             rejection=rejection,
@@ -649,30 +779,119 @@ class Reconciler:
             break
         return attempted and not held and bool((body.get("spec") or {}).get("suspend"))
 
-    async def _placement(self, admitted: kueue.Admission) -> dict[str, kueue.Placement]:
-        """Per pod set, what its admission adds to its pods (:func:`kueue.placement`)."""
+    async def _has_kueue(self) -> bool:
+        """Whether the cluster serves Kueue's Workload API (cached like the others)."""
+        now = time.monotonic()
+        if self._kueue_served is None or now - self._kueue_served[0] > self._cache_s:
+            self._kueue_served = (now, await self.api.has_api(await self._kueue_version()))
+        return self._kueue_served[1]
+
+    async def _multikueue_checks(self, admitted: kueue.Admission, version: str) -> list[str]:
+        """The Workload's admission checks that MultiKueue controls (unreadable ones skipped)."""
+        found = []
+        for name in admitted.checks:
+            try:
+                check = await self.api.get("AdmissionCheck", None, name, api_version=version)
+            except ApiRejectedError as exc:
+                logger.debug("cannot read AdmissionCheck %s: %s", name, exc)
+                continue
+            if ((check or {}).get("spec") or {}).get("controllerName") == (
+                kueue.MULTIKUEUE_CONTROLLER
+            ):
+                found.append(name)
+        return found
+
+    async def _local_queue(self, namespace: str, name: str, version: str) -> bool | None:
+        """Whether the LocalQueue exists (None: unknown, e.g. no RBAC to read it)."""
+        try:
+            found = await self.api.get("LocalQueue", namespace, name, api_version=version)
+        except ApiRejectedError as exc:
+            logger.debug("cannot read LocalQueue %s/%s: %s", namespace, name, exc)
+            return None
+        return found is not None
+
+    async def _label_default_queue(self, run: RunRef, body: JsonDict, actions: list[str]) -> None:
+        """Label the run with the namespace's ``default`` LocalQueue, as Kueue's defaulting
+        webhooks label its own jobs, and suspend it (marked as Kueue's) in the same write, so
+        it waits for admission (the write carries the run's version: a user's wins)."""
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        patch: JsonDict = {"spec": {}}
+        if not (body.get("spec") or {}).get("suspend"):
+            # Queued from now on: suspended with it, as a run created with the label is.
+            patch = kueue.suspend_patch(body, held=True) or patch
+        patch["metadata"] = {
+            **patch.get("metadata", {}),
+            **({"resourceVersion": version} if version else {}),
+            "labels": {KUEUE_QUEUE_LABEL: kueue.DEFAULT_LOCAL_QUEUE},
+        }
+        if not patch["spec"]:
+            del patch["spec"]
+        try:
+            await self.api.patch(KIND, run.namespace, run.name, patch, field_manager=FIELD_MANAGER)
+        except ApiRejectedError as exc:
+            if exc.status != 409:
+                raise
+            return  # the user wrote meanwhile: the next pass decides again
+        actions.append(f"labelled with LocalQueue {kueue.DEFAULT_LOCAL_QUEUE}")
+
+    async def _drop_workload(
+        self, run: RunRef, live: JsonDict, idle: bool, actions: list[str]
+    ) -> None:
+        """The run left Kueue (its label removed while it held no quota): its Workload goes
+        once no pod of the run holds resources (finalizer first)."""
+        if not idle or kueue.admission(live).reserved:
+            return
+        live_now = await self._in_use(run, live, present=False, actions=actions)
+        if live_now is not None and await remove(
+            self.api, run, "Workload", run.workload, api_version=live["apiVersion"]
+        ):
+            self._record(actions, "Workload", run.workload, "deleted")
+
+    async def _placement(self, admitted: kueue.Admission) -> tuple[dict[str, kueue.Placement], str]:
+        """Per pod set, what its admission adds to its pods (:func:`kueue.placement`), and why
+        it cannot be known ("" when it can): a ResourceFlavor that cannot be read."""
         version = await self._kueue_version()
         objects: dict[str, JsonDict] = {}
-        for name in {f for flavors in admitted.flavors.values() for f in flavors.values()}:
+        unreadable: list[str] = []
+        for name in sorted({f for flavors in admitted.flavors.values() for f in flavors.values()}):
             try:
                 found = await self.api.get("ResourceFlavor", None, name, api_version=version)
-            except ApiRejectedError as exc:  # no RBAC for flavors: pods keep their placement
+            except ApiRejectedError as exc:
                 logger.warning("cannot read ResourceFlavor %s: %s", name, exc)
-                found = None
-            if found is not None:
+                unreadable.append(f"ResourceFlavor {name} cannot be read ({exc})")
+                continue
+            if found is None:
+                unreadable.append(f"ResourceFlavor {name} does not exist")
+            else:
                 objects[name] = found
-        return kueue.placement(admitted, objects)
+        if unreadable:
+            return {}, (
+                f"{'; '.join(unreadable)}: the run stays suspended, since its pods would start "
+                "without the flavor's node labels and tolerations"
+            )
+        return kueue.placement(admitted, objects), ""
 
     async def _priority(
-        self, spec: RunSpec, workload_class: str | None, version: str
+        self, spec: RunSpec, workload_class: str | None, version: str, desired: children.Desired
     ) -> kueue.Priority | None:
         """The run's priority as Kueue's integrations resolve it: the WorkloadPriorityClass
-        its ``kueue.x-k8s.io/priority-class`` label names, else the pods' PriorityClass
-        (``scheduling.priorityClassName``), with that class's value."""
+        its ``kueue.x-k8s.io/priority-class`` label names, else the PriorityClass of the first
+        pod set whose pods name one (``scheduling.priorityClassName``, or a component's own
+        ``pod.priorityClassName``; Kueue's ``ExtractPriority``), with that class's value."""
+        templates = [groups.pod_template_of(c.manifest) for c in desired.children]
+        templates.append(desired.trainer_job["spec"]["template"])
+        pod_class = spec.scheduling.priority_class_name or next(
+            (
+                str(t["spec"]["priorityClassName"])
+                for t in templates
+                if t is not None and t["spec"].get("priorityClassName")
+            ),
+            None,
+        )
         if workload_class:
             kind, name, api_version = kueue.WORKLOAD_PRIORITY_CLASS, workload_class, version
-        elif spec.scheduling.priority_class_name:
-            kind, name = kueue.PRIORITY_CLASS, spec.scheduling.priority_class_name
+        elif pod_class:
+            kind, name = kueue.PRIORITY_CLASS, pod_class
             api_version = "scheduling.k8s.io/v1"
         else:
             return None
@@ -711,6 +930,20 @@ class Reconciler:
             logger.info("Workload %s/%s changed meanwhile: %s", run.namespace, run.workload, exc)
             return None
 
+    async def _in_use(
+        self, run: RunRef, live: JsonDict, *, present: bool, actions: list[str]
+    ) -> JsonDict | None:
+        """Put (``present``) or take away the Workload's :data:`kueue.RESOURCE_IN_USE`
+        finalizer; the Workload as it now is (None when Kueue wrote meanwhile, or it is gone)."""
+        patch = kueue.finalizer_patch(live, present=present)
+        if patch is None:
+            return live
+        written = await self._patch_workload(run, live, patch)
+        if written is not None:
+            action = "held in use" if present else "released from use"
+            self._record(actions, "Workload", run.workload, action)
+        return written
+
     async def _sync_workload(
         self,
         run: RunRef,
@@ -741,17 +974,25 @@ class Reconciler:
             patch = None
             if live is not None:
                 patch = kueue.finished(live, ended.complete, ended.failure_message, now)
-            if (
-                live is not None
-                and patch is not None
-                and await self._patch_workload(run, live, patch, subresource="status")
-            ):
-                self._record(actions, "Workload", run.workload, "finished")
+            if live is not None and patch is not None:
+                finished = await self._patch_workload(run, live, patch, subresource="status")
+                if finished is not None:
+                    live = finished
+                    self._record(actions, "Workload", run.workload, "finished")
+            if live is not None and idle:  # nothing of the run holds resources any more
+                await self._in_use(run, live, present=False, actions=actions)
             return None, False
-        if live is not None and reshaped and (not admitted.reserved or idle):
-            if await remove(self.api, run, "Workload", run.workload, api_version=version):
+        if live is not None and reshaped and idle:
+            # Kueue does not let pod sets change: a new Workload, once no pod of the run holds
+            # what the old one admitted (its finalizer goes first, as Kueue's workload.Delete).
+            live = await self._in_use(run, live, present=False, actions=actions)
+            if live is not None and await remove(
+                self.api, run, "Workload", run.workload, api_version=version
+            ):
                 self._record(actions, "Workload", run.workload, "deleted")
             live = None
+        if live is not None and not reshaped:
+            live = await self._in_use(run, live, present=True, actions=actions) or live
         if live is None:
             if suspended:
                 return None, False  # nothing to queue until the run resumes
@@ -763,6 +1004,13 @@ class Reconciler:
             live, action = await ensure(self.api, run, manifest)
             if action != "unchanged":
                 self._record(actions, "Workload", run.workload, action)
+        elif not reshaped:
+            # A WorkloadPriorityClass changed on a running run: Kueue's job reconciler moves
+            # its Workload's priority too (preemption orders by it); adding or removing one
+            # while running is what Kueue refuses.
+            patch = kueue.priority_patch(live, manifest)
+            if patch is not None and await self._patch_workload(run, live, patch):
+                self._record(actions, "Workload", run.workload, "reprioritised")
         ours = annotation(live, kueue.SUSPENDED_BY) is not None
         if suspended and admitted.active:
             patch = {

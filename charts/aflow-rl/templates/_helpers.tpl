@@ -121,6 +121,10 @@ written with server-side apply (patch, which also creates) and watched (list, wa
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["get", "patch"]
+# Whether the LocalQueue a run names (or the namespace's "default") exists.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["localqueues"]
+  verbs: ["get"]
 {{- end }}
 {{- if include "aflow-rl.peering" . }}
 - apiGroups: ["kopf.dev"]
@@ -177,4 +181,10 @@ has(object.metadata.labels) && 'kueue.x-k8s.io/queue-name' in object.metadata.la
 {{- end }}
 {{- define "aflow-rl.kueueSuspendMutation" -}}
 Object{metadata: Object.metadata{annotations: {'aflowrl.io/suspended-by': 'kueue'}}, spec: Object.spec{suspend: true}}
+{{- end }}
+{{- define "aflow-rl.kueueQueueNameUnchanged" -}}
+(has(object.spec) && has(object.spec.suspend) && object.spec.suspend) || ((has(object.metadata.labels) && 'kueue.x-k8s.io/queue-name' in object.metadata.labels) ? object.metadata.labels['kueue.x-k8s.io/queue-name'] : '') == ((has(oldObject.metadata.labels) && 'kueue.x-k8s.io/queue-name' in oldObject.metadata.labels) ? oldObject.metadata.labels['kueue.x-k8s.io/queue-name'] : '')
+{{- end }}
+{{- define "aflow-rl.kueueQueueNameMessage" -}}
+'the kueue.x-k8s.io/queue-name label of a TrainingRun that is not suspended is immutable (as Kueue keeps its own jobs\' queue names): suspend the run to change its queue'
 {{- end }}

@@ -431,6 +431,10 @@ class SchedulingSpec(SpecModel):
     """PriorityClass of every pod of the run."""
     gang: GangSpec | None = None
     """Gang-schedule the GPU pods (coscheduling PodGroup); empty: pods schedule one by one."""
+    exclusive_topology: LabelKey | None = None
+    """Node label of a topology domain (a rack, an NVLink domain...) that each multi-node group
+    takes whole: every pod of a group in one domain, one group per domain (LeaderWorkerSet's
+    ``leaderworkerset.sigs.k8s.io/exclusive-topology``); empty: groups may share domains."""
 
 
 NcclEnvKey = Annotated[

@@ -9,7 +9,8 @@ API-server semantics the operator's tests rely on:
 - resources declared with a ``status`` subresource get its semantics: writes to the main resource
   never change ``status``, writes to ``/status`` change nothing else, and creation drops status;
 - a failing JSON-patch ``test`` answers 422 (kopf retries), a missing object 404, a duplicate 409;
-- deleting an object deletes its dependents (owner-reference garbage collection, foreground);
+- deleting an object deletes its dependents (owner-reference garbage collection), which their
+  finalizers hold (``deletionTimestamp`` set) until removed;
 - watches subscribe before replaying the existing objects, so no event in between is lost;
 - lists honour equality ``labelSelector``\\ s;
 - a TrainingRun is stored with its CRD's structural defaults filled in, on every write, as the
@@ -90,6 +91,8 @@ MONITORING = {"monitoring.coreos.com/v1/podmonitors": ("PodMonitor", True, False
 KUEUE_V1BETA1 = {
     "kueue.x-k8s.io/v1beta1/workloads": ("Workload", True, True),
     "kueue.x-k8s.io/v1beta1/resourceflavors": ("ResourceFlavor", False, False),
+    "kueue.x-k8s.io/v1beta1/localqueues": ("LocalQueue", True, True),
+    "kueue.x-k8s.io/v1beta1/admissionchecks": ("AdmissionCheck", False, True),
     "kueue.x-k8s.io/v1beta1/workloadpriorityclasses": ("WorkloadPriorityClass", False, False),
     "scheduling.k8s.io/v1/priorityclasses": ("PriorityClass", False, False),
 }
@@ -97,6 +100,8 @@ KUEUE_V1BETA1 = {
 KUEUE = {
     "kueue.x-k8s.io/v1beta2/workloads": ("Workload", True, True),
     "kueue.x-k8s.io/v1beta2/resourceflavors": ("ResourceFlavor", False, False),
+    "kueue.x-k8s.io/v1beta2/localqueues": ("LocalQueue", True, True),
+    "kueue.x-k8s.io/v1beta2/admissionchecks": ("AdmissionCheck", False, True),
     "kueue.x-k8s.io/v1beta2/workloadpriorityclasses": ("WorkloadPriorityClass", False, False),
     "scheduling.k8s.io/v1/priorityclasses": ("PriorityClass", False, False),
 }
@@ -711,11 +716,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 continue
             owners = child.raw.get("metadata", {}).get("ownerReferences", [])
             if any(ref.get("uid") == uid for ref in owners):
-                dependent = copy.deepcopy(child.raw)
-                if _graceful(child_key[0], dependent):  # the garbage collector's DELETE
-                    await self._terminate(dependent, _grace(dependent))
-                else:
-                    await self._remove(child_key, dependent)
+                # The garbage collector's DELETE: a pod on a node terminates within its grace,
+                # and finalizers hold any dependent.
+                await self._apply_delete(*child_key)
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         resource = request.resource

@@ -270,6 +270,17 @@ def chart_denies(
     return sorted(r for r in requests if not policy.allows(*r, NAMESPACE))
 
 
+def local_queue(resource: str, namespace: str, name: str) -> dict[str, Any]:
+    """A Kueue LocalQueue (of the API version ``resource`` names) pointing at ClusterQueue
+    ``gpu``."""
+    return {
+        "apiVersion": resource.rsplit("/", 1)[0],
+        "kind": "LocalQueue",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"clusterQueue": "gpu"},
+    }
+
+
 @contextlib.asynccontextmanager
 async def emulated_cluster(
     *tables: dict[str, tuple[str, bool, bool]],
@@ -283,6 +294,9 @@ async def emulated_cluster(
     async with KubeEmulator() as emulator, kmock.Server(emulator) as server:
         for table in tables:
             emulator.declare(table)
+            for resource in table:
+                if resource.endswith("/localqueues"):  # the queue the tests' runs name
+                    await emulator.put_object(resource, local_queue(resource, NAMESPACE, "team-a"))
         emulator.policy = chart_rbac.operator_policy(chart_values)
         harness = Cluster(emulator, server)
         if operator:

@@ -12,10 +12,12 @@ suspend (unmarked) deactivates the Workload and is never turned off by the opera
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
-from operator_harness import NAMESPACE, RUNS, Cluster, chart_denies
+from operator_harness import NAMESPACE, RUNS, Cluster, Operator, chart_denies, local_queue
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -69,6 +71,10 @@ async def _flavor(cluster: Cluster, version: str = V1BETA2) -> None:
 
 
 async def _admit(cluster: Cluster, version: str = V1BETA2, **extra: Any) -> None:
+    """Kueue's part: admit the run's Workload on flavor h100 (which Kueue only admits on when
+    it exists)."""
+    if cluster.emulator.read(f"{version}/resourceflavors", None, "h100") is None:
+        await _flavor(cluster, version)
     await cluster.emulator.set_status(
         f"{version}/workloads", NAMESPACE, "demo-kueue", _admitted(**extra)
     )
@@ -77,8 +83,48 @@ async def _admit(cluster: Cluster, version: str = V1BETA2, **extra: Any) -> None
     )
 
 
+PODS = "v1/pods"
+RUN_PODS = {"rollout": 1, "learner": 1, "environment": 2, "trainer": 1}
+
+
+async def _pod(
+    cluster: Cluster, name: str, component: str, *, ready: bool, terminating: bool = False
+) -> None:
+    """One pod of the run as the kubelet shows it: Running, ready or not, terminating or not
+    (``deletionTimestamp`` set, its containers still running within their grace period)."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": NAMESPACE,
+        "labels": {"aflowrl.io/run": "demo", "app.kubernetes.io/component": component},
+    }
+    if terminating:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        meta["deletionGracePeriodSeconds"] = 30
+    ready_status = "True" if ready else "False"
+    await cluster.emulator.put_object(
+        PODS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {"containers": [{"name": "main", "image": "x"}]},
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": ready_status}],
+            },
+        },
+    )
+
+
 async def _pods(cluster: Cluster, *, ready: bool) -> None:
     """The kubelet's and controllers' part: every pod of the run ready (or every pod gone)."""
+    for component, count in RUN_PODS.items():
+        for i in range(count):
+            name = f"demo-{component}-{i}"
+            if ready:
+                await _pod(cluster, name, component, ready=True)
+            elif cluster.emulator.read(PODS, NAMESPACE, name) is not None:
+                await cluster.emulator.delete_object(PODS, NAMESPACE, name)
     n = 1 if ready else 0
     await cluster.emulator.set_status(JOBS, NAMESPACE, "demo-trainer", {"active": n, "ready": n})
     for resource, name, count in (
@@ -516,3 +562,389 @@ async def test_removing_the_marker_makes_a_queued_runs_suspend_the_users(cluster
     await cluster.settle()
     assert _suspend(cluster) == (True, None)
     assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+
+
+def _evicted(reason: str = "Preempted") -> dict[str, Any]:
+    evicted = _admitted()
+    evicted["conditions"].append(
+        {"type": "Evicted", "status": "True", "reason": reason, "message": reason.lower()}
+    )
+    return evicted
+
+
+async def test_an_evicted_runs_quota_is_held_while_any_pod_runs_unready_or_terminating(
+    cluster: Cluster,
+):
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await _admit(cluster)
+    await _pods(cluster, ready=True)
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", _evicted())
+    await cluster.eventually(
+        lambda: cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0,
+        what="scaled to zero",
+    )
+    # Every workload reports nothing ready and the trainer nothing active, but a vLLM pod is
+    # still in its startup probe (running, not ready) and a learner pod is terminating.
+    await _pods(cluster, ready=False)
+    await _pod(cluster, "demo-rollout-slow", "rollout", ready=False)
+    await _pod(cluster, "demo-learner-old", "learner", ready=True, terminating=True)
+    await cluster.settle()
+    assert _workload(cluster)["status"].get("admission") is not None, "quota released early"
+    await cluster.emulator.delete_object(PODS, NAMESPACE, "demo-rollout-slow")
+    await cluster.settle()
+    assert _workload(cluster)["status"].get("admission") is not None, "a pod still terminates"
+    # The terminating pod's containers are gone: only now is the quota given back.
+    await cluster.emulator.set_status(PODS, NAMESPACE, "demo-learner-old", {"phase": "Succeeded"})
+    await cluster.eventually(
+        lambda: "admission" not in _workload(cluster)["status"], what="the quota released"
+    )
+
+
+async def test_the_workload_of_a_deleted_run_keeps_its_quota_until_its_pods_are_gone(
+    cluster: Cluster,
+):
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    # Kueue's resource-in-use finalizer, as its jobframework puts on its own jobs' Workloads.
+    assert "kueue.x-k8s.io/resource-in-use" in workload["metadata"]["finalizers"]
+    await _admit(cluster)
+    await _pods(cluster, ready=True)
+    await cluster.emulator.delete_object(RUNS, NAMESPACE, "demo")
+    # The garbage collector deletes the Workload, but its finalizer holds it (and the quota)
+    # while the run's pods terminate.
+    await cluster.eventually(
+        lambda: _workload(cluster)["metadata"].get("deletionTimestamp"), what="being deleted"
+    )
+    await cluster.emulator.delete_object(PODS, NAMESPACE, "demo-rollout-0")
+    await cluster.emulator.delete_object(PODS, NAMESPACE, "demo-learner-0")
+    await asyncio.sleep(1.0)  # events of the pods above reach the operator (not a deadline)
+    assert _workload(cluster) is not None, "the Workload went while pods still ran"
+    for pod in ("demo-environment-0", "demo-environment-1", "demo-trainer-0"):
+        await cluster.emulator.delete_object(PODS, NAMESPACE, pod)
+    await cluster.eventually(lambda: _workload(cluster) is None, what="the Workload gone")
+
+
+async def test_a_reshaped_runs_workload_is_replaced_only_once_its_pods_are_gone(
+    cluster: Cluster,
+):
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await _admit(cluster)
+    await _pods(cluster, ready=True)
+    # A new shape (more environment pods): Kueue does not let pod sets change.
+    await cluster.patch_spec("demo", {"environment": {"replicas": {"min": 2, "max": 6}}})
+    await cluster.eventually(
+        lambda: cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0,
+        what="the run held",
+    )
+    await _pods(cluster, ready=False)
+    await _pod(cluster, "demo-env-old", "environment", ready=False, terminating=True)
+    await cluster.settle()
+    live = _workload(cluster)
+    assert live is not None and live["metadata"]["uid"] == workload["metadata"]["uid"]
+    await cluster.emulator.delete_object(PODS, NAMESPACE, "demo-env-old")
+    await cluster.eventually(
+        lambda: (w := _workload(cluster)) and w["metadata"]["uid"] != workload["metadata"]["uid"],
+        what="a new Workload",
+    )
+    assert cluster.emulator.count_created("workloads") == 2
+
+
+async def test_relabelling_an_admitted_run_is_refused_and_it_keeps_its_queue_and_quota(
+    cluster: Cluster,
+):
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await _admit(cluster)
+    await _pods(cluster, ready=True)
+    # Taking the run out of its queue (the chart's admission policy refuses this on a real
+    # API server; the emulator has none): the operator refuses to act on it.
+    await cluster.emulator.patch_object(
+        RUNS, NAMESPACE, "demo", {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": None}}}
+    )
+    degraded = await cluster.wait_condition("demo", "Degraded", reason="QueueNameImmutable")
+    assert "'team-a'" in degraded["message"]
+    await cluster.settle()
+    workload = _workload(cluster)
+    assert workload["spec"]["queueName"] == "team-a"
+    assert workload["status"].get("admission") is not None
+    assert cluster.condition("demo", "Admitted")["status"] == "True"
+    # Kueue still decides: an eviction stops the unlabelled run as before.
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", _evicted())
+    await cluster.eventually(
+        lambda: cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0,
+        what="the run stopped",
+    )
+    # Moved to another queue while running: refused the same way.
+    await cluster.emulator.patch_object(
+        RUNS, NAMESPACE, "demo", {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "b"}}}
+    )
+    await cluster.eventually(
+        lambda: "changed to 'b'" in cluster.condition("demo", "Degraded")["message"],
+        what="the change refused",
+    )
+    assert cluster.emulator.count_created("workloads") == 1
+
+
+async def test_a_run_without_a_queue_gets_the_namespaces_default_local_queue(cluster: Cluster):
+    await cluster.emulator.put_object(
+        f"{V1BETA2}/localqueues", local_queue(f"{V1BETA2}/localqueues", NAMESPACE, "default")
+    )
+    await cluster.create_run("demo", TINY)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    assert workload["spec"]["queueName"] == "default"
+    labels = cluster.run("demo")["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "default"
+    await cluster.eventually(lambda: _suspend(cluster) == (True, "kueue"), what="suspended")
+    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0
+    await _admit(cluster)
+    await cluster.eventually(lambda: _suspend(cluster) == (False, None), what="unsuspended")
+
+
+async def test_a_missing_local_queue_is_reported_and_the_run_stays_queued(cluster: Cluster):
+    await cluster.create_run("demo", TINY, labels={"kueue.x-k8s.io/queue-name": "nowhere"})
+    degraded = await cluster.wait_condition("demo", "Degraded", reason="LocalQueueMissing")
+    assert "LocalQueue nowhere does not exist in namespace team-a" in degraded["message"]
+    assert cluster.condition("demo", "Admitted")["reason"] == "Queued"
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+
+
+async def test_with_manage_jobs_without_queue_name_an_unlabelled_run_is_held(cluster: Cluster):
+    await cluster.stop_operator()
+    cluster.operator = Operator(cluster.url)
+    cluster.operator.config = dataclasses.replace(
+        cluster.operator.config, manage_runs_without_queue_name=True
+    )
+    await cluster.start_operator()
+    await cluster.create_run("demo", TINY)
+    admitted = await cluster.wait_condition("demo", "Admitted", reason="NoQueueName")
+    assert "manageJobsWithoutQueueName" in admitted["message"]
+    await cluster.eventually(lambda: _suspend(cluster) == (True, "kueue"), what="suspended")
+    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+    # Naming a queue queues it.
+    await cluster.emulator.patch_object(RUNS, NAMESPACE, "demo", {"metadata": {"labels": QUEUE}})
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    assert workload["spec"]["queueName"] == "team-a"
+
+
+async def test_an_unreadable_flavor_keeps_the_admitted_run_suspended_and_names_it(
+    cluster: Cluster,
+):
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    # Admitted on flavor h100, which does not exist (or the operator may not read it).
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", _admitted())
+    admitted = await cluster.wait_condition("demo", "Admitted", reason="PlacementFailed")
+    assert "ResourceFlavor h100 does not exist" in admitted["message"]
+    assert cluster.condition("demo", "Degraded")["reason"] == "PlacementFailed"
+    await cluster.settle()
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0
+    assert _suspend(cluster) == (True, "kueue")
+    # The flavor appears: the run starts on its nodes.
+    await _flavor(cluster)
+    await cluster.eventually(
+        lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is False, what="started"
+    )
+    pod = cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"cloud.example.com/pool": "h100"}
+
+
+async def test_a_flavor_conflicting_with_the_users_node_selector_keeps_the_run_suspended(
+    cluster: Cluster,
+):
+    await _flavor(cluster)
+    spec = {**TINY, "rollout": {"pod": {"nodeSelector": {"cloud.example.com/pool": "a100"}}}}
+    await cluster.create_run("demo", spec, labels=QUEUE)
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", _admitted())
+    admitted = await cluster.wait_condition("demo", "Admitted", reason="PlacementFailed")
+    assert (
+        "pod set rollout: nodeSelector cloud.example.com/pool=a100 conflicts with "
+        "cloud.example.com/pool=h100" in admitted["message"]
+    )
+    await cluster.settle()
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0
+
+
+async def test_pods_ready_is_measured_against_the_admitted_counts_not_an_autoscale(
+    cluster: Cluster,
+):
+    await _flavor(cluster)
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await _admit(cluster)
+    await _pods(cluster, ready=True)
+    await cluster.eventually(
+        lambda: _cond(_workload(cluster), "PodsReady").get("status") == "True", what="PodsReady"
+    )
+    # The HPA scales the environment up: two new pods start, not ready yet.
+    await cluster.emulator.patch_object(
+        DEPLOYMENTS, NAMESPACE, "demo-env", {"spec": {"replicas": 4}}
+    )
+    await cluster.emulator.set_status(
+        DEPLOYMENTS, NAMESPACE, "demo-env", {"readyReplicas": 2, "replicas": 4}
+    )
+    await cluster.settle()
+    assert cluster.child(DEPLOYMENTS, "demo-env")["spec"]["replicas"] == 4
+    assert _cond(_workload(cluster), "PodsReady")["status"] == "True"
+    # Below the floor the run admitted: that is a lost pod.
+    await cluster.emulator.set_status(
+        DEPLOYMENTS, NAMESPACE, "demo-env", {"readyReplicas": 1, "replicas": 4}
+    )
+    await cluster.eventually(
+        lambda: _cond(_workload(cluster), "PodsReady").get("reason") == "WaitForRecovery",
+        what="PodsReady False",
+    )
+
+
+async def test_a_priority_class_change_reaches_the_admitted_workload_and_the_deadline_bounds_it(
+    cluster: Cluster,
+):
+    for name, value in (("low", 10), ("high", 1000)):
+        await cluster.emulator.put_object(
+            f"{V1BETA2}/workloadpriorityclasses",
+            {
+                "apiVersion": V1BETA2,
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": name},
+                "value": value,
+            },
+        )
+    await _flavor(cluster)
+    spec = {**TINY, "trainer": {"activeDeadlineSeconds": 7200}}
+    labels = {**QUEUE, "kueue.x-k8s.io/priority-class": "low"}
+    await cluster.create_run("demo", spec, labels=labels)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    # The run's deadline is Kueue's maximum execution time.
+    assert workload["spec"]["maximumExecutionTimeSeconds"] == 7200
+    assert workload["spec"]["priority"] == 10
+    await _admit(cluster)
+    await cluster.emulator.patch_object(
+        RUNS,
+        NAMESPACE,
+        "demo",
+        {"metadata": {"labels": {"kueue.x-k8s.io/priority-class": "high"}}},
+    )
+    await cluster.eventually(
+        lambda: _workload(cluster)["spec"]["priority"] == 1000, what="the new priority"
+    )
+    live = _workload(cluster)
+    assert live["spec"]["priorityClassRef"]["name"] == "high"
+    assert live["status"].get("admission") is not None  # still admitted: no requeue
+    assert cluster.emulator.count_created("workloads") == 1
+
+
+async def test_a_placement_edit_requeues_an_admitted_run_and_a_rendering_change_does_not(
+    cluster: Cluster,
+):
+    await _flavor(cluster)
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    uid = workload["metadata"]["uid"]
+    await _admit(cluster)
+    await _pods(cluster, ready=True)
+    # A Workload written by an older release: another hash, other rendered details (a
+    # command), the same counts, requests and placement. Nothing Kueue admitted changed.
+    pod_sets = workload["spec"]["podSets"]
+    pod_sets[0]["template"]["spec"]["containers"][0]["command"] = ["an", "older", "command"]
+    await cluster.emulator.patch_object(
+        f"{V1BETA2}/workloads",
+        NAMESPACE,
+        "demo-kueue",
+        {
+            "metadata": {"annotations": {"aflowrl.io/podsets-hash": "older-release"}},
+            "spec": {"podSets": pod_sets},
+        },
+    )
+    await cluster.settle()
+    assert _workload(cluster)["metadata"]["uid"] == uid
+    assert cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 1
+    assert cluster.condition("demo", "Admitted")["status"] == "True"
+    # The user moves the rollout to other nodes: Kueue never checked that placement, so the
+    # run stops, and once its pods are gone a new Workload is admitted.
+    await cluster.patch_spec("demo", {"rollout": {"pod": {"nodeSelector": {"rack": "r7"}}}})
+    await cluster.eventually(
+        lambda: cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0,
+        what="the run held",
+    )
+    await _pods(cluster, ready=False)
+    fresh = await cluster.eventually(
+        lambda: (w := _workload(cluster)) and w["metadata"]["uid"] != uid and w,
+        what="a new Workload",
+    )
+    rollout = next(ps for ps in fresh["spec"]["podSets"] if ps["name"] == "rollout")
+    assert rollout["template"]["spec"]["nodeSelector"]["rack"] == "r7"
+
+
+async def test_topology_aware_scheduling_requests_and_gates_the_pod_sets_pods(cluster: Cluster):
+    await _flavor(cluster)
+    rack = {"kueue.x-k8s.io/podset-required-topology": "cloud.example.com/rack"}
+    spec = {**TINY, "rollout": {"pod": {"annotations": rack}}}
+    await cluster.create_run("demo", spec, labels=QUEUE)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    by_name = {ps["name"]: ps for ps in workload["spec"]["podSets"]}
+    assert by_name["rollout"]["topologyRequest"] == {"required": "cloud.example.com/rack"}
+    assert "topologyRequest" not in by_name["learner"]
+    # Kueue admits the rollout pod set on one rack: its pods start gated, found by Kueue's
+    # topology ungater through the pod set label and the Workload annotation.
+    admitted = _admitted()
+    assignment = {"levels": ["cloud.example.com/rack"], "domains": [{"values": ["r1"], "count": 1}]}
+    admitted["admission"]["podSetAssignments"][0]["topologyAssignment"] = assignment
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", admitted)
+    await cluster.eventually(
+        lambda: cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 1,
+        what="started",
+    )
+    template = cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["template"]
+    assert template["spec"]["schedulingGates"] == [{"name": "kueue.x-k8s.io/topology"}]
+    assert template["metadata"]["labels"]["kueue.x-k8s.io/podset"] == "rollout"
+    assert template["metadata"]["annotations"]["kueue.x-k8s.io/workload"] == "demo-kueue"
+    learner = cluster.child(STATEFULSETS, "demo-learner")["spec"]["template"]
+    assert "schedulingGates" not in learner["spec"]
+
+
+async def test_a_multikueue_cluster_queue_is_reported_unsupported(cluster: Cluster):
+    await cluster.emulator.put_object(
+        f"{V1BETA2}/admissionchecks",
+        {
+            "apiVersion": V1BETA2,
+            "kind": "AdmissionCheck",
+            "metadata": {"name": "dispatch"},
+            "spec": {"controllerName": "kueue.x-k8s.io/multikueue"},
+        },
+    )
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    await cluster.emulator.set_status(
+        f"{V1BETA2}/workloads",
+        NAMESPACE,
+        "demo-kueue",
+        {"admissionChecks": [{"name": "dispatch", "state": "Pending", "message": ""}]},
+    )
+    degraded = await cluster.wait_condition("demo", "Degraded", reason="MultiKueueUnsupported")
+    assert "admission check dispatch" in degraded["message"]
+    assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
+
+
+async def test_a_components_own_priority_class_sets_the_workloads_priority(cluster: Cluster):
+    await cluster.emulator.put_object(
+        "scheduling.k8s.io/v1/priorityclasses",
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": "training"},
+            "value": 500,
+        },
+    )
+    spec = {**TINY, "learner": {"pod": {"priorityClassName": "training"}}}
+    await cluster.create_run("demo", spec, labels=QUEUE)
+    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    # As Kueue's ExtractPriority: the first pod set whose pods name a PriorityClass.
+    assert workload["spec"]["priority"] == 500
+    assert workload["spec"]["priorityClassRef"]["name"] == "training"
+    learner = next(ps for ps in workload["spec"]["podSets"] if ps["name"] == "learner")
+    assert learner["template"]["spec"]["priorityClassName"] == "training"

@@ -85,11 +85,13 @@ def test_default_install_watches_everything_with_least_privilege():
             *["CustomResourceDefinition"] * 3,  # TrainingRun, kopf's two peering kinds
             "ServiceAccount",
             "ConfigMap",
-            *["ClusterRole"] * 4,  # cluster reads, the runs, aggregated edit and view
-            "ClusterRoleBinding",
-            "ClusterRoleBinding",
+            # cluster reads, the runs, aggregated edit and view, Kueue's controller's reads
+            *["ClusterRole"] * 5,
+            *["ClusterRoleBinding"] * 3,
             "Role",  # leader election: the operator's own Lease
             "RoleBinding",
+            "ValidatingAdmissionPolicy",  # Kueue's queue-name rule
+            "ValidatingAdmissionPolicyBinding",
             "Deployment",
         ]
     )
@@ -216,7 +218,13 @@ def test_install_yaml_is_valid_kubernetes():
     assert docs[0]["kind"] == "CustomResourceDefinition"
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
-        if doc["kind"] not in {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}:
+        if doc["kind"] not in {
+            "CustomResourceDefinition",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ValidatingAdmissionPolicy",  # cluster-scoped
+            "ValidatingAdmissionPolicyBinding",
+        }:
             assert doc["metadata"]["namespace"] == "aflow-rl"
 
 
@@ -411,3 +419,65 @@ def test_leader_election_holds_the_operators_own_lease_under_the_pods_name():
         "--leader-election" not in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     )
     assert not any(d["kind"] == "Role" for d in off)
+
+
+def test_kueues_controller_may_read_trainingruns_behind_the_kueue_switch():
+    """Kueue's ServiceAccount walks a child up to its run (FindAncestorJobManagedByKueue in
+    Kueue's jobframework/reconciler.go) through its cached client: get, list and watch."""
+    docs = _render(hooks=False)
+    role = _one(docs, "ClusterRole", "aflow-rl-kueue-controller")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["aflowrl.io"],
+            "resources": ["trainingruns"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    binding = _one(docs, "ClusterRoleBinding", "aflow-rl-kueue-controller")
+    assert binding["roleRef"]["name"] == "aflow-rl-kueue-controller"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "kueue-controller-manager", "namespace": "kueue-system"}
+    ]
+    access = {"serviceAccount": "kueue-manager", "namespace": "queueing"}
+    moved = _render({"kueue": {"controllerAccess": access}}, hooks=False)
+    subject = _one(moved, "ClusterRoleBinding", "aflow-rl-kueue-controller")["subjects"][0]
+    assert (subject["name"], subject["namespace"]) == ("kueue-manager", "queueing")
+    without = _render({"rbac": {"kueue": False}}, hooks=False)
+    assert not [d for d in without if d["metadata"]["name"] == "aflow-rl-kueue-controller"]
+
+
+def test_the_queue_name_of_a_running_trainingrun_cannot_change():
+    """The ValidatingAdmissionPolicy's rule, evaluated with the CEL library: Kueue's
+    validateUpdateForQueueName (jobframework/validation.go): immutable unless suspended."""
+    docs = _render(hooks=False)
+    policy = _one(docs, "ValidatingAdmissionPolicy")
+    binding = _one(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["resources"], rule["operations"]) == (["trainingruns"], ["UPDATE"])
+    (validation,) = policy["spec"]["validations"]
+    program = cel.compile(validation["expression"])
+    cel.compile(validation["messageExpression"])
+
+    def allowed(old: dict, new: dict) -> bool:
+        context = cel.Context()
+        context.add_variable("object", new)
+        context.add_variable("oldObject", old)
+        return program.execute(context) is True
+
+    def run(queue: str | None, suspend: bool | None = None) -> dict:
+        labels = {"kueue.x-k8s.io/queue-name": queue} if queue is not None else {}
+        spec = {"suspend": suspend} if suspend is not None else {}
+        return {"metadata": {"labels": labels}, "spec": spec}
+
+    assert allowed(run("a"), run("a"))
+    assert not allowed(run("a"), run("b"))  # moved to another queue while running
+    assert not allowed(run("a"), run(None))  # taken out of Kueue while running
+    assert not allowed(run(None), run("a"))  # put under Kueue while running
+    assert not allowed(run("a"), run("b", suspend=False))
+    assert allowed(run("a"), run("b", suspend=True))  # suspended: Kueue allows the change
+    assert allowed(run("a", suspend=True), run(None, suspend=True))
+    assert allowed({"metadata": {}, "spec": {}}, {"metadata": {}, "spec": {}})
+    off = _render({"kueue": {"queueNamePolicy": {"enabled": False}}}, hooks=False)
+    assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]

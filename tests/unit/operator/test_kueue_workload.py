@@ -176,3 +176,43 @@ def test_admission_unsuspends_only_the_operators_own_suspend():
         "metadata": {"resourceVersion": "7", "annotations": {"aflowrl.io/suspended-by": None}}
     }
     assert kueue.suspend_patch(_run(False), held=False) is None
+
+
+def test_the_maximum_execution_time_is_the_runs_deadline_or_kueues_label_the_shorter():
+    assert kueue.max_execution_seconds(None, None) is None
+    assert kueue.max_execution_seconds(3600, None) == 3600
+    assert kueue.max_execution_seconds(None, "600") == 600
+    assert kueue.max_execution_seconds(3600, "600") == 600
+    assert kueue.max_execution_seconds(300, "600") == 300
+    # As Kueue: a label that is not a positive 32-bit integer is ignored.
+    for bad in ("0", "-5", "ten", "", str(2**31)):
+        assert kueue.max_execution_seconds(None, bad) is None
+
+
+def test_a_workload_priority_class_change_moves_an_admitted_workloads_priority():
+    def spec(kind: str | None, name: str = "", value: int = 0) -> dict:
+        if kind is None:
+            return {"spec": {"queueName": "q"}}
+        group = "kueue.x-k8s.io" if kind == kueue.WORKLOAD_PRIORITY_CLASS else "scheduling.k8s.io"
+        ref = {"group": group, "kind": kind, "name": name}
+        return {
+            "metadata": {"resourceVersion": "7"},
+            "spec": {"queueName": "q", "priorityClassRef": ref, "priority": value},
+        }
+
+    wpc = kueue.WORKLOAD_PRIORITY_CLASS
+    patch = kueue.priority_patch(spec(wpc, "low", 10), spec(wpc, "high", 1000))
+    assert patch == {
+        "metadata": {"resourceVersion": "7"},
+        "spec": {
+            "priorityClassRef": {"group": "kueue.x-k8s.io", "kind": wpc, "name": "high"},
+            "priority": 1000,
+        },
+    }
+    assert kueue.priority_patch(spec(wpc, "low", 10), spec(wpc, "low", 10)) is None
+    # Kueue refuses a WorkloadPriorityClass added to or removed from a running job.
+    assert kueue.priority_patch(spec(None), spec(wpc, "high", 1000)) is None
+    assert kueue.priority_patch(spec(wpc, "low", 10), spec(None)) is None
+    assert (
+        kueue.priority_patch(spec("PriorityClass", "a", 1), spec("PriorityClass", "b", 2)) is None
+    )
