@@ -215,6 +215,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
     )
+    if args.leader_election and args.lease_duration < 3:
+        print("aflowrl-operator: error: --lease-duration must be at least 3", file=sys.stderr)
+        return 2
+    config = operator_config(args)
+    if config.lease is not None:
+        logger.info("leader election with Lease %s/%s", config.lease.namespace, config.lease.name)
     if args.metrics_port:
         prometheus_client.start_http_server(args.metrics_port, registry=config.metrics.registry)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
