@@ -28,7 +28,6 @@ Run with ``make test-vllm`` (skipped where vllm is not installed).
 
 from __future__ import annotations
 
-import asyncio
 import re
 import sys
 from pathlib import Path
@@ -44,13 +43,14 @@ from grpc_health.v1 import health_pb2
 from aflowrl._proto.v1 import learner_pb2, rollout_pb2
 from aflowrl.config import RunSpec
 from aflowrl.config.rollout import VllmEngineSpec
-from aflowrl.models import broadcast, weights
+from aflowrl.models import broadcast
 from aflowrl.trainer import weight_sync
 
 sys.path.insert(0, str(Path(__file__).parent))
-from policy_services import SPEC, VLLM_TESTS, free_port, metrics_text, nccl_transport, start_service
+from policy_services import SPEC, VLLM_TESTS, metrics_text, nccl_transport, start_service
 from test_learner_service import TOL, _max_gap, _sample, _signed_samples, _stubs, agrees
 from test_rollout_service import (
+    Learner,
     _chat,
     _greedy,
     _perturbed,
@@ -115,65 +115,6 @@ async def test_an_nccl_push_reaches_vllm_through_its_weight_transfer_engine(tmp_
     finally:
         for service in reversed(started):
             service.stop()
-
-
-class Learner:
-    """Learner rank 0's side of the nccl transport, in this process: the group store and one
-    group per push, broadcasting ``tensors`` as ``send_weights`` does for the learner."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.port = free_port()
-        self.store = broadcast.GroupStore(self.port, timeout_s=60)
-        self.tensors = tensors
-        self.group: broadcast.WeightGroup | None = None
-
-    def join(self, name: str) -> None:
-        rendezvous = broadcast.Rendezvous("127.0.0.1", self.port, name, 0, 2, timeout_s=60)
-        self.group = broadcast.WeightGroup.join(
-            rendezvous, torch.device("cpu"), store=self.store.store
-        )
-
-    def send(self, version: int, lost_after: int | None) -> broadcast.BroadcastResult:
-        """Broadcast every tensor; with ``lost_after``, the sender is lost after that many
-        tensors (its group closes, as a dead process's sockets do)."""
-        assert self.group is not None
-        specs = [weights.spec_of(n, t) for n, t in self.tensors.items()]
-
-        def tensors() -> Any:
-            for index, item in enumerate(self.tensors.items()):
-                if index == lost_after:
-                    raise ConnectionError("injected: the learner is gone")
-                yield item
-
-        try:
-            return broadcast.send_weights(
-                [self.group], version, tensors(), specs, bucket_bytes=64 * 1024
-            )
-        except ConnectionError:
-            self.group.close()
-            raise
-
-    async def push(self, stub: Any, name: str, version: int, lost_after: int | None = None) -> Any:
-        """Join group ``name`` with the replica, then broadcast; the replica's answer (or
-        error) and the sender's result."""
-        join = rollout_pb2.JoinWeightGroupRequest(
-            master_address="127.0.0.1",
-            port=self.port,
-            group=name,
-            rank_offset=1,
-            world_size=2,
-            timeout_s=60,
-        )
-        await asyncio.gather(asyncio.to_thread(self.join, name), stub.JoinWeightGroup(join))
-        receive = stub.ReceiveWeights(
-            rollout_pb2.ReceiveWeightsRequest(group=name, version=version)
-        )
-        answers = await asyncio.gather(
-            receive, asyncio.to_thread(self.send, version, lost_after), return_exceptions=True
-        )
-        assert self.group is not None
-        self.group.close()
-        return answers
 
 
 def _transfer_engines(engine: Any) -> Any:

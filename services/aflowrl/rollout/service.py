@@ -18,11 +18,14 @@ serving weight version (:class:`~aflowrl.rollout.gate.VersionGate`) and weight u
   inside the swap gate: requests wait while it lands and are then served by the new version
   (or, refused, by the old one). A broadcast that breaks off after the engine started loading
   leaves some new and some old weights: the replica then answers UNAVAILABLE to every request
-  and turns its health NOT_SERVING until a complete version is loaded (``LoadWeights``, which
-  then also accepts the version it already reports), and the trainer reloads it.
+  and turns its readiness (the rollout service's health) NOT_SERVING until a complete version
+  is loaded (``LoadWeights``, which then also accepts the version it already reports), and the
+  trainer reloads it. Its liveness (the overall health) stays SERVING: only a dead engine
+  turns that NOT_SERVING, so a long reload is never killed.
 
-Versions are strictly increasing; a stale update is FAILED_PRECONDITION, a partial or corrupt one
-INVALID_ARGUMENT, and in every refused case the previous weights keep serving. Everything is
+Versions are strictly increasing; a stale update is FAILED_PRECONDITION, a partial, corrupt or
+non-finite one or another model's weights INVALID_ARGUMENT, and in every refused case, over every
+transport, the previous weights keep serving and the replica stays ready. Everything is
 recorded in :class:`~aflowrl.rollout.metrics.RolloutMetrics`.
 """
 
@@ -135,7 +138,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         score_temperature: float,
         metrics: RolloutMetrics,
         version: int = 0,
-        on_health: Callable[[bool], Awaitable[None]] | None = None,
+        on_health: Callable[[bool, bool], Awaitable[None]] | None = None,
     ) -> None:
         self.engine = engine
         self.sampling_defaults = sampling_defaults
@@ -145,7 +148,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.needs_reload = False
         """True after a broadcast broke off midway (module docstring)."""
         self.on_health = on_health
-        """Turns the replica's health SERVING (True) or NOT_SERVING (False)."""
+        """``on_health(ready, alive)``: readiness (the rollout service's health) and liveness
+        (the overall health, :func:`aflowrl.rollout.server.health_reporter`)."""
         self._joined: str | None = None
         """The weight group this replica's engine joined (nccl transport), None before."""
         self._landed = 0
@@ -325,10 +329,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     # ---- weights ---------------------------------------------------------------------------------
 
     def _engine_died(self, reason: str) -> None:
-        """The engine's on_dead hook (on the event loop): NOT_SERVING for good."""
+        """The engine's on_dead hook (on the event loop): not ready and not alive, for good."""
         self.engine_dead = reason
         if self.on_health is not None:
-            report = asyncio.ensure_future(self.on_health(False))
+            report = asyncio.ensure_future(self.on_health(False, False))
             self._health_reports.add(report)
             report.add_done_callback(self._health_reports.discard)
 
@@ -347,7 +351,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.needs_reload = not complete
         self.metrics.weights_incomplete.set(0 if complete else 1)
         if self.on_health is not None and self.engine_dead is None:
-            await self.on_health(complete)
+            await self.on_health(complete, True)  # readiness only: waiting is not death
 
     def _floor(self) -> int:
         """Versions above this one are accepted: newer than the serving version, or, while the
@@ -634,7 +638,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                             # Some weights may be new: serve none until reloaded.
                             await self._set_complete(False)
                         raise
-                    except EngineUnavailableError:
+                    except (WeightMismatchError, StaleWeightsError, EngineUnavailableError):
+                        # A refusal (non-finite values, a stale version, another model's
+                        # weights) comes before anything is loaded: the previous version keeps
+                        # serving, and the group stays joined (the broadcast was drained).
                         raise
                     except Exception as exc:  # an engine that did not say what it left
                         # As _load: assume a mix, serve none until a complete version is
