@@ -38,7 +38,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -67,6 +67,8 @@ from aflowrl.rollout.gate import VersionGate
 from aflowrl.rollout.metrics import RolloutMetrics
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
 
@@ -166,6 +168,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         same incarnation of every member."""
         """Why the engine died (then health stays NOT_SERVING until the pod restarts)."""
         self._health_reports: set[asyncio.Future[None]] = set()
+        self._updates: set[asyncio.Future[Any]] = set()
+        """Weight operations running to their end (:meth:`_to_the_end`)."""
         engine.on_dead = self._engine_died
         metrics.weight_version.set(version)
 
@@ -377,6 +381,20 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             message += f"; version {self.version} keeps serving"
         logger.warning("weight update refused (%s): %s", reason, message)
 
+    async def _to_the_end(self, update: Awaitable[_T]) -> _T:
+        """Run a weight operation to its end even if the caller goes away.
+
+        The engine's side of an update runs on (its thread, its workers); were its coroutine
+        cancelled midway (a trainer cancels sibling calls on the first failure), the served
+        label, the readiness and the engine's weights could disagree, e.g. the new weights
+        loaded while the label says the old version. So the update finishes in its own task,
+        holding the version gate and the update lock as ever; the cancelled call returns at
+        once."""
+        task: asyncio.Future[_T] = asyncio.ensure_future(update)
+        self._updates.add(task)
+        task.add_done_callback(self._updates.discard)
+        return await asyncio.shield(task)
+
     async def _swap(
         self,
         tensors: Iterable[tuple[str, torch.Tensor]],
@@ -503,12 +521,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             tensors = await asyncio.to_thread(assembler.finish, commit.version, commit.crc32)
         finally:
             assembler.close()
-        pieces = await self._swap(
-            tensors.items(),
-            manifest.version,
-            transport="grpc",
-            nbytes=manifest.total_bytes,
-            staged=tensors,
+        pieces = await self._to_the_end(
+            self._swap(
+                tensors.items(),
+                manifest.version,
+                transport="grpc",
+                nbytes=manifest.total_bytes,
+                staged=tensors,
+            )
         )
         seconds = time.perf_counter() - started
         self.metrics.weight_update_duration.labels("grpc").observe(seconds)
@@ -528,9 +548,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def LoadWeights(
         self, request: rollout_pb2.LoadWeightsRequest, context: Any
     ) -> rollout_pb2.UpdateWeightsResponse:
+        return await self._to_the_end(self._load_directory_locked(request.path, request.version))
+
+    async def _load_directory_locked(
+        self, path: str, version: int
+    ) -> rollout_pb2.UpdateWeightsResponse:
         async with self._update_lock:
             try:
-                return await self.load_directory(request.path, request.version)
+                return await self.load_directory(path, version)
             except (WeightMismatchError, StaleWeightsError) as exc:
                 self._refused(exc)
                 raise
@@ -611,6 +636,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     async def ReceiveWeights(
         self, request: rollout_pb2.ReceiveWeightsRequest, context: Any
+    ) -> rollout_pb2.UpdateWeightsResponse:
+        return await self._to_the_end(self._receive_broadcast(request))
+
+    async def _receive_broadcast(
+        self, request: rollout_pb2.ReceiveWeightsRequest
     ) -> rollout_pb2.UpdateWeightsResponse:
         async with self._update_lock:
             if self._joined is None or request.group != self._joined:
