@@ -449,12 +449,12 @@ async def test_a_cancelled_call_aborts_its_requests_and_no_old_kv_block_serves_n
 
     import torch
     from safetensors.torch import load_file
+    from test_rollout_service import _perturbed, _recompute, liveness
     from vllm.v1.engine.exceptions import EngineDeadError
 
     from aflowrl.models import builtin, loading, weights
     from aflowrl.rollout import vllm_engine
     from aflowrl.rollout.vllm_engine import VllmEngine
-    from test_rollout_service import _perturbed, _recompute, liveness
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     model_dir = builtin.ensure("tiny")
@@ -484,7 +484,7 @@ async def test_a_cancelled_call_aborts_its_requests_and_no_old_kv_block_serves_n
         prompts=[prompt],
         sampling=rollout_pb2.SamplingParams(temperature=1.0, max_tokens=4, seed=3),
     )
-    async with serve_engine(engine) as (servicer, stub, health):
+    async with serve_engine(engine) as (_, stub, health):
         first = await stub.Generate(greedy)  # its prompt's blocks are now cached
         inbox = engine._state.inbox
 
