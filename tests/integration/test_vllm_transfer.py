@@ -57,6 +57,7 @@ from test_rollout_service import (
     _recompute,
     _version,
     health_status,
+    liveness,
     serve_engine,
     serves_as_before,
 )
@@ -130,7 +131,14 @@ def _transfer_engines(engine: Any) -> Any:
 @pytest.mark.filterwarnings("default")  # vLLM warns as it starts, in this process
 @pytest.mark.parametrize(
     ("fault", "keep"),
-    [("load", True), ("sender", True), ("load", False), ("finalize", True), ("finalize", False)],
+    [
+        ("load", True),
+        ("sender", True),
+        ("load", False),
+        ("finalize", True),
+        ("finalize", False),
+        ("finalize_midway", True),
+    ],
 )
 async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_completes(
     tmp_path, monkeypatch, fault, keep
@@ -139,9 +147,13 @@ async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_comple
     vLLM's worker, runs out of memory on the second bucket (the broadcast is drained to its
     end). ``finalize``: vLLM's ``finalize_layerwise_reload`` at the finish raises after the
     whole version was loaded (vLLM's worker would keep its session open if the finish raised).
-    ``sender``: the learner is lost after half of the tensors (its group closes). With
-    ``keepWeightsOnLoad`` the old version serves on; without it the replica serves nothing
-    (NOT_SERVING, UNAVAILABLE) until the retry completes; the version label is unchanged."""
+    ``sender``: the learner is lost after half of the tensors (its group closes).
+    ``finalize_midway``: the second bucket's load fails and the finalize then raises before it
+    put back the layers that got nothing (they stay on the meta device, where a restore's copy
+    writes nothing). With ``keepWeightsOnLoad`` the old version serves on, except after
+    ``finalize_midway``, whose model cannot be restored; otherwise the replica serves nothing
+    (not ready, UNAVAILABLE, yet alive) until the retry completes; the version label is
+    unchanged."""
     from safetensors.torch import load_file
     from vllm.model_executor.model_loader import reload
     from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
@@ -175,13 +187,15 @@ async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_comple
 
         def counted(self: Any, tensors: Any) -> Any:
             calls[0] += 1
-            if fault == "load" and calls[0] == 2:
+            if fault in ("load", "finalize_midway") and calls[0] == 2:
                 raise torch.OutOfMemoryError("injected: out of memory in the second bucket")
             return real(self, tensors)
 
         real_finalize = reload.finalize_layerwise_reload
 
         def finalize(*args: Any, **kwargs: Any) -> None:
+            if fault == "finalize_midway":
+                raise torch.OutOfMemoryError("injected: out of memory while finalizing")
             real_finalize(*args, **kwargs)
             if fault == "finalize":
                 raise torch.OutOfMemoryError("injected: out of memory while finalizing")
@@ -199,10 +213,14 @@ async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_comple
             assert isinstance(sent, ConnectionError)
         else:
             assert isinstance(sent, broadcast.BroadcastResult) and not sent.broken  # drained
-            failed = {"load": "failed midway", "finalize": "finalizing the update failed"}
+            failed = {
+                "load": "failed midway",
+                "finalize": "finalizing the update failed",
+                "finalize_midway": "finalizing the update failed",
+            }
             assert failed[fault] in error.details(), error.details()
         assert await _version(stub) == 0
-        if keep:
+        if keep and fault != "finalize_midway":
             # "put back": the workers loaded buckets, then restored the served weights.
             assert "old weights were put back" in error.details(), error.details()
             assert not servicer.needs_reload
@@ -211,6 +229,7 @@ async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_comple
         else:
             assert "put back" not in error.details() and servicer.needs_reload
             assert await health_status(health) == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert await liveness(health) == health_pb2.HealthCheckResponse.SERVING
             with pytest.raises(aio.AioRpcError) as info:
                 await _greedy(stub)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -112,12 +112,16 @@ def _host_buffer(like: torch.Tensor) -> torch.Tensor:
     return torch.empty(like.shape, dtype=like.dtype, pin_memory=like.device.type == "cuda")
 
 
-def keep_weights(model: Any, previous: KeptWeights | None = None) -> KeptWeights:
+def keep_weights(model: Any, previous: KeptWeights | None = None) -> KeptWeights | None:
     """A host copy of ``model``'s weights as served (after vLLM's processing), and references to
-    its layers' kernels, to put back if the reload that follows fails midway.
+    its layers' kernels, to put back if the reload that follows fails midway; None when some
+    tensors are on the meta device (an earlier reload broke off: there is nothing to keep, and
+    the replica serves nothing until a complete version is loaded).
 
     ``previous`` (the copy kept for an earlier update) is returned as it is while it still
     holds the served weights, and its buffers are reused otherwise (module docstring)."""
+    if meta_tensors(model):
+        return None
     state = model.state_dict(keep_vars=False)
     kernels = [(module, _kernel_attributes(module)) for module in model.modules()]
     kernels = [(m, a) for m, a in kernels if a]

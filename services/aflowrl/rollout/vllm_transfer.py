@@ -189,7 +189,8 @@ class AflowrlWeightTransferEngine(
             from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
             if update_info.keep:
-                self._kept = self._copy = vllm_model.keep_weights(self.model, self._copy)
+                self._kept = vllm_model.keep_weights(self.model, self._copy)
+                self._copy = self._kept or self._copy
             if self._copy is not None:
                 self._copy.current = False  # the served weights change from here on
             # Before the call: one that fails partway has put some layers in loading mode,

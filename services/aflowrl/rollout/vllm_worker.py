@@ -169,6 +169,8 @@ def keep_worker_weights(worker: Any) -> int:
     """Keep the worker's weights (:func:`keep_weights`) until the reload ends; returns bytes."""
     kept = keep_weights(_model(worker), getattr(worker, _KEPT_COPY, None))
     setattr(worker, _KEPT, kept)
+    if kept is None:
+        return 0
     setattr(worker, _KEPT_COPY, kept)
     return kept.nbytes
 
