@@ -635,12 +635,14 @@ class VllmEngine(RolloutEngine):
     # ---- LoRA adapters -------------------------------------------------------------------------
 
     def _adapter_dir(self) -> Path:
+        """Where the next adapter version goes: the same path on every host of the replica,
+        written there by each host's first worker (:func:`vllm_model.write_adapter`)."""
         assert self._adapter_root is not None and self._lora is not None
-        path = self._adapter_root / f"a{next(self._lora_ids):06d}"
-        path.mkdir(parents=True)
-        config = loading.adapter_config(self._lora, self.model_dir)
-        (path / weights.ADAPTER_CONFIG).write_text(json.dumps(config))
-        return path
+        return self._adapter_root / f"a{next(self._lora_ids):06d}"
+
+    def _adapter_config(self) -> str:
+        assert self._lora is not None
+        return json.dumps(loading.adapter_config(self._lora, self.model_dir))
 
     async def _swap_adapter(self, path: Path) -> None:
         """Serve ``path`` from now on (requests name the serving adapter) and drop the old one."""
@@ -660,11 +662,15 @@ class VllmEngine(RolloutEngine):
         await self._call(swap, quiet=True)
 
     async def _load_adapters(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        from safetensors.torch import save_file
-
         path = self._adapter_dir()
-        adapters = {n: t.detach().cpu().contiguous() for n, t in tensors}
-        await asyncio.to_thread(save_file, adapters, str(path / "adapter_model.safetensors"))
+        specs, parts = _rpc_piece([(n, t.detach().cpu().contiguous()) for n, t in tensors])
+        config = self._adapter_config()
+        # Every host of the replica gets the files (its first worker writes them).
+        await self._call(
+            lambda engine: engine.collective_rpc(
+                "aflowrl_write_adapter", args=(str(path), config, specs, parts)
+            )
+        )
         await self._swap_adapter(path)
         return 1
 
@@ -705,11 +711,12 @@ class VllmEngine(RolloutEngine):
             "keep": self.engine_spec.keep_weights_on_load,
         }
         adapter = self._adapter_dir() if self._lora is not None else None
+        config = self._adapter_config() if self._lora is not None else ""
 
         def run(engine: Any) -> list[dict[str, Any]]:
             if adapter is not None:
                 answers: list[dict[str, Any]] = engine.collective_rpc(
-                    "aflowrl_receive_adapters", args=(update_info, str(adapter))
+                    "aflowrl_receive_adapters", args=(update_info, str(adapter), config)
                 )
                 return answers
             answers = receive_through_transfer_engine(engine, update_info)

@@ -1,4 +1,5 @@
-"""What changes a vLLM worker's model: tied heads, loaded reports, kept copies and their restore.
+"""What changes a vLLM worker's model: tied heads, loaded reports, kept copies and their restore,
+LoRA adapter files.
 
 Shared by the two ways weights reach vLLM's workers, the reload in pieces
 (:mod:`aflowrl.rollout.vllm_worker`) and the weight-transfer backend
@@ -22,8 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -168,3 +171,24 @@ def restore_weights(model: Any, kept: KeptWeights) -> bool:
         return False
     kept.current = True
     return True
+
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def write_adapter(adapter_dir: str, config_json: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Write one LoRA adapter version as a PEFT directory on this host (its config and weights:
+    vLLM's ``add_lora`` reads both on every worker, so each host of a multi-node replica gets
+    its own copy, written by its first local worker), then remove the older versions' directories
+    beside it except the one serving until the swap."""
+    from safetensors.torch import save_file
+
+    from aflowrl.models.weights import ADAPTER_CONFIG
+
+    path = Path(adapter_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / ADAPTER_CONFIG).write_text(config_json)
+    save_file(tensors, str(path / ADAPTER_WEIGHTS))
+    older = sorted(p for p in path.parent.iterdir() if p.is_dir() and p.name < path.name)
+    for old in older[:-1]:  # the newest older one may still serve until the swap
+        shutil.rmtree(old, ignore_errors=True)

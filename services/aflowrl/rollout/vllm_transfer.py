@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -296,12 +295,13 @@ class AflowrlWeightTransferEngine(
     # ---- LoRA adapters ---------------------------------------------------------------------------
 
     def receive_adapters(
-        self, update_info: dict[str, Any], adapter_dir: str, *, write: bool
+        self, update_info: dict[str, Any], adapter_dir: str, config_json: str, *, write: bool
     ) -> dict[str, Any]:
         """Receive a broadcast of LoRA adapters (not loaded into the model); with ``write`` (the
         first worker on each host: vLLM's ``add_lora`` makes every worker read the directory)
-        write them as ``adapter_model.safetensors`` in ``adapter_dir``. Never raises (the
-        rollout reads every worker's answer)."""
+        write them with their config as a PEFT directory at ``adapter_dir``
+        (:func:`~aflowrl.rollout.vllm_model.write_adapter`). Never raises (the rollout reads
+        every worker's answer)."""
         try:
             info = self.parse_update_info(update_info)
             group = self.group
@@ -314,10 +314,7 @@ class AflowrlWeightTransferEngine(
 
             outcome = self._receive(group, info.expectation(), lambda: None, load)
             if outcome["kind"] == "ok" and write:
-                from safetensors.torch import save_file
-
-                Path(adapter_dir).mkdir(parents=True, exist_ok=True)
-                save_file(adapters, str(Path(adapter_dir) / "adapter_model.safetensors"))
+                vllm_model.write_adapter(adapter_dir, config_json, adapters)
         except Exception as exc:  # an answer, not a raise; the stream position is unknown
             logger.exception("receiving adapters failed")
             self.shutdown()

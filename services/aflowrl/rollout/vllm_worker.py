@@ -47,6 +47,7 @@ from aflowrl.rollout.vllm_model import (
     reloading,
     restore_weights,
     with_head,
+    write_adapter,
 )
 
 if TYPE_CHECKING:
@@ -283,6 +284,32 @@ def settle_session(worker: Any, restore: bool) -> bool:
         return False
 
 
+def _host_writer(worker: Any) -> bool:
+    """Whether ``worker`` writes this host's files: every worker reads an adapter directory
+    (vLLM's ``add_lora``), so the first worker of each host writes it there."""
+    return int(getattr(worker, "local_rank", 0)) == 0
+
+
+def write_adapter_files(
+    worker: Any,
+    adapter_dir: str,
+    config_json: str,
+    specs: Sequence[Sequence[Any]],
+    parts: Sequence[Sequence[bytes]],
+) -> bool:
+    """Write one adapter version (sent as :func:`load_piece`'s triples and bytes) on this
+    worker's host if it is the host's writer (:func:`_host_writer`); returns whether it wrote.
+    The grpc and filesystem transports' adapters reach every host of a multi-node replica so."""
+    if not _host_writer(worker):
+        return False
+    tensors = {}
+    for (name, dtype, shape), data in zip(specs, parts, strict=True):
+        spec = weights.TensorSpec(str(name), str(dtype), tuple(int(x) for x in shape))
+        tensors[spec.name] = _tensor(spec, data).clone()
+    write_adapter(adapter_dir, config_json, tensors)
+    return True
+
+
 class AflowrlWorkerExtension:
     """vLLM's ``worker_extension_cls``: vLLM mixes it into its worker class, so the functions of
     this module are worker methods that ``collective_rpc`` calls by name, with plain arguments
@@ -325,11 +352,20 @@ class AflowrlWorkerExtension:
         return settle_session(self, restore)
 
     def aflowrl_receive_adapters(
-        self, update_info: dict[str, Any], adapter_dir: str
+        self, update_info: dict[str, Any], adapter_dir: str, config_json: str
     ) -> dict[str, Any]:
-        # Every worker reads the adapter directory (vLLM's add_lora): one writer per host.
-        write = int(getattr(self, "local_rank", 0)) == 0
-        return transfer_engine(self).receive_adapters(update_info, adapter_dir, write=write)
+        return transfer_engine(self).receive_adapters(
+            update_info, adapter_dir, config_json, write=_host_writer(self)
+        )
+
+    def aflowrl_write_adapter(
+        self,
+        adapter_dir: str,
+        config_json: str,
+        specs: Sequence[Sequence[Any]],
+        parts: Sequence[Sequence[bytes]],
+    ) -> bool:
+        return write_adapter_files(self, adapter_dir, config_json, specs, parts)
 
 
 EXTENSION = f"{__name__}.{AflowrlWorkerExtension.__qualname__}"

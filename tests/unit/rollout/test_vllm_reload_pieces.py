@@ -215,3 +215,38 @@ def test_a_prefix_cache_vllm_did_not_reset_fails_the_update():
     with pytest.raises(WeightLoadFailedError, match="prefix cache") as info:
         vllm_engine.reload_in_pieces(engine, iter(tensors), bucket_bytes=MIB, tied=False)
     assert not info.value.intact
+
+
+def test_every_host_of_a_replica_gets_the_adapter_config_and_weights_and_drops_old_ones(
+    tmp_path,
+):
+    """LoRA on a replica spanning nodes: vLLM's ``add_lora`` reads ``adapter_config.json`` and
+    the weights on every worker, so the first worker of each host (local rank 0) writes both
+    there, and no other worker writes; older versions' directories beside it are removed, except
+    the newest one (it serves until the swap). Two hosts are two directories here."""
+    from safetensors.torch import load_file
+
+    from aflowrl.models.weights import ADAPTER_CONFIG
+
+    class Worker:
+        def __init__(self, local_rank: int) -> None:
+            self.local_rank = local_rank
+
+    adapters = {"base_model.model.q.lora_A.weight": torch.randn(2, 8)}
+    specs, parts = vllm_engine._rpc_piece(list(adapters.items()))
+    config = '{"r": 2, "peft_type": "LORA"}'
+    for host in ("leader-host", "worker-host"):
+        for old in ("a000001", "a000002"):
+            (tmp_path / host / old).mkdir(parents=True)
+    for host in ("leader-host", "worker-host"):
+        path = str(tmp_path / host / "a000003")
+        assert not vllm_worker.write_adapter_files(Worker(1), path, config, specs, parts)
+        assert vllm_worker.write_adapter_files(Worker(0), path, config, specs, parts)
+    for host in ("leader-host", "worker-host"):
+        written = tmp_path / host / "a000003"
+        assert (written / ADAPTER_CONFIG).read_text() == config
+        loaded = load_file(str(written / vllm_model.ADAPTER_WEIGHTS))
+        assert torch.equal(
+            loaded["base_model.model.q.lora_A.weight"], next(iter(adapters.values()))
+        )
+        assert sorted(p.name for p in (tmp_path / host).iterdir()) == ["a000002", "a000003"]
