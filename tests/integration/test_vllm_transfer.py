@@ -50,14 +50,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from policy_services import SPEC, VLLM_TESTS, metrics_text, nccl_transport, start_service
 from test_learner_service import TOL, _max_gap, _sample, _signed_samples, _stubs, agrees
 from test_rollout_service import (
+    _REFUSED,
     Learner,
     _chat,
     _greedy,
     _perturbed,
     _recompute,
+    _refused_tensors,
     _version,
     health_status,
     liveness,
+    refused_then_accepted,
     serve_engine,
     serves_as_before,
 )
@@ -258,3 +261,45 @@ async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_comple
         )
         gap = max(abs(a - b) for a, b in zip(completion.logprobs, expected, strict=True))
         assert gap < TOL, gap
+
+
+@pytest.mark.filterwarnings("default")  # vLLM warns as it starts, in this process
+async def test_a_refused_update_leaves_a_vllm_replica_serving_its_version(tmp_path, monkeypatch):
+    """The vllm engine: an update the replica refuses (non-finite values, in the last bucket of
+    a broadcast after others were loaded; a stale version; another model's weights) over grpc,
+    filesystem and nccl is answered with the refusal, and the previous version serves on (label
+    2, the same greedy tokens and log-probs, ready and alive); over nccl the group stands, and
+    the next broadcast over it is taken."""
+    from safetensors.torch import load_file
+
+    from aflowrl.models import builtin
+    from aflowrl.rollout.vllm_engine import VllmEngine
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    model_dir = builtin.ensure("tiny")
+    base = load_file(str(model_dir / "model.safetensors"))
+    good = _perturbed(base, seed=12)
+    engine = VllmEngine(
+        model_dir,
+        dtype="float32",
+        engine_spec=VllmEngineSpec(
+            max_model_len=512, gpu_memory_utilization=0.05, enforce_eager=True
+        ),
+    )
+    async with serve_engine(engine) as (servicer, stub, health):
+        servicer.gate.version = 2  # serving the base weights as version 2 (so 1 is stale)
+        before = await _greedy(stub)
+        for transport in ("grpc", "filesystem", "nccl"):
+            for fault in sorted(_REFUSED):
+                bad, bad_version = _refused_tensors(base, fault)
+                error, again = await refused_then_accepted(
+                    transport, stub, bad, bad_version, good, tmp_path / transport / fault, model_dir
+                )
+                assert isinstance(error, aio.AioRpcError), (transport, fault, error)
+                assert error.code() == _REFUSED[fault], (transport, fault, error.details())
+                assert await _version(stub) == 2 and not servicer.needs_reload, (transport, fault)
+                assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
+                assert await liveness(health) == health_pb2.HealthCheckResponse.SERVING
+                await serves_as_before(stub, before)
+        reply = await again()  # the last nccl group still stands
+        assert reply.weight_version == 4

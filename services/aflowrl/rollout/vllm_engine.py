@@ -86,6 +86,7 @@ from aflowrl.models.broadcast import (
 )
 from aflowrl.models.errors import (
     BroadcastBrokenError,
+    NonFiniteWeightsError,
     StaleWeightsError,
     WeightLoadFailedError,
     WeightMismatchError,
@@ -752,6 +753,10 @@ class VllmEngine(RolloutEngine):
                 intact = all(a.get("intact", False) for a in answers)
                 back = intact and any(a.get("restored") for a in answers)
                 restored = "; the old weights were put back" if back else ""
+                broken = [a for a in answers if a["kind"] == "broken"]
+                if intact and all(a.get("non_finite") for a in broken):
+                    # Non-finite values after loaded buckets, put back everywhere: a refusal.
+                    raise NonFiniteWeightsError(answer["message"] + restored, field="weights")
                 raise BroadcastBrokenError(answer["message"] + restored, intact=intact)
         for answer in answers:
             if answer["kind"] == "stale":

@@ -142,7 +142,10 @@ def keep_weights(model: Any, previous: KeptWeights | None = None) -> KeptWeights
             tensors[name] = buffer
     if any(t.is_pinned() for t in tensors.values()):
         torch.cuda.synchronize()
-    return KeptWeights(tensors, kernels)
+    if previous is None:
+        return KeptWeights(tensors, kernels)
+    previous.tensors, previous.kernels, previous.current = tensors, kernels, True
+    return previous
 
 
 def restore_weights(model: Any, kept: KeptWeights) -> bool:

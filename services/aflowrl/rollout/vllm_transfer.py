@@ -56,7 +56,11 @@ from vllm.distributed.weight_transfer.base import (
 
 from aflowrl.errors import InvalidInputError
 from aflowrl.models import broadcast
-from aflowrl.models.errors import BroadcastBrokenError, StaleWeightsError
+from aflowrl.models.errors import (
+    BroadcastBrokenError,
+    NonFiniteWeightsError,
+    StaleWeightsError,
+)
 from aflowrl.rollout import vllm_model
 
 logger = logging.getLogger(__name__)
@@ -217,6 +221,11 @@ class AflowrlWeightTransferEngine(
                 group, accept=expected.check, start=start, load=load, finish=lambda: None
             )
         except BroadcastBrokenError as exc:
+            if isinstance(exc.__cause__, NonFiniteWeightsError):
+                # A bucket refused after others were loaded; the stream was read to its end, so
+                # the group stands. The rollout refuses the update once the kept weights are
+                # back on every worker (a broken one otherwise: the layers are a mix).
+                return {"kind": "broken", "message": str(exc), "non_finite": True}
             self.shutdown()
             return {"kind": "broken", "message": str(exc)}
         except InvalidInputError as exc:
