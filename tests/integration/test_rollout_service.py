@@ -810,3 +810,47 @@ async def test_a_refused_update_leaves_the_replica_serving_its_version(
         assert reply.weight_version == 4
         for name, tensor in good.items():
             assert torch.equal(engine._targets[name], tensor), name
+
+
+async def test_a_broadcast_whose_caller_goes_away_still_lands_with_its_label(reference_model):
+    """ReceiveWeights cancelled by its caller (the trainer cancels sibling calls on the first
+    failure) while the replica waits for the broadcast: the broadcast that then comes is received
+    to its end, and the replica labels the weights it serves with their version (new weights
+    under the old label would pass for the old version)."""
+    from aflowrl.rollout.hf_engine import HfEngine
+
+    _, _, base = reference_model
+    model_dir = builtin.ensure("tiny")
+    new = _perturbed(base, seed=21)
+    engine = HfEngine(model_dir, dtype="float32")
+    sender = Learner(new)
+    async with serve_engine(engine) as (servicer, stub, health):
+        join = rollout_pb2.JoinWeightGroupRequest(
+            master_address="127.0.0.1",
+            port=sender.port,
+            group="g1",
+            rank_offset=1,
+            world_size=2,
+            timeout_s=60,
+        )
+        await asyncio.gather(asyncio.to_thread(sender.join, "g1"), stub.JoinWeightGroup(join))
+        call = stub.ReceiveWeights(rollout_pb2.ReceiveWeightsRequest(group="g1", version=1))
+        deadline = asyncio.get_running_loop().time() + 120
+        while not servicer._updates:  # the replica started receiving
+            assert asyncio.get_running_loop().time() < deadline, "ReceiveWeights never started"
+            await asyncio.sleep(0.05)
+        call.cancel()
+        sent = await asyncio.to_thread(sender.send, 1, None)
+        assert isinstance(sent, broadcast.BroadcastResult) and not sent.broken
+        assert sender.group is not None
+        sender.group.close()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        deadline = asyncio.get_running_loop().time() + 120
+        while servicer._updates:
+            assert asyncio.get_running_loop().time() < deadline, "the update never ended"
+            await asyncio.sleep(0.05)
+        assert await _version(stub) == 1 and not servicer.needs_reload
+        for name, tensor in new.items():
+            assert torch.equal(engine._targets[name], tensor), name
+        assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING

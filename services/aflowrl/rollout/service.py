@@ -388,12 +388,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         cancelled midway (a trainer cancels sibling calls on the first failure), the served
         label, the readiness and the engine's weights could disagree, e.g. the new weights
         loaded while the label says the old version. So the update finishes in its own task,
-        holding the version gate and the update lock as ever; the cancelled call returns at
-        once."""
+        holding the version gate as ever, and a cancelled call waits for it (keeping its own
+        locks and buffers until then) before it ends as cancelled."""
         task: asyncio.Future[_T] = asyncio.ensure_future(update)
         self._updates.add(task)
         task.add_done_callback(self._updates.discard)
-        return await asyncio.shield(task)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                logger.warning("a weight update's caller went away; the update runs to its end")
+                await asyncio.wait([task])
+            raise
 
     async def _swap(
         self,
