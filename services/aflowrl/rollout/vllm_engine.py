@@ -30,6 +30,11 @@ nothing is pickled. ``rollout.vllm.maxNumBatchedTokens`` caps the tokens of one 
 and with them the full-vocabulary logits of scoring requests, which vLLM's memory profile does
 not count.
 
+**Cancellation.** A Generate or ScoreCandidates whose caller goes away aborts its engine
+requests; every weight operation first aborts any request still unfinished and then resets the
+prefix cache with ``reset_running_requests`` (a reset vLLM refuses fails the update), so no
+request runs on a half-loaded model and no KV block of the old weights serves the new ones.
+
 **Failure.** Every call into the engine has a deadline (``rollout.vllm.engineTimeoutS``; a
 weight load one per piece, a broadcast its group's timeout), watched from the event loop once a
 second together with vLLM's own flag for a dead engine-core process. An engine found dead (its
