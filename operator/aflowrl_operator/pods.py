@@ -107,11 +107,19 @@ def accelerator_env(
     return env
 
 
-def grpc_probes(spec: RunSpec, port: int) -> JsonDict:
+ROLLOUT_SERVICE = "aflowrl.v1.RolloutService"
+"""The rollout's gRPC service: its health is the replica's readiness (the overall health, which
+the liveness probe reads, turns NOT_SERVING only for a dead engine)."""
+
+
+def grpc_probes(spec: RunSpec, port: int, *, ready_service: str = "") -> JsonDict:
     """Startup, readiness and liveness on the standard gRPC health service.
 
-    The startup probe allows 30 minutes (large models load slowly); readiness follows the
-    service's SERVING / NOT_SERVING; liveness restarts a server that stops answering at all.
+    The startup probe allows 30 minutes (large models load slowly); readiness follows
+    ``ready_service``'s SERVING / NOT_SERVING (the overall status when empty); liveness reads the
+    overall status: it restarts a server that stops answering at all or reports itself dead.
+    A rollout replica waiting for a complete weight version is not ready but alive
+    (:data:`ROLLOUT_SERVICE`), so a long reload is never killed.
     With TLS (``grpc.tlsSecret``) the probes go to ``grpc.healthPort``: the kubelet's ``grpc:``
     probe speaks only plaintext, so the server also listens there, plaintext, serving nothing
     but the health service (aflowrl.common.server).
@@ -126,7 +134,7 @@ def grpc_probes(spec: RunSpec, port: int) -> JsonDict:
             "failureThreshold": 180,
         },
         "readinessProbe": {
-            "grpc": {"port": port},
+            "grpc": {"port": port, **({"service": ready_service} if ready_service else {})},
             "periodSeconds": 10,
             "timeoutSeconds": 5,
             "failureThreshold": 3,

@@ -123,9 +123,11 @@ def _grpc_service(
     spec_hash_: str,
     overrides: PodOverrides,
     node_labels: dict[str, str] | None,
+    ready_service: str = "",
 ) -> list[JsonDict]:
     """A Deployment of ``aflowrl serve <serve>`` pods + its headless Service (the clients
-    resolve every pod and balance over them)."""
+    resolve every pod and balance over them); readiness reads ``ready_service``'s health
+    (:func:`pods.grpc_probes`)."""
     metrics = spec.monitoring.metrics_port
     main = pods.container(
         spec,
@@ -136,7 +138,7 @@ def _grpc_service(
         env=env,
         mounts=mounts,
         ports=[("grpc", port), ("metrics", metrics)],
-        probes=pods.grpc_probes(spec, port),
+        probes=pods.grpc_probes(spec, port, ready_service=ready_service),
     )
     template = pods.pod_template(
         run,
@@ -203,6 +205,7 @@ def rollout(
         mounts=mounts,
         spec_hash_=spec_hash_,
         overrides=spec.rollout.pod,
+        ready_service=pods.ROLLOUT_SERVICE,
         node_labels=node_labels,
     )
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,14 +28,14 @@ from aflowrl._proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from aflowrl.common.client import ChannelOptions, make_channel
 from aflowrl.common.server import GrpcServer, ServerOptions, ServiceRegistration
 from aflowrl.config.rollout import SamplingSpec
-from aflowrl.models import builtin, loading, logprobs, weights, wire
+from aflowrl.models import broadcast, builtin, loading, logprobs, weights, wire
 from aflowrl.rollout.engine import RolloutEngine
 from aflowrl.rollout.metrics import RolloutMetrics
 from aflowrl.rollout.server import add_rollout_service, health_reporter
 from aflowrl.rollout.service import SERVICE_NAME, RolloutServicer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from policy_services import Service, metrics_text, start_service
+from policy_services import Service, free_port, metrics_text, start_service
 
 
 @pytest.fixture(scope="module")
@@ -427,6 +428,87 @@ async def test_load_weights_from_a_directory(rollout, reference_model, tmp_path)
     await channel.close()
 
 
+class Learner:
+    """Learner rank 0's side of the nccl transport, in this process: the group store and one
+    group per push, broadcasting ``tensors`` as ``send_weights`` does for the learner."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.port = free_port()
+        self.store = broadcast.GroupStore(self.port, timeout_s=60)
+        self.tensors = tensors
+        self.group: broadcast.WeightGroup | None = None
+
+    def join(self, name: str) -> None:
+        rendezvous = broadcast.Rendezvous("127.0.0.1", self.port, name, 0, 2, timeout_s=60)
+        self.group = broadcast.WeightGroup.join(
+            rendezvous, torch.device("cpu"), store=self.store.store
+        )
+
+    def send(
+        self,
+        version: int,
+        lost_after: int | None,
+        tensors: dict[str, torch.Tensor] | None = None,
+    ) -> broadcast.BroadcastResult:
+        """Broadcast every tensor (``tensors``, default the learner's); with ``lost_after``, the
+        sender is lost after that many tensors (its group closes, as a dead process's sockets
+        do)."""
+        assert self.group is not None
+        sent = self.tensors if tensors is None else tensors
+        specs = [weights.spec_of(n, t) for n, t in sent.items()]
+
+        def stream() -> Any:
+            for index, item in enumerate(sent.items()):
+                if index == lost_after:
+                    raise ConnectionError("injected: the learner is gone")
+                yield item
+
+        try:
+            return broadcast.send_weights(
+                [self.group], version, stream(), specs, bucket_bytes=64 * 1024
+            )
+        except ConnectionError:
+            self.group.close()
+            raise
+
+    async def push(
+        self,
+        stub: Any,
+        name: str,
+        version: int,
+        lost_after: int | None = None,
+        *,
+        tensors: dict[str, torch.Tensor] | None = None,
+        join: bool = True,
+        close: bool = True,
+    ) -> Any:
+        """Join group ``name`` with the replica (unless ``join`` is False: the group formed
+        before), then broadcast; the replica's answer (or error) and the sender's result. The
+        group is closed after it unless ``close`` is False."""
+        if join:
+            request = rollout_pb2.JoinWeightGroupRequest(
+                master_address="127.0.0.1",
+                port=self.port,
+                group=name,
+                rank_offset=1,
+                world_size=2,
+                timeout_s=60,
+            )
+            await asyncio.gather(asyncio.to_thread(self.join, name), stub.JoinWeightGroup(request))
+        receive = stub.ReceiveWeights(
+            rollout_pb2.ReceiveWeightsRequest(group=name, version=version)
+        )
+        answers = await asyncio.gather(
+            receive,
+            asyncio.to_thread(self.send, version, lost_after, tensors),
+            return_exceptions=True,
+        )
+        assert self.group is not None
+        if close:
+            self.group.close()
+        return answers
+
+
 def test_sigterm_stops_the_rollout_cleanly(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text("{}\n")
@@ -470,9 +552,15 @@ async def serve_engine(
         await engine.close()
 
 
-async def health_status(health: Any) -> int:
-    reply = await health.Check(health_pb2.HealthCheckRequest(service=""))
+async def health_status(health: Any, service: str = SERVICE_NAME) -> int:
+    """The replica's readiness: its rollout service's health (the readiness probe's)."""
+    reply = await health.Check(health_pb2.HealthCheckRequest(service=service))
     return int(reply.status)
+
+
+async def liveness(health: Any) -> int:
+    """The replica's liveness: the overall health (the liveness probe's)."""
+    return await health_status(health, service="")
 
 
 @contextlib.contextmanager
@@ -507,10 +595,10 @@ async def _greedy(stub: rollout_pb2_grpc.RolloutServiceStub) -> rollout_pb2.Gene
 async def serves_as_before(
     stub: rollout_pb2_grpc.RolloutServiceStub, before: rollout_pb2.GenerateResponse
 ) -> None:
-    """The replica still serves version 0 with ``before``'s greedy tokens and log-probs, bit for
-    bit (the old weights, put back after a failed load)."""
+    """The replica still serves ``before``'s version with its greedy tokens and log-probs, bit
+    for bit (the old weights, put back after a failed load)."""
     again = await _greedy(stub)
-    assert again.weight_version == 0
+    assert again.weight_version == before.weight_version
     got, expected = again.results[0].completions[0], before.results[0].completions[0]
     assert list(got.token_ids) == list(expected.token_ids)
     assert list(got.logprobs) == list(expected.logprobs)
@@ -584,10 +672,185 @@ async def test_a_broadcast_receive_failing_unexpectedly_serves_nothing_until_rel
         assert "serving nothing" in info.value.details()
         assert servicer.needs_reload and await _version(stub) == 0
         assert await health_status(health) == health_pb2.HealthCheckResponse.NOT_SERVING
+        # Not ready, but alive: the liveness probe must not restart a replica that waits.
+        assert await liveness(health) == health_pb2.HealthCheckResponse.SERVING
         with pytest.raises(aio.AioRpcError) as info:
             await stub.ReceiveWeights(rollout_pb2.ReceiveWeightsRequest(group="g1", version=1))
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # the group is gone
 
-        reply = await stub.LoadWeights(rollout_pb2.LoadWeightsRequest(path=str(path), version=1))
+        # The fallback reload, held midway for as long as the test likes (longer than any
+        # liveness window): alive all along, ready only once it completed.
+        held, release = threading.Event(), threading.Event()
+        real = weights.iter_weights_dir
+
+        def slow(source: Any) -> Any:
+            for index, item in enumerate(real(source)):
+                if index == 1:
+                    held.set()
+                    release.wait(timeout=300)
+                yield item
+
+        monkeypatch.setattr(weights, "iter_weights_dir", slow)
+        reload = asyncio.ensure_future(
+            stub.LoadWeights(rollout_pb2.LoadWeightsRequest(path=str(path), version=1))
+        )
+        assert await asyncio.to_thread(held.wait, 300)
+        for _ in range(3):
+            assert await liveness(health) == health_pb2.HealthCheckResponse.SERVING
+            assert await health_status(health) == health_pb2.HealthCheckResponse.NOT_SERVING
+        release.set()
+        reply = await reload
         assert reply.weight_version == 1 and not servicer.needs_reload
+        assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
+        assert await liveness(health) == health_pb2.HealthCheckResponse.SERVING
+
+
+def _refused_tensors(base: dict[str, torch.Tensor], fault: str) -> tuple[dict[str, Any], int]:
+    """The tensors and version of an update the replica (serving version 2) must refuse:
+    ``non_finite``: a NaN in the last tensor (after others were loaded, on a broadcast);
+    ``stale``: version 1; ``other_model``: one tensor of another shape."""
+    tensors = _perturbed(base, seed=11)
+    if fault == "non_finite":
+        last = list(tensors)[-1]
+        tensors[last] = tensors[last].clone()
+        tensors[last].view(-1)[0] = float("nan")
+    if fault == "other_model":
+        first = next(iter(tensors))
+        tensors[first] = tensors[first][:-1].clone()
+    return tensors, 1 if fault == "stale" else 3
+
+
+_REFUSED = {
+    "non_finite": grpc.StatusCode.INVALID_ARGUMENT,
+    "stale": grpc.StatusCode.FAILED_PRECONDITION,
+    "other_model": grpc.StatusCode.INVALID_ARGUMENT,
+}
+
+
+async def refused_then_accepted(
+    transport: str,
+    stub: rollout_pb2_grpc.RolloutServiceStub,
+    bad: dict[str, torch.Tensor],
+    bad_version: int,
+    good: dict[str, torch.Tensor],
+    tmp_path: Path,
+    model_dir: Path,
+) -> tuple[Any, Any]:
+    """Send ``bad`` as ``bad_version`` over ``transport``; its answer (an error when refused)
+    and a coroutine function sending ``good`` as version 4 (over the same weight group for nccl:
+    a refusal leaves it standing)."""
+    if transport == "grpc":
+        first = await _answer(stub.UpdateWeights(_stream(_messages(bad, bad_version))))
+        return first, lambda: stub.UpdateWeights(_stream(_messages(good, 4)))
+    if transport == "filesystem":
+        bad_dir, good_dir = tmp_path / "bad", tmp_path / "good"
+        weights.write_weights_dir(bad_dir, bad, version=bad_version, model_dir=model_dir)
+        weights.write_weights_dir(good_dir, good, version=4, model_dir=model_dir)
+        first = await _answer(
+            stub.LoadWeights(rollout_pb2.LoadWeightsRequest(path=str(bad_dir), version=bad_version))
+        )
+        return first, lambda: stub.LoadWeights(
+            rollout_pb2.LoadWeightsRequest(path=str(good_dir), version=4)
+        )
+    sender = Learner(good)
+    first, sent = await sender.push(stub, "g1", bad_version, tensors=bad, close=False)
+    assert isinstance(sent, broadcast.BroadcastResult), sent  # drained to its end
+
+    async def again() -> Any:
+        reply, resent = await sender.push(stub, "g1", 4, join=False)
+        assert isinstance(resent, broadcast.BroadcastResult), resent
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    return first, again
+
+
+async def _answer(call: Any) -> Any:
+    try:
+        return await call
+    except aio.AioRpcError as exc:
+        return exc
+
+
+@pytest.mark.parametrize("fault", sorted(_REFUSED))
+@pytest.mark.parametrize("transport", ["grpc", "filesystem", "nccl"])
+async def test_a_refused_update_leaves_the_replica_serving_its_version(
+    reference_model, tmp_path, transport, fault
+):
+    """An update the replica refuses (non-finite values, a stale version, another model's
+    weights) over any transport (grpc, filesystem, nccl on gloo; hf backend) is answered with
+    the refusal, and the replica serves its previous version on: label 2, the same greedy
+    tokens and log-probs, ready and alive, no reload needed; over nccl the weight group stands
+    and the next broadcast over it is taken. A NaN broadcast in the last bucket, after others
+    were loaded, puts them back."""
+    from aflowrl.rollout.hf_engine import HfEngine
+
+    _, _, base = reference_model
+    model_dir = builtin.ensure("tiny")
+    bad, bad_version = _refused_tensors(base, fault)
+    good = _perturbed(base, seed=12)
+    engine = HfEngine(model_dir, dtype="float32")
+    async with serve_engine(engine) as (servicer, stub, health):
+        servicer.gate.version = 2  # serving the base weights as version 2 (so 1 is stale)
+        before = await _greedy(stub)
+        error, again = await refused_then_accepted(
+            transport, stub, bad, bad_version, good, tmp_path, model_dir
+        )
+        assert isinstance(error, aio.AioRpcError), error
+        assert error.code() == _REFUSED[fault], error.details()
+        assert await _version(stub) == 2 and not servicer.needs_reload
+        assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
+        assert await liveness(health) == health_pb2.HealthCheckResponse.SERVING
+        await serves_as_before(stub, before)
+        for name, tensor in base.items():
+            assert torch.equal(engine._targets[name], tensor), name
+
+        reply = await again()
+        assert reply.weight_version == 4
+        for name, tensor in good.items():
+            assert torch.equal(engine._targets[name], tensor), name
+
+
+async def test_a_broadcast_whose_caller_goes_away_still_lands_with_its_label(reference_model):
+    """ReceiveWeights cancelled by its caller (the trainer cancels sibling calls on the first
+    failure) while the replica waits for the broadcast: the broadcast that then comes is received
+    to its end, and the replica labels the weights it serves with their version (new weights
+    under the old label would pass for the old version)."""
+    from aflowrl.rollout.hf_engine import HfEngine
+
+    _, _, base = reference_model
+    model_dir = builtin.ensure("tiny")
+    new = _perturbed(base, seed=21)
+    engine = HfEngine(model_dir, dtype="float32")
+    sender = Learner(new)
+    async with serve_engine(engine) as (servicer, stub, health):
+        join = rollout_pb2.JoinWeightGroupRequest(
+            master_address="127.0.0.1",
+            port=sender.port,
+            group="g1",
+            rank_offset=1,
+            world_size=2,
+            timeout_s=60,
+        )
+        await asyncio.gather(asyncio.to_thread(sender.join, "g1"), stub.JoinWeightGroup(join))
+        call = stub.ReceiveWeights(rollout_pb2.ReceiveWeightsRequest(group="g1", version=1))
+        deadline = asyncio.get_running_loop().time() + 120
+        while not servicer._updates:  # the replica started receiving
+            assert asyncio.get_running_loop().time() < deadline, "ReceiveWeights never started"
+            await asyncio.sleep(0.05)
+        call.cancel()
+        sent = await asyncio.to_thread(sender.send, 1, None)
+        assert isinstance(sent, broadcast.BroadcastResult) and not sent.broken
+        assert sender.group is not None
+        sender.group.close()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        deadline = asyncio.get_running_loop().time() + 120
+        while servicer._updates:
+            assert asyncio.get_running_loop().time() < deadline, "the update never ended"
+            await asyncio.sleep(0.05)
+        assert await _version(stub) == 1 and not servicer.needs_reload
+        for name, tensor in new.items():
+            assert torch.equal(engine._targets[name], tensor), name
         assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING

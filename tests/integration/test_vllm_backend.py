@@ -432,3 +432,118 @@ async def test_vllm_scoring_reads_the_prefix_cache_and_agrees_with_hf(services):
             assert gap < TOL, (length, gap)
     for channel in (*channels, *more):
         await channel.close()
+
+
+@pytest.mark.filterwarnings("default")  # vLLM warns as it starts, in this process
+async def test_a_cancelled_call_aborts_its_requests_and_no_old_kv_block_serves_new_weights(
+    tmp_path, monkeypatch
+):
+    """A Generate cancelled by its caller (the trainer cancels sibling calls on a failure)
+    aborts its vLLM requests: a LoadWeights queued right behind it starts with no unfinished
+    engine request (none runs on a half-loaded model, none holds KV blocks, so the prefix
+    cache is reset), and a prompt whose blocks were cached with the old weights is served with
+    the new ones (log-probs of a reference model with the new weights, to 1e-4). Then vLLM's
+    ``EngineDeadError`` out of an engine step fails the running call with UNAVAILABLE, not
+    INTERNAL, and the replica turns not alive."""
+    import threading
+
+    import torch
+    from safetensors.torch import load_file
+    from test_rollout_service import _perturbed, _recompute, liveness
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from aflowrl.models import builtin, loading, weights
+    from aflowrl.rollout import vllm_engine
+    from aflowrl.rollout.vllm_engine import VllmEngine
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    model_dir = builtin.ensure("tiny")
+    base = load_file(str(model_dir / "model.safetensors"))
+    new = _perturbed(base, seed=5)
+    path = weights.version_dir(tmp_path, 1)
+    weights.write_weights_dir(path, new, version=1, model_dir=model_dir)
+    engine = VllmEngine(
+        model_dir,
+        dtype="float32",
+        engine_spec=VllmEngineSpec(
+            max_model_len=512, gpu_memory_utilization=0.05, enforce_eager=True
+        ),
+    )
+    busy: list[bool] = []
+    real_reload = vllm_engine.reload_in_pieces
+
+    def reload(core: Any, *args: Any, **kwargs: Any) -> int:
+        busy.append(bool(core.has_unfinished_requests()))
+        return real_reload(core, *args, **kwargs)
+
+    monkeypatch.setattr(vllm_engine, "reload_in_pieces", reload)
+    prompt = common_pb2.Prompt(
+        token_ids=common_pb2.TokenIds(ids=[(7 * i) % 1500 + 10 for i in range(300)])
+    )
+    greedy = rollout_pb2.GenerateRequest(
+        prompts=[prompt],
+        sampling=rollout_pb2.SamplingParams(temperature=1.0, max_tokens=4, seed=3),
+    )
+    async with serve_engine(engine) as (_, stub, health):
+        first = await stub.Generate(greedy)  # its prompt's blocks are now cached
+        inbox = engine._state.inbox
+
+        async def queued(count: int) -> None:
+            deadline = time.monotonic() + 120
+            while inbox.qsize() < count:
+                assert time.monotonic() < deadline, f"{inbox.qsize()} items queued, not {count}"
+                await asyncio.sleep(0.05)
+
+        # Hold the engine thread, so that what follows is queued behind it in a known order.
+        hold = threading.Event()
+        held = asyncio.ensure_future(engine._call(lambda core: hold.wait(120)))
+        deadline = time.monotonic() + 120
+        while engine._busy_until is None or inbox.qsize():
+            assert time.monotonic() < deadline, "the engine thread never took the held call"
+            await asyncio.sleep(0.05)
+        long = rollout_pb2.GenerateRequest(
+            prompts=[_chat("go on")],
+            sampling=rollout_pb2.SamplingParams(temperature=1.0, max_tokens=400, n=8, seed=1),
+        )
+        running = stub.Generate(long)
+        await queued(1)
+        running.cancel()
+        await queued(2)  # the cancelled call's abort
+        load = asyncio.ensure_future(
+            stub.LoadWeights(rollout_pb2.LoadWeightsRequest(path=str(path), version=1))
+        )
+        await queued(3)
+        hold.set()
+        await held
+        reply = await load
+        assert reply.weight_version == 1
+        assert busy == [False]  # no engine request was left when the reload started
+        with pytest.raises(asyncio.CancelledError):
+            await running
+
+        served = await stub.Generate(greedy)
+        assert served.weight_version == 1
+        reference = loading.load_causal_lm(
+            model_dir, dtype=torch.float32, device=torch.device("cpu")
+        )
+        reference.load_state_dict(new, strict=False)
+        completion = served.results[0].completions[0]
+        expected = _recompute(
+            reference, list(served.results[0].prompt_token_ids), list(completion.token_ids), 1.0
+        )
+        gap = max(abs(a - b) for a, b in zip(completion.logprobs, expected, strict=True))
+        assert gap < TOL, gap
+        assert list(completion.logprobs) != list(first.results[0].completions[0].logprobs)
+
+        # A dead engine core, as vLLM reports it from a step: UNAVAILABLE, then not alive.
+        def dead_step() -> Any:
+            raise EngineDeadError("injected: the engine core died")
+
+        monkeypatch.setattr(engine._engine, "step", dead_step)
+        with pytest.raises(aio.AioRpcError) as info:
+            await stub.Generate(long)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value.details()
+        deadline = time.monotonic() + 60
+        while await liveness(health) != health_pb2.HealthCheckResponse.NOT_SERVING:
+            assert time.monotonic() < deadline, "still alive after the engine core died"
+            await asyncio.sleep(0.2)

@@ -28,7 +28,6 @@ Run with ``make test-vllm`` (skipped where vllm is not installed).
 
 from __future__ import annotations
 
-import asyncio
 import re
 import sys
 from pathlib import Path
@@ -44,19 +43,24 @@ from grpc_health.v1 import health_pb2
 from aflowrl._proto.v1 import learner_pb2, rollout_pb2
 from aflowrl.config import RunSpec
 from aflowrl.config.rollout import VllmEngineSpec
-from aflowrl.models import broadcast, weights
+from aflowrl.models import broadcast
 from aflowrl.trainer import weight_sync
 
 sys.path.insert(0, str(Path(__file__).parent))
-from policy_services import SPEC, VLLM_TESTS, free_port, metrics_text, nccl_transport, start_service
+from policy_services import SPEC, VLLM_TESTS, metrics_text, nccl_transport, start_service
 from test_learner_service import TOL, _max_gap, _sample, _signed_samples, _stubs, agrees
 from test_rollout_service import (
+    _REFUSED,
+    Learner,
     _chat,
     _greedy,
     _perturbed,
     _recompute,
+    _refused_tensors,
     _version,
     health_status,
+    liveness,
+    refused_then_accepted,
     serve_engine,
     serves_as_before,
 )
@@ -117,65 +121,6 @@ async def test_an_nccl_push_reaches_vllm_through_its_weight_transfer_engine(tmp_
             service.stop()
 
 
-class Learner:
-    """Learner rank 0's side of the nccl transport, in this process: the group store and one
-    group per push, broadcasting ``tensors`` as ``send_weights`` does for the learner."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.port = free_port()
-        self.store = broadcast.GroupStore(self.port, timeout_s=60)
-        self.tensors = tensors
-        self.group: broadcast.WeightGroup | None = None
-
-    def join(self, name: str) -> None:
-        rendezvous = broadcast.Rendezvous("127.0.0.1", self.port, name, 0, 2, timeout_s=60)
-        self.group = broadcast.WeightGroup.join(
-            rendezvous, torch.device("cpu"), store=self.store.store
-        )
-
-    def send(self, version: int, lost_after: int | None) -> broadcast.BroadcastResult:
-        """Broadcast every tensor; with ``lost_after``, the sender is lost after that many
-        tensors (its group closes, as a dead process's sockets do)."""
-        assert self.group is not None
-        specs = [weights.spec_of(n, t) for n, t in self.tensors.items()]
-
-        def tensors() -> Any:
-            for index, item in enumerate(self.tensors.items()):
-                if index == lost_after:
-                    raise ConnectionError("injected: the learner is gone")
-                yield item
-
-        try:
-            return broadcast.send_weights(
-                [self.group], version, tensors(), specs, bucket_bytes=64 * 1024
-            )
-        except ConnectionError:
-            self.group.close()
-            raise
-
-    async def push(self, stub: Any, name: str, version: int, lost_after: int | None = None) -> Any:
-        """Join group ``name`` with the replica, then broadcast; the replica's answer (or
-        error) and the sender's result."""
-        join = rollout_pb2.JoinWeightGroupRequest(
-            master_address="127.0.0.1",
-            port=self.port,
-            group=name,
-            rank_offset=1,
-            world_size=2,
-            timeout_s=60,
-        )
-        await asyncio.gather(asyncio.to_thread(self.join, name), stub.JoinWeightGroup(join))
-        receive = stub.ReceiveWeights(
-            rollout_pb2.ReceiveWeightsRequest(group=name, version=version)
-        )
-        answers = await asyncio.gather(
-            receive, asyncio.to_thread(self.send, version, lost_after), return_exceptions=True
-        )
-        assert self.group is not None
-        self.group.close()
-        return answers
-
-
 def _transfer_engines(engine: Any) -> Any:
     """What vLLM's workers hold as their weight-transfer engine (in-process engine)."""
 
@@ -189,7 +134,14 @@ def _transfer_engines(engine: Any) -> Any:
 @pytest.mark.filterwarnings("default")  # vLLM warns as it starts, in this process
 @pytest.mark.parametrize(
     ("fault", "keep"),
-    [("load", True), ("sender", True), ("load", False), ("finalize", True), ("finalize", False)],
+    [
+        ("load", True),
+        ("sender", True),
+        ("load", False),
+        ("finalize", True),
+        ("finalize", False),
+        ("finalize_midway", True),
+    ],
 )
 async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_completes(
     tmp_path, monkeypatch, fault, keep
@@ -198,9 +150,13 @@ async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_comple
     vLLM's worker, runs out of memory on the second bucket (the broadcast is drained to its
     end). ``finalize``: vLLM's ``finalize_layerwise_reload`` at the finish raises after the
     whole version was loaded (vLLM's worker would keep its session open if the finish raised).
-    ``sender``: the learner is lost after half of the tensors (its group closes). With
-    ``keepWeightsOnLoad`` the old version serves on; without it the replica serves nothing
-    (NOT_SERVING, UNAVAILABLE) until the retry completes; the version label is unchanged."""
+    ``sender``: the learner is lost after half of the tensors (its group closes).
+    ``finalize_midway``: the second bucket's load fails and the finalize then raises before it
+    put back the layers that got nothing (they stay on the meta device, where a restore's copy
+    writes nothing). With ``keepWeightsOnLoad`` the old version serves on, except after
+    ``finalize_midway``, whose model cannot be restored; otherwise the replica serves nothing
+    (not ready, UNAVAILABLE, yet alive) until the retry completes; the version label is
+    unchanged."""
     from safetensors.torch import load_file
     from vllm.model_executor.model_loader import reload
     from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
@@ -234,13 +190,15 @@ async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_comple
 
         def counted(self: Any, tensors: Any) -> Any:
             calls[0] += 1
-            if fault == "load" and calls[0] == 2:
+            if fault in ("load", "finalize_midway") and calls[0] == 2:
                 raise torch.OutOfMemoryError("injected: out of memory in the second bucket")
             return real(self, tensors)
 
         real_finalize = reload.finalize_layerwise_reload
 
         def finalize(*args: Any, **kwargs: Any) -> None:
+            if fault == "finalize_midway":
+                raise torch.OutOfMemoryError("injected: out of memory while finalizing")
             real_finalize(*args, **kwargs)
             if fault == "finalize":
                 raise torch.OutOfMemoryError("injected: out of memory while finalizing")
@@ -258,10 +216,14 @@ async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_comple
             assert isinstance(sent, ConnectionError)
         else:
             assert isinstance(sent, broadcast.BroadcastResult) and not sent.broken  # drained
-            failed = {"load": "failed midway", "finalize": "finalizing the update failed"}
+            failed = {
+                "load": "failed midway",
+                "finalize": "finalizing the update failed",
+                "finalize_midway": "finalizing the update failed",
+            }
             assert failed[fault] in error.details(), error.details()
         assert await _version(stub) == 0
-        if keep:
+        if keep and fault != "finalize_midway":
             # "put back": the workers loaded buckets, then restored the served weights.
             assert "old weights were put back" in error.details(), error.details()
             assert not servicer.needs_reload
@@ -270,6 +232,7 @@ async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_comple
         else:
             assert "put back" not in error.details() and servicer.needs_reload
             assert await health_status(health) == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert await liveness(health) == health_pb2.HealthCheckResponse.SERVING
             with pytest.raises(aio.AioRpcError) as info:
                 await _greedy(stub)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -298,3 +261,45 @@ async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_comple
         )
         gap = max(abs(a - b) for a, b in zip(completion.logprobs, expected, strict=True))
         assert gap < TOL, gap
+
+
+@pytest.mark.filterwarnings("default")  # vLLM warns as it starts, in this process
+async def test_a_refused_update_leaves_a_vllm_replica_serving_its_version(tmp_path, monkeypatch):
+    """The vllm engine: an update the replica refuses (non-finite values, in the last bucket of
+    a broadcast after others were loaded; a stale version; another model's weights) over grpc,
+    filesystem and nccl is answered with the refusal, and the previous version serves on (label
+    2, the same greedy tokens and log-probs, ready and alive); over nccl the group stands, and
+    the next broadcast over it is taken."""
+    from safetensors.torch import load_file
+
+    from aflowrl.models import builtin
+    from aflowrl.rollout.vllm_engine import VllmEngine
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    model_dir = builtin.ensure("tiny")
+    base = load_file(str(model_dir / "model.safetensors"))
+    good = _perturbed(base, seed=12)
+    engine = VllmEngine(
+        model_dir,
+        dtype="float32",
+        engine_spec=VllmEngineSpec(
+            max_model_len=512, gpu_memory_utilization=0.05, enforce_eager=True
+        ),
+    )
+    async with serve_engine(engine) as (servicer, stub, health):
+        servicer.gate.version = 2  # serving the base weights as version 2 (so 1 is stale)
+        before = await _greedy(stub)
+        for transport in ("grpc", "filesystem", "nccl"):
+            for fault in sorted(_REFUSED):
+                bad, bad_version = _refused_tensors(base, fault)
+                error, again = await refused_then_accepted(
+                    transport, stub, bad, bad_version, good, tmp_path / transport / fault, model_dir
+                )
+                assert isinstance(error, aio.AioRpcError), (transport, fault, error)
+                assert error.code() == _REFUSED[fault], (transport, fault, error.details())
+                assert await _version(stub) == 2 and not servicer.needs_reload, (transport, fault)
+                assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
+                assert await liveness(health) == health_pb2.HealthCheckResponse.SERVING
+                await serves_as_before(stub, before)
+        reply = await again()  # the last nccl group still stands
+        assert reply.weight_version == 4

@@ -35,7 +35,11 @@ import torch
 from aflowrl.config.policy import LoraSpec
 from aflowrl.models import broadcast, loading, logprobs
 from aflowrl.models.broadcast import BroadcastResult, Expectation, Rendezvous
-from aflowrl.models.errors import BroadcastBrokenError, WeightLoadFailedError
+from aflowrl.models.errors import (
+    BroadcastBrokenError,
+    NonFiniteWeightsError,
+    WeightLoadFailedError,
+)
 from aflowrl.models.weights import parameter_shapes
 from aflowrl.rollout.engine import (
     CompletionResult,
@@ -435,18 +439,43 @@ class HfEngine(RolloutEngine):
             group = self._group
             if group is None:
                 raise BroadcastBrokenError("this replica is in no weight group")
+            targets = self._targets
+            previous: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+            def load(bucket: Iterable[tuple[str, torch.Tensor]]) -> None:
+                # The old values of what each bucket overwrites, until the broadcast ends: a
+                # later bucket refused (non-finite values) puts them back.
+                with torch.no_grad():
+                    for name, tensor in bucket:
+                        target = targets[name]
+                        previous.append((target, target.detach().clone()))
+                        target.copy_(tensor)
+
             try:
                 return broadcast.receive_weights(
                     group,
                     accept=expectation.check,
                     start=lambda: None,
-                    load=self._copy,
+                    load=load,
                     finish=lambda: None,
                     on_bucket=on_bucket,
                 )
-            except BroadcastBrokenError:
+            except BroadcastBrokenError as exc:
+                refusal = exc.__cause__
+                if isinstance(refusal, NonFiniteWeightsError):
+                    # Drained to its trailer (the group stands): a refusal, the old weights back.
+                    with torch.no_grad():
+                        for target, old in reversed(previous):
+                            target.copy_(old)
+                    raise NonFiniteWeightsError(
+                        f"{refusal.reason}; the {len(previous)} weights already loaded were put "
+                        "back",
+                        field=refusal.field,
+                    ) from exc
                 self._leave()
                 raise
+            finally:
+                previous.clear()
 
         result: BroadcastResult = await self._submit_call(receive)
         return result

@@ -4,7 +4,8 @@ Called by :mod:`aflowrl.cli.serve` after the spec is validated. With the filesys
 transport (or the nccl transport, whose fallback exports live on a shared volume too), a
 (re)started replica loads the newest complete weights directory there before turning SERVING,
 so it never serves weights older than it could. A replica whose broadcast broke off turns
-NOT_SERVING until it is reloaded (:mod:`aflowrl.rollout.service`).
+its rollout service NOT_SERVING (readiness) until it is reloaded; only a dead engine turns the
+overall health (liveness) NOT_SERVING (:func:`health_reporter`).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def build_servicer(
     spec: RunSpec,
     engine: RolloutEngine,
     metrics: RolloutMetrics,
-    on_health: Callable[[bool], Awaitable[None]] | None = None,
+    on_health: Callable[[bool, bool], Awaitable[None]] | None = None,
 ) -> RolloutServicer:
     return RolloutServicer(
         engine,
@@ -114,21 +115,28 @@ def build_servicer(
     )
 
 
-def health_reporter(server: GrpcServer) -> Callable[[bool], Awaitable[None]]:
-    """The servicer's ``on_health``: the replica's health on ``server`` (overall and the
-    rollout service's), SERVING or NOT_SERVING; never SERVING again once stopping. The liveness
-    probe reads the overall status: a dead engine restarts the pod."""
+def health_reporter(server: GrpcServer) -> Callable[[bool, bool], Awaitable[None]]:
+    """The servicer's ``on_health(ready, alive)``: the replica's health on ``server``.
 
-    async def on_health(serving: bool) -> None:
-        if serving and server.stopping:
+    Readiness is the rollout service's own status (``aflowrl.v1.RolloutService``), liveness the
+    overall one (``""``), as the operator's probes read them (``readinessProbe`` names the
+    service, ``livenessProbe`` does not). Not ready (waiting for a complete version after a
+    broken update) turns the rollout service NOT_SERVING and leaves the overall status alone, so
+    a long reload is never killed by the liveness probe; not alive (a dead engine) turns both
+    NOT_SERVING, and the liveness probe restarts the pod. Never SERVING again once stopping."""
+
+    async def on_health(ready: bool, alive: bool) -> None:
+        if ready and server.stopping:
             return
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
+        serving, not_serving = (
+            health_pb2.HealthCheckResponse.SERVING,
+            health_pb2.HealthCheckResponse.NOT_SERVING,
         )
-        for name in ("", SERVICE_NAME):
-            await server.health.set(name, status)
+        await server.health.set(SERVICE_NAME, serving if ready and alive else not_serving)
+        if not alive:
+            await server.health.set("", not_serving)
+        elif ready:
+            await server.health.set("", serving)
 
     return on_health
 

@@ -18,11 +18,14 @@ serving weight version (:class:`~aflowrl.rollout.gate.VersionGate`) and weight u
   inside the swap gate: requests wait while it lands and are then served by the new version
   (or, refused, by the old one). A broadcast that breaks off after the engine started loading
   leaves some new and some old weights: the replica then answers UNAVAILABLE to every request
-  and turns its health NOT_SERVING until a complete version is loaded (``LoadWeights``, which
-  then also accepts the version it already reports), and the trainer reloads it.
+  and turns its readiness (the rollout service's health) NOT_SERVING until a complete version
+  is loaded (``LoadWeights``, which then also accepts the version it already reports), and the
+  trainer reloads it. Its liveness (the overall health) stays SERVING: only a dead engine
+  turns that NOT_SERVING, so a long reload is never killed.
 
-Versions are strictly increasing; a stale update is FAILED_PRECONDITION, a partial or corrupt one
-INVALID_ARGUMENT, and in every refused case the previous weights keep serving. Everything is
+Versions are strictly increasing; a stale update is FAILED_PRECONDITION, a partial, corrupt or
+non-finite one or another model's weights INVALID_ARGUMENT, and in every refused case, over every
+transport, the previous weights keep serving and the replica stays ready. Everything is
 recorded in :class:`~aflowrl.rollout.metrics.RolloutMetrics`.
 """
 
@@ -35,7 +38,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -64,6 +67,8 @@ from aflowrl.rollout.gate import VersionGate
 from aflowrl.rollout.metrics import RolloutMetrics
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
 
@@ -135,7 +140,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         score_temperature: float,
         metrics: RolloutMetrics,
         version: int = 0,
-        on_health: Callable[[bool], Awaitable[None]] | None = None,
+        on_health: Callable[[bool, bool], Awaitable[None]] | None = None,
     ) -> None:
         self.engine = engine
         self.sampling_defaults = sampling_defaults
@@ -145,7 +150,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.needs_reload = False
         """True after a broadcast broke off midway (module docstring)."""
         self.on_health = on_health
-        """Turns the replica's health SERVING (True) or NOT_SERVING (False)."""
+        """``on_health(ready, alive)``: readiness (the rollout service's health) and liveness
+        (the overall health, :func:`aflowrl.rollout.server.health_reporter`)."""
         self._joined: str | None = None
         """The weight group this replica's engine joined (nccl transport), None before."""
         self._landed = 0
@@ -162,6 +168,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         same incarnation of every member."""
         """Why the engine died (then health stays NOT_SERVING until the pod restarts)."""
         self._health_reports: set[asyncio.Future[None]] = set()
+        self._updates: set[asyncio.Future[Any]] = set()
+        """Weight operations running to their end (:meth:`_to_the_end`)."""
         engine.on_dead = self._engine_died
         metrics.weight_version.set(version)
 
@@ -325,10 +333,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     # ---- weights ---------------------------------------------------------------------------------
 
     def _engine_died(self, reason: str) -> None:
-        """The engine's on_dead hook (on the event loop): NOT_SERVING for good."""
+        """The engine's on_dead hook (on the event loop): not ready and not alive, for good."""
         self.engine_dead = reason
         if self.on_health is not None:
-            report = asyncio.ensure_future(self.on_health(False))
+            report = asyncio.ensure_future(self.on_health(False, False))
             self._health_reports.add(report)
             report.add_done_callback(self._health_reports.discard)
 
@@ -347,7 +355,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.needs_reload = not complete
         self.metrics.weights_incomplete.set(0 if complete else 1)
         if self.on_health is not None and self.engine_dead is None:
-            await self.on_health(complete)
+            await self.on_health(complete, True)  # readiness only: waiting is not death
 
     def _floor(self) -> int:
         """Versions above this one are accepted: newer than the serving version, or, while the
@@ -372,6 +380,26 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if "keeps serving" not in message:
             message += f"; version {self.version} keeps serving"
         logger.warning("weight update refused (%s): %s", reason, message)
+
+    async def _to_the_end(self, update: Awaitable[_T]) -> _T:
+        """Run a weight operation to its end even if the caller goes away.
+
+        The engine's side of an update runs on (its thread, its workers); were its coroutine
+        cancelled midway (a trainer cancels sibling calls on the first failure), the served
+        label, the readiness and the engine's weights could disagree, e.g. the new weights
+        loaded while the label says the old version. So the update finishes in its own task,
+        holding the version gate as ever, and a cancelled call waits for it (keeping its own
+        locks and buffers until then) before it ends as cancelled."""
+        task: asyncio.Future[_T] = asyncio.ensure_future(update)
+        self._updates.add(task)
+        task.add_done_callback(self._updates.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                logger.warning("a weight update's caller went away; the update runs to its end")
+                await asyncio.wait([task])
+            raise
 
     async def _swap(
         self,
@@ -499,12 +527,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             tensors = await asyncio.to_thread(assembler.finish, commit.version, commit.crc32)
         finally:
             assembler.close()
-        pieces = await self._swap(
-            tensors.items(),
-            manifest.version,
-            transport="grpc",
-            nbytes=manifest.total_bytes,
-            staged=tensors,
+        pieces = await self._to_the_end(
+            self._swap(
+                tensors.items(),
+                manifest.version,
+                transport="grpc",
+                nbytes=manifest.total_bytes,
+                staged=tensors,
+            )
         )
         seconds = time.perf_counter() - started
         self.metrics.weight_update_duration.labels("grpc").observe(seconds)
@@ -524,9 +554,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def LoadWeights(
         self, request: rollout_pb2.LoadWeightsRequest, context: Any
     ) -> rollout_pb2.UpdateWeightsResponse:
+        return await self._to_the_end(self._load_directory_locked(request.path, request.version))
+
+    async def _load_directory_locked(
+        self, path: str, version: int
+    ) -> rollout_pb2.UpdateWeightsResponse:
         async with self._update_lock:
             try:
-                return await self.load_directory(request.path, request.version)
+                return await self.load_directory(path, version)
             except (WeightMismatchError, StaleWeightsError) as exc:
                 self._refused(exc)
                 raise
@@ -608,6 +643,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def ReceiveWeights(
         self, request: rollout_pb2.ReceiveWeightsRequest, context: Any
     ) -> rollout_pb2.UpdateWeightsResponse:
+        return await self._to_the_end(self._receive_broadcast(request))
+
+    async def _receive_broadcast(
+        self, request: rollout_pb2.ReceiveWeightsRequest
+    ) -> rollout_pb2.UpdateWeightsResponse:
         async with self._update_lock:
             if self._joined is None or request.group != self._joined:
                 # Premature or misdirected: refused before the engine or the weights are touched.
@@ -634,7 +674,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                             # Some weights may be new: serve none until reloaded.
                             await self._set_complete(False)
                         raise
-                    except EngineUnavailableError:
+                    except (WeightMismatchError, StaleWeightsError, EngineUnavailableError):
+                        # A refusal (non-finite values, a stale version, another model's
+                        # weights) comes before anything is loaded: the previous version keeps
+                        # serving, and the group stays joined (the broadcast was drained).
                         raise
                     except Exception as exc:  # an engine that did not say what it left
                         # As _load: assume a mix, serve none until a complete version is

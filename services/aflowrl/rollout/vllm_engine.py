@@ -30,6 +30,11 @@ nothing is pickled. ``rollout.vllm.maxNumBatchedTokens`` caps the tokens of one 
 and with them the full-vocabulary logits of scoring requests, which vLLM's memory profile does
 not count.
 
+**Cancellation.** A Generate or ScoreCandidates whose caller goes away aborts its engine
+requests; every weight operation first aborts any request still unfinished and then resets the
+prefix cache with ``reset_running_requests`` (a reset vLLM refuses fails the update), so no
+request runs on a half-loaded model and no KV block of the old weights serves the new ones.
+
 **Failure.** Every call into the engine has a deadline (``rollout.vllm.engineTimeoutS``; a
 weight load one per piece, a broadcast its group's timeout), watched from the event loop once a
 second together with vLLM's own flag for a dead engine-core process. An engine found dead (its
@@ -86,6 +91,7 @@ from aflowrl.models.broadcast import (
 )
 from aflowrl.models.errors import (
     BroadcastBrokenError,
+    NonFiniteWeightsError,
     StaleWeightsError,
     WeightLoadFailedError,
     WeightMismatchError,
@@ -136,11 +142,21 @@ class _Call:
     loop: asyncio.AbstractEventLoop
     limit_s: float
     """Deadline of the call (seconds)."""
+    quiet: bool = False
+    """A weight operation: every unfinished engine request is aborted before it runs (the
+    version gate lets none be served; any left are a cancelled call's)."""
+
+
+@dataclass
+class _Abort:
+    """The engine requests of a call whose caller went away (cancelled): aborted in vLLM."""
+
+    request_ids: list[str]
 
 
 @dataclass
 class _EngineState:
-    inbox: queue.Queue[_Submission | _Call | None] = field(default_factory=queue.Queue)
+    inbox: queue.Queue[_Submission | _Call | _Abort | None] = field(default_factory=queue.Queue)
     owners: dict[str, _Pending] = field(default_factory=dict)
 
 
@@ -285,17 +301,21 @@ class VllmEngine(RolloutEngine):
         finally:
             self._busy_until = None
 
-    def _accept(self, engine: Any, item: _Submission | _Call) -> None:
-        from vllm.v1.engine.exceptions import EngineDeadError
-
+    def _accept(self, engine: Any, item: _Submission | _Call | _Abort) -> None:
+        if isinstance(item, _Abort):
+            self._abort(engine, item.request_ids)
+            return
         if isinstance(item, _Call):
             try:
                 with self._deadline(item.limit_s):
+                    if item.quiet:
+                        self._quiesce(engine)
                     result = item.fn(engine)
-            except EngineDeadError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-                settle_threadsafe(item.future, item.loop, error=exc)
+            except Exception as exc:  # handed to the awaiting coroutine
+                # A dead core fails the call as UNAVAILABLE, then everything (raised to _run).
+                settle_threadsafe(item.future, item.loop, error=_unavailable(exc))
+                if _is_engine_dead(exc):
+                    raise
             else:
                 settle_threadsafe(item.future, item.loop, result)
             return
@@ -310,11 +330,32 @@ class VllmEngine(RolloutEngine):
             # The call fails alone (a dead core fails everything: raised to _run).
             for request_id in added:
                 self._state.owners.pop(request_id, None)
-            settle_threadsafe(item.pending.future, item.pending.loop, error=exc)
-            if isinstance(exc, EngineDeadError):
+            settle_threadsafe(item.pending.future, item.pending.loop, error=_unavailable(exc))
+            if _is_engine_dead(exc):
                 raise
             if added:
                 engine.abort_request(added)
+
+    def _abort(self, engine: Any, request_ids: Sequence[str]) -> None:
+        """Abort the engine requests of a call whose caller went away (they would otherwise run
+        on, into the next weight update's reload)."""
+        aborted = [r for r in request_ids if self._state.owners.pop(r, None) is not None]
+        if aborted:
+            engine.abort_request(aborted)
+
+    def _quiesce(self, engine: Any) -> None:
+        """Before a weight operation: abort every unfinished engine request, so none runs on a
+        partly loaded model or keeps KV blocks of the old weights (the version gate lets no
+        request be served during a swap: any left belong to cancelled calls)."""
+        owners, self._state.owners = self._state.owners, {}
+        if owners:
+            logger.warning("aborting %d engine requests before a weight update", len(owners))
+            engine.abort_request(list(owners))
+            error = EngineUnavailableError("aborted: a weight update started")
+            for owner in {id(p): p for p in owners.values()}.values():
+                settle_threadsafe(owner.future, owner.loop, error=error)
+        if engine.has_unfinished_requests():
+            raise RuntimeError("the vllm engine still holds unfinished requests after aborting")
 
     def _abandon(self, engine: Any) -> None:
         """On close: abort what is still running and fail the calls waiting for it."""
@@ -326,8 +367,6 @@ class VllmEngine(RolloutEngine):
             settle_threadsafe(owner.future, owner.loop, error=error)
 
     def _step(self, engine: Any) -> None:
-        from vllm.v1.engine.exceptions import EngineDeadError
-
         try:
             with self._deadline(self.engine_spec.engine_timeout_s):
                 outputs = engine.step()
@@ -335,8 +374,8 @@ class VllmEngine(RolloutEngine):
             logger.exception("vLLM engine step failed")
             owners, self._state.owners = self._state.owners, {}
             for owner in {id(p): p for p in owners.values()}.values():
-                settle_threadsafe(owner.future, owner.loop, error=exc)
-            if isinstance(exc, EngineDeadError):
+                settle_threadsafe(owner.future, owner.loop, error=_unavailable(exc))
+            if _is_engine_dead(exc):
                 raise
             return
         for output in outputs:
@@ -391,13 +430,19 @@ class VllmEngine(RolloutEngine):
         if self.on_dead is not None:
             self.on_dead(reason)
 
-    async def _wait(self, future: asyncio.Future[Any]) -> Any:
-        """Await the engine thread's answer; it fails at once if the engine dies meanwhile."""
+    async def _wait(self, future: asyncio.Future[Any], requests: Sequence[str] = ()) -> Any:
+        """Await the engine thread's answer; it fails at once if the engine dies meanwhile. A
+        caller cancelled meanwhile (the trainer cancels sibling calls on a failure) aborts its
+        engine ``requests``."""
         self._waiting.add(future)
         try:
             if self._dead is not None:
                 raise EngineUnavailableError(f"the vllm engine is dead ({self._dead})")
             return await future
+        except asyncio.CancelledError:
+            if requests:
+                self._state.inbox.put(_Abort(list(requests)))
+            raise
         finally:
             self._waiting.discard(future)
 
@@ -427,13 +472,16 @@ class VllmEngine(RolloutEngine):
         if self._thread is None or self._closed or not self._thread.is_alive():
             raise EngineUnavailableError("the vllm engine is not running")
 
-    async def _call(self, fn: Callable[[Any], Any], *, limit_s: float | None = None) -> Any:
-        """Run ``fn(engine)`` on the engine thread, within ``limit_s`` (default: the engine's)."""
+    async def _call(
+        self, fn: Callable[[Any], Any], *, limit_s: float | None = None, quiet: bool = False
+    ) -> Any:
+        """Run ``fn(engine)`` on the engine thread, within ``limit_s`` (default: the engine's);
+        ``quiet``: a weight operation, run once no engine request is left (:meth:`_quiesce`)."""
         self._check_running()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         limit = self.engine_spec.engine_timeout_s if limit_s is None else limit_s
-        self._state.inbox.put(_Call(fn, future, loop, limit))
+        self._state.inbox.put(_Call(fn, future, loop, limit, quiet))
         return await self._wait(future)
 
     async def generate(
@@ -480,7 +528,7 @@ class VllmEngine(RolloutEngine):
         future: asyncio.Future[list[PromptResult]] = loop.create_future()
         pending = _Pending(future, loop, len(requests), on_output, lambda: results)
         self._state.inbox.put(_Submission(requests, pending))
-        generated: list[PromptResult] = await self._wait(future)
+        generated: list[PromptResult] = await self._wait(future, list(slots))
         return generated
 
     async def score(
@@ -563,7 +611,7 @@ class VllmEngine(RolloutEngine):
         self._state.inbox.put(
             _Submission(requests, _Pending(future, loop, len(requests), on_output, lambda: found))
         )
-        result: dict[int, list[float] | None] = await self._wait(future)
+        result: dict[int, list[float] | None] = await self._wait(future, list(slots))
         return result
 
     def parameter_shapes(self) -> Mapping[str, tuple[int, ...]]:
@@ -586,18 +634,21 @@ class VllmEngine(RolloutEngine):
                 keep=self.engine_spec.keep_weights_on_load,
             ),
             limit_s=limit_s,
+            quiet=True,
         )
         return pieces
 
     # ---- LoRA adapters -------------------------------------------------------------------------
 
     def _adapter_dir(self) -> Path:
+        """Where the next adapter version goes: the same path on every host of the replica,
+        written there by each host's first worker (:func:`vllm_model.write_adapter`)."""
         assert self._adapter_root is not None and self._lora is not None
-        path = self._adapter_root / f"a{next(self._lora_ids):06d}"
-        path.mkdir(parents=True)
-        config = loading.adapter_config(self._lora, self.model_dir)
-        (path / weights.ADAPTER_CONFIG).write_text(json.dumps(config))
-        return path
+        return self._adapter_root / f"a{next(self._lora_ids):06d}"
+
+    def _adapter_config(self) -> str:
+        assert self._lora is not None
+        return json.dumps(loading.adapter_config(self._lora, self.model_dir))
 
     async def _swap_adapter(self, path: Path) -> None:
         """Serve ``path`` from now on (requests name the serving adapter) and drop the old one."""
@@ -612,16 +663,20 @@ class VllmEngine(RolloutEngine):
             if old is not None:
                 engine.remove_lora(old.lora_int_id)
                 shutil.rmtree(old.lora_path, ignore_errors=True)
-            engine.reset_prefix_cache()
+            reset_prefix_cache(engine)
 
-        await self._call(swap)
+        await self._call(swap, quiet=True)
 
     async def _load_adapters(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        from safetensors.torch import save_file
-
         path = self._adapter_dir()
-        adapters = {n: t.detach().cpu().contiguous() for n, t in tensors}
-        await asyncio.to_thread(save_file, adapters, str(path / "adapter_model.safetensors"))
+        specs, parts = _rpc_piece([(n, t.detach().cpu().contiguous()) for n, t in tensors])
+        config = self._adapter_config()
+        # Every host of the replica gets the files (its first worker writes them).
+        await self._call(
+            lambda engine: engine.collective_rpc(
+                "aflowrl_write_adapter", args=(str(path), config, specs, parts)
+            )
+        )
         await self._swap_adapter(path)
         return 1
 
@@ -662,16 +717,20 @@ class VllmEngine(RolloutEngine):
             "keep": self.engine_spec.keep_weights_on_load,
         }
         adapter = self._adapter_dir() if self._lora is not None else None
+        config = self._adapter_config() if self._lora is not None else ""
 
         def run(engine: Any) -> list[dict[str, Any]]:
             if adapter is not None:
                 answers: list[dict[str, Any]] = engine.collective_rpc(
-                    "aflowrl_receive_adapters", args=(update_info, str(adapter))
+                    "aflowrl_receive_adapters", args=(update_info, str(adapter), config)
                 )
                 return answers
             answers = receive_through_transfer_engine(engine, update_info)
             if any(a["kind"] == "ok" or a.get("loaded") or a.get("restored") for a in answers):
-                engine.reset_prefix_cache()
+                try:
+                    reset_prefix_cache(engine)
+                except RuntimeError as exc:  # blocks of the old weights could serve the new
+                    raise BroadcastBrokenError(str(exc), intact=False) from exc
             return answers
 
         try:
@@ -682,6 +741,7 @@ class VllmEngine(RolloutEngine):
                 run,
                 limit_s=RECEIVER_WAIT_FACTOR * self._group_timeout_s
                 + self.engine_spec.engine_timeout_s,
+                quiet=True,
             )
         except BaseException:
             if adapter is not None:
@@ -698,6 +758,10 @@ class VllmEngine(RolloutEngine):
                 intact = all(a.get("intact", False) for a in answers)
                 back = intact and any(a.get("restored") for a in answers)
                 restored = "; the old weights were put back" if back else ""
+                broken = [a for a in answers if a["kind"] == "broken"]
+                if intact and all(a.get("non_finite") for a in broken):
+                    # Non-finite values after loaded buckets, put back everywhere: a refusal.
+                    raise NonFiniteWeightsError(answer["message"] + restored, field="weights")
                 raise BroadcastBrokenError(answer["message"] + restored, intact=intact)
         for answer in answers:
             if answer["kind"] == "stale":
@@ -768,7 +832,10 @@ def reload_in_pieces(
             if keep:
                 intact = all(engine.collective_rpc("aflowrl_restore_weights"))
         finally:
-            engine.reset_prefix_cache()
+            try:
+                reset_prefix_cache(engine)
+            except RuntimeError:
+                intact = False  # blocks of the failed load's weights could serve
         restored = "; the old weights were put back" if intact else ""
         raise WeightLoadFailedError(
             f"loading new weights failed after {pieces} pieces: {exc}{restored}", intact=intact
@@ -776,8 +843,22 @@ def reload_in_pieces(
     log_loaded("in pieces", engine.collective_rpc("aflowrl_finish_update"))
     if keep:
         engine.collective_rpc("aflowrl_drop_kept_weights")
-    engine.reset_prefix_cache()
+    try:
+        reset_prefix_cache(engine)
+    except RuntimeError as exc:  # the new weights are in, but old KV blocks could serve
+        raise WeightLoadFailedError(f"{exc}; the weights are new", intact=False) from exc
     return pieces
+
+
+def reset_prefix_cache(engine: Any) -> None:
+    """Drop every cached KV block of ``engine`` (computed with the weights just replaced).
+
+    vLLM's ``reset_prefix_cache`` refuses (returns False) while a request holds blocks; with
+    ``reset_running_requests`` it first preempts the running ones (none are left here: weight
+    operations abort them first) and raises if it still cannot. A False is a failure: the
+    update must not serve with blocks of the old weights."""
+    if not engine.reset_prefix_cache(reset_running_requests=True):
+        raise RuntimeError("vLLM could not reset its prefix cache (KV blocks still held)")
 
 
 def log_loaded(how: str, reports: list[dict[str, Any]]) -> None:
@@ -832,6 +913,16 @@ def _raise_failures(failures: Sequence[str]) -> None:
     failed = [f"rank {rank}: {failure}" for rank, failure in enumerate(failures) if failure]
     if failed:
         raise RuntimeError("; ".join(failed))
+
+
+def _unavailable(exc: Exception) -> Exception:
+    """``exc`` as the caller gets it: vLLM's ``EngineDeadError`` as UNAVAILABLE (the engine is
+    declared dead right after), anything else as it is."""
+    if _is_engine_dead(exc):
+        error = EngineUnavailableError(f"the vllm engine is dead (vLLM's engine core died: {exc})")
+        error.__cause__ = exc
+        return error
+    return exc
 
 
 def _is_engine_dead(exc: BaseException) -> bool:

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -57,8 +56,12 @@ from vllm.distributed.weight_transfer.base import (
 
 from aflowrl.errors import InvalidInputError
 from aflowrl.models import broadcast
-from aflowrl.models.errors import BroadcastBrokenError, StaleWeightsError
-from aflowrl.rollout import vllm_worker
+from aflowrl.models.errors import (
+    BroadcastBrokenError,
+    NonFiniteWeightsError,
+    StaleWeightsError,
+)
+from aflowrl.rollout import vllm_model
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +117,11 @@ class AflowrlWeightTransferEngine(
         self._disturbed = False
         """A step of the layer-wise reload failed partway (its initialize or finalize): some
         layers may be neither as served nor as sent."""
-        self._kept: vllm_worker.KeptWeights | None = None
+        self._kept: vllm_model.KeptWeights | None = None
+        """This session's hold on the kept weights (``keep``), until :meth:`settle`."""
+        self._copy: vllm_model.KeptWeights | None = None
+        """The kept copy's buffers across sessions (reused; not copied again while the served
+        weights are unchanged)."""
         self._loaded = 0
         """Buckets handed to the model's ``load_weights`` in this session (a failing one too)."""
         self._names: set[str] = set()
@@ -179,13 +186,16 @@ class AflowrlWeightTransferEngine(
             self._outcome = {"kind": "broken", "message": "this worker is in no weight group"}
             return
         expected = update_info.expectation()
-        tied = vllm_worker.HEAD not in expected.shapes
+        tied = vllm_model.HEAD not in expected.shapes
 
         def start() -> None:
             from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
             if update_info.keep:
-                self._kept = vllm_worker.keep_weights(self.model)
+                self._kept = vllm_model.keep_weights(self.model, self._copy)
+                self._copy = self._kept or self._copy
+            if self._copy is not None:
+                self._copy.current = False  # the served weights change from here on
             # Before the call: one that fails partway has put some layers in loading mode,
             # which only the finish's finalize takes out of it.
             self._reloading = True
@@ -195,7 +205,8 @@ class AflowrlWeightTransferEngine(
 
         def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
             self._loaded += 1  # before: a load that raises may have written some layers
-            loaded = self.model.load_weights(vllm_worker.with_head(self.model, bucket, tied))
+            with vllm_model.reloading():
+                loaded = self.model.load_weights(vllm_model.with_head(self.model, bucket, tied))
             self._names.update(loaded or ())
 
         self._outcome = self._receive(group, expected, start, load)
@@ -210,6 +221,11 @@ class AflowrlWeightTransferEngine(
                 group, accept=expected.check, start=start, load=load, finish=lambda: None
             )
         except BroadcastBrokenError as exc:
+            if isinstance(exc.__cause__, NonFiniteWeightsError):
+                # A bucket refused after others were loaded; the stream was read to its end, so
+                # the group stands. The rollout refuses the update once the kept weights are
+                # back on every worker (a broken one otherwise: the layers are a mix).
+                return {"kind": "broken", "message": str(exc), "non_finite": True}
             self.shutdown()
             return {"kind": "broken", "message": str(exc)}
         except InvalidInputError as exc:
@@ -232,12 +248,18 @@ class AflowrlWeightTransferEngine(
 
         outcome = self._outcome or {"kind": "broken", "message": "no weights were received"}
         outcome["loaded"] = self._loaded
-        outcome["stage"] = vllm_worker.loaded_report(self._names)
+        outcome["stage"] = vllm_model.loaded_report(self._names)
         self._names = set()
         if self._reloading:
             self._reloading = False
             try:
-                finalize_layerwise_reload(self.model, self.model_config)
+                with vllm_model.reloading():
+                    finalize_layerwise_reload(self.model, self.model_config)
+                unfinished = vllm_model.meta_tensors(self.model)
+                if unfinished:
+                    raise RuntimeError(
+                        f"{len(unfinished)} tensors left unloaded, e.g. {unfinished[:3]}"
+                    )
             except Exception as exc:  # recorded: a raise would leave vLLM's session open
                 logger.exception("finalizing the weight update failed")
                 self._disturbed = True
@@ -245,6 +267,7 @@ class AflowrlWeightTransferEngine(
                     "kind": "broken",
                     "message": f"finalizing the update failed: {type(exc).__name__}: {exc}",
                     "loaded": self._loaded,
+                    "stage": outcome.get("stage"),
                 }
         # intact: a failed update left the served weights as they were (it loaded nothing and
         # every reload step it took completed); a completed one replaced them.
@@ -261,7 +284,7 @@ class AflowrlWeightTransferEngine(
         if not restore or kept is None:
             return False
         try:
-            return vllm_worker.restore_weights(self.model, kept)
+            return vllm_model.restore_weights(self.model, kept)
         except Exception:  # an answer, not a raise: the rollout reads every worker's reply
             logger.exception("putting the kept weights back failed")
             return False
@@ -281,12 +304,13 @@ class AflowrlWeightTransferEngine(
     # ---- LoRA adapters ---------------------------------------------------------------------------
 
     def receive_adapters(
-        self, update_info: dict[str, Any], adapter_dir: str, *, write: bool
+        self, update_info: dict[str, Any], adapter_dir: str, config_json: str, *, write: bool
     ) -> dict[str, Any]:
         """Receive a broadcast of LoRA adapters (not loaded into the model); with ``write`` (the
         first worker on each host: vLLM's ``add_lora`` makes every worker read the directory)
-        write them as ``adapter_model.safetensors`` in ``adapter_dir``. Never raises (the
-        rollout reads every worker's answer)."""
+        write them with their config as a PEFT directory at ``adapter_dir``
+        (:func:`~aflowrl.rollout.vllm_model.write_adapter`). Never raises (the rollout reads
+        every worker's answer)."""
         try:
             info = self.parse_update_info(update_info)
             group = self.group
@@ -299,10 +323,7 @@ class AflowrlWeightTransferEngine(
 
             outcome = self._receive(group, info.expectation(), lambda: None, load)
             if outcome["kind"] == "ok" and write:
-                from safetensors.torch import save_file
-
-                Path(adapter_dir).mkdir(parents=True, exist_ok=True)
-                save_file(adapters, str(Path(adapter_dir) / "adapter_model.safetensors"))
+                vllm_model.write_adapter(adapter_dir, config_json, adapters)
         except Exception as exc:  # an answer, not a raise; the stream position is unknown
             logger.exception("receiving adapters failed")
             self.shutdown()

@@ -32,15 +32,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from aflowrl.models import loading, weights
+from aflowrl.rollout.vllm_model import (
+    KeptWeights,
+    keep_weights,
+    loaded_report,
+    meta_tensors,
+    reloading,
+    restore_weights,
+    with_head,
+    write_adapter,
+)
 
 if TYPE_CHECKING:
     from aflowrl.rollout.vllm_transfer import AflowrlWeightTransferEngine
@@ -52,8 +60,6 @@ TRANSFER_BACKEND = "aflowrl"
 TRANSFER_CONFIG = {"backend": TRANSFER_BACKEND}
 """``EngineArgs(weight_transfer_config=...)`` of every engine (:func:`aflowrl.group.engine_args`):
 vLLM builds the ``aflowrl`` weight-transfer engine on each worker."""
-HEAD = "lm_head.weight"
-_EMBEDDING = "model.embed_tokens.weight"
 
 
 @contextlib.contextmanager
@@ -89,18 +95,6 @@ def prepare_stage(worker: Any) -> bool:
     return True
 
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-def loaded_report(names: Iterable[str]) -> dict[str, Any]:
-    """What one rank loaded in an update, from the parameter names its model's
-    ``load_weights`` reported: how many, and the decoder layers they belong to (a pipeline
-    stage loads only its own layers; every tensor-parallel rank of a stage loads all of them)."""
-    loaded = set(names)
-    layers = sorted({int(m.group(1)) for name in loaded if (m := _LAYER.search(name))})
-    return {"parameters": len(loaded), "layers": layers}
-
-
 _LOADED = "_aflowrl_loaded_names"
 
 
@@ -109,22 +103,11 @@ def start_update(worker: Any) -> None:
     from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
     setattr(worker, _LOADED, set())
+    copy: KeptWeights | None = getattr(worker, _KEPT_COPY, None)
+    if copy is not None:
+        copy.current = False  # the served weights change from here on
     with _config(worker):
         initialize_layerwise_reload(_model(worker))
-
-
-def with_head(model: Any, bucket: list[tuple[str, torch.Tensor]], tied: bool) -> list[Any]:
-    """Checkpoints of tied-embedding models have no ``lm_head.weight``.
-
-    vLLM's layer-wise reload then puts the head's old tensor back (and unties it), so a tied
-    model gets its embedding again as the head, in the piece that carries the embedding.
-    """
-    if not tied:
-        return bucket
-    names = {name for name, _ in model.named_parameters(remove_duplicate=False)}
-    if HEAD not in names:
-        return bucket
-    return bucket + [(HEAD, t) for n, t in bucket if n == _EMBEDDING]
 
 
 def _tensor(spec: weights.TensorSpec, parts: Sequence[bytes]) -> torch.Tensor:
@@ -149,7 +132,7 @@ def load_piece(
         spec = weights.TensorSpec(str(name), str(dtype), tuple(int(x) for x in shape))
         bucket.append((spec.name, _tensor(spec, data)))
     model = _model(worker)
-    with _config(worker):
+    with _config(worker), reloading():
         # A pipeline stage's model skips the names of the layers it does not hold.
         loaded = model.load_weights(with_head(model, bucket, tied))
     if getattr(worker, _LOADED, None) is None:  # a piece without start_update
@@ -163,8 +146,11 @@ def finish_update(worker: Any) -> dict[str, Any]:
     this rank loaded (:func:`loaded_report`)."""
     from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-    with _config(worker):
+    with _config(worker), reloading():
         finalize_layerwise_reload(_model(worker), worker.model_config)
+    unfinished = meta_tensors(_model(worker))
+    if unfinished:  # a layer the finalize left without storage: nothing may serve
+        raise RuntimeError(f"the reload left {len(unfinished)} tensors unloaded: {unfinished[:3]}")
     runner = worker.model_runner
     for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
         if hasattr(runner, reset):
@@ -175,67 +161,18 @@ def finish_update(worker: Any) -> dict[str, Any]:
 
 
 _KEPT = "_aflowrl_kept_weights"
-
-
-@dataclass
-class KeptWeights:
-    """What :func:`keep_weights` copied: the model's tensors as served (host copies), and each
-    layer's kernel attributes (vLLM's processing may hold weights outside the tensors: on a CPU
-    a linear layer's prepacked weight lives in its ``cpu_linear`` closure, and a reload makes a
-    new one rather than writing into the old)."""
-
-    tensors: dict[str, torch.Tensor]
-    kernels: list[tuple[Any, dict[str, Any]]]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
-
-
-def _kernel_attributes(module: Any) -> dict[str, Any]:
-    """A layer's public attributes that are functions or tensors outside its parameters and
-    buffers (kernels and the weights they hold), by reference."""
-    return {
-        name: value
-        for name, value in vars(module).items()
-        if not name.startswith("_")
-        and not isinstance(value, torch.nn.Module)
-        and (callable(value) or isinstance(value, torch.Tensor))
-    }
-
-
-def keep_weights(model: Any) -> KeptWeights:
-    """A host copy of ``model``'s weights as served (after vLLM's processing), and references to
-    its layers' kernels, to put back if the reload that follows fails midway."""
-    tensors = {
-        name: tensor.detach().to("cpu", copy=True)
-        for name, tensor in model.state_dict(keep_vars=False).items()
-    }
-    kernels = [(module, _kernel_attributes(module)) for module in model.modules()]
-    return KeptWeights(tensors, [(m, a) for m, a in kernels if a])
-
-
-def restore_weights(model: Any, kept: KeptWeights) -> bool:
-    """Put ``kept`` back into ``model``; False when the model's tensors no longer match them
-    (then the replica must not serve)."""
-    current = model.state_dict(keep_vars=False)
-    if set(current) != set(kept.tensors) or any(
-        current[n].shape != t.shape or current[n].dtype != t.dtype for n, t in kept.tensors.items()
-    ):
-        return False
-    with torch.no_grad():
-        for name, tensor in kept.tensors.items():
-            current[name].copy_(tensor)
-    for module, attributes in kept.kernels:
-        for name, value in attributes.items():
-            setattr(module, name, value)
-    return True
+_KEPT_COPY = "_aflowrl_kept_copy"
+"""The host copy's buffers, kept between updates (reused, and not copied again while the served
+weights are unchanged: :func:`aflowrl.rollout.vllm_model.keep_weights`)."""
 
 
 def keep_worker_weights(worker: Any) -> int:
     """Keep the worker's weights (:func:`keep_weights`) until the reload ends; returns bytes."""
-    kept = keep_weights(_model(worker))
+    kept = keep_weights(_model(worker), getattr(worker, _KEPT_COPY, None))
     setattr(worker, _KEPT, kept)
+    if kept is None:
+        return 0
+    setattr(worker, _KEPT_COPY, kept)
     return kept.nbytes
 
 
@@ -285,14 +222,23 @@ def receive_session(worker: Any, update_info: dict[str, Any]) -> dict[str, Any]:
     ``start_weight_update``, ``update_weights``, ``finish_weight_update`` (vLLM tracks the
     session), then the backend's outcome. Never raises: vLLM's ``collective_rpc`` stops reading
     replies at the first worker that raised, leaving the others' queued for the next call, so
-    a failure here is an answer ("broken"), and every worker ends its session."""
+    a failure here is an answer ("broken"), and every worker ends its session.
+
+    Whether a session is open is tracked here, from vLLM's documented behaviour rather than its
+    private flag: a start that is refused because an earlier failure left a session open is
+    retried once after finishing that session; an ``update_weights`` that raised has ended the
+    session (vLLM ends it on any exception), one that returned needs the finish."""
     try:
         engine = transfer_engine(worker)
-        if getattr(worker, "_weight_update_active", False):
-            # A session an earlier failure left open: vLLM would refuse the start.
-            worker.finish_weight_update()
+        try:
+            worker.start_weight_update()
+        except RuntimeError:
+            # "already active": a session an earlier failure left open. Finish it (its outcome
+            # is stale) and start again; a second refusal is this call's answer.
+            with contextlib.suppress(RuntimeError):
+                worker.finish_weight_update()
             engine.outcome()
-        worker.start_weight_update()
+            worker.start_weight_update()
     except Exception as exc:  # an answer, not a raise (docstring)
         logger.exception("starting the weight update failed")
         return {"kind": "broken", "message": f"{type(exc).__name__}: {exc}", "intact": True}
@@ -300,7 +246,7 @@ def receive_session(worker: Any, update_info: dict[str, Any]) -> dict[str, Any]:
         worker.update_weights(update_info)
     except Exception:  # the backend never raises: vLLM's worker did, and ended the session
         logger.exception("vLLM's update_weights failed")
-    if getattr(worker, "_weight_update_active", False):
+    else:
         try:
             worker.finish_weight_update()
         except Exception:  # the backend's finish never raises: vLLM's did, after it
@@ -336,6 +282,32 @@ def settle_session(worker: Any, restore: bool) -> bool:
     except Exception:  # an answer, not a raise (receive_session)
         logger.exception("settling the weight update failed")
         return False
+
+
+def _host_writer(worker: Any) -> bool:
+    """Whether ``worker`` writes this host's files: every worker reads an adapter directory
+    (vLLM's ``add_lora``), so the first worker of each host writes it there."""
+    return int(getattr(worker, "local_rank", 0)) == 0
+
+
+def write_adapter_files(
+    worker: Any,
+    adapter_dir: str,
+    config_json: str,
+    specs: Sequence[Sequence[Any]],
+    parts: Sequence[Sequence[bytes]],
+) -> bool:
+    """Write one adapter version (sent as :func:`load_piece`'s triples and bytes) on this
+    worker's host if it is the host's writer (:func:`_host_writer`); returns whether it wrote.
+    The grpc and filesystem transports' adapters reach every host of a multi-node replica so."""
+    if not _host_writer(worker):
+        return False
+    tensors = {}
+    for (name, dtype, shape), data in zip(specs, parts, strict=True):
+        spec = weights.TensorSpec(str(name), str(dtype), tuple(int(x) for x in shape))
+        tensors[spec.name] = _tensor(spec, data).clone()
+    write_adapter(adapter_dir, config_json, tensors)
+    return True
 
 
 class AflowrlWorkerExtension:
@@ -380,11 +352,20 @@ class AflowrlWorkerExtension:
         return settle_session(self, restore)
 
     def aflowrl_receive_adapters(
-        self, update_info: dict[str, Any], adapter_dir: str
+        self, update_info: dict[str, Any], adapter_dir: str, config_json: str
     ) -> dict[str, Any]:
-        # Every worker reads the adapter directory (vLLM's add_lora): one writer per host.
-        write = int(getattr(self, "local_rank", 0)) == 0
-        return transfer_engine(self).receive_adapters(update_info, adapter_dir, write=write)
+        return transfer_engine(self).receive_adapters(
+            update_info, adapter_dir, config_json, write=_host_writer(self)
+        )
+
+    def aflowrl_write_adapter(
+        self,
+        adapter_dir: str,
+        config_json: str,
+        specs: Sequence[Sequence[Any]],
+        parts: Sequence[Sequence[bytes]],
+    ) -> bool:
+        return write_adapter_files(self, adapter_dir, config_json, specs, parts)
 
 
 EXTENSION = f"{__name__}.{AflowrlWorkerExtension.__qualname__}"

@@ -18,7 +18,7 @@ import torch
 
 from aflowrl.models import weights
 from aflowrl.models.errors import WeightLoadFailedError
-from aflowrl.rollout import vllm_engine, vllm_worker
+from aflowrl.rollout import vllm_engine, vllm_model, vllm_worker
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -35,6 +35,8 @@ class RecordingEngine:
         self.pieces: list[tuple[Any, Any]] = []
         self.prefix_cache_resets = 0
         self.names: set[str] = set()
+        self.reset_succeeds = True
+        self.reset_running_requests = False
 
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
         # By name: the worker extension's method (vllm_worker.AflowrlWorkerExtension).
@@ -49,11 +51,14 @@ class RecordingEngine:
                 self.pieces.append((specs, parts))
             self.names.update(str(name) for name, _dtype, _shape in specs)
         if method == "aflowrl_finish_update":  # one rank that loaded every name it was sent
-            return [vllm_worker.loaded_report(self.names)]
+            return [vllm_model.loaded_report(self.names)]
         return [None]
 
-    def reset_prefix_cache(self) -> None:
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        # vLLM refuses (False) while a request holds KV blocks, unless told to preempt them.
         self.prefix_cache_resets += 1
+        self.reset_running_requests = reset_running_requests
+        return self.reset_succeeds
 
 
 def _byte_strings(value: Any) -> list[bytes]:
@@ -128,19 +133,19 @@ def test_a_restore_puts_back_each_layer_s_kernel_as_well_as_its_tensors():
     served = layer.weight.detach().clone()
     layer.cpu_linear = lambda x: x @ served.T
     model = torch.nn.Sequential(layer)
-    kept = vllm_worker.keep_weights(model)
+    kept = vllm_model.keep_weights(model)
     assert kept.nbytes == 4 * (16 + 4)
 
     with torch.no_grad():  # a reload that failed midway: new values, a new kernel
         layer.weight.add_(1.0)
     reloaded = layer.weight.detach().clone()
     layer.cpu_linear = lambda x: x @ reloaded.T
-    assert vllm_worker.restore_weights(model, kept)
+    assert vllm_model.restore_weights(model, kept)
     x = torch.randn(2, 4)
     assert torch.equal(layer.weight, served) and torch.equal(layer.cpu_linear(x), x @ served.T)
 
     other = torch.nn.Sequential(torch.nn.Linear(4, 3))
-    assert not vllm_worker.restore_weights(other, vllm_worker.keep_weights(model))
+    assert not vllm_model.restore_weights(other, vllm_model.keep_weights(model))
 
 
 def test_a_rank_reports_the_decoder_layers_of_the_parameters_it_loaded():
@@ -152,5 +157,96 @@ def test_a_rank_reports_the_decoder_layers_of_the_parameters_it_loaded():
         "model.norm.weight",
         "lm_head.weight",
     ]
-    assert vllm_worker.loaded_report(stage) == {"parameters": 5, "layers": [2, 3]}
-    assert vllm_worker.loaded_report([]) == {"parameters": 0, "layers": []}
+    assert vllm_model.loaded_report(stage) == {"parameters": 5, "layers": [2, 3]}
+    assert vllm_model.loaded_report([]) == {"parameters": 0, "layers": []}
+
+
+def test_a_restore_into_a_model_a_reload_left_on_the_meta_device_is_refused():
+    """vLLM's layer-wise reload moves a layer's tensors to the meta device until its weights
+    arrive; after a finalize that raised midway some stay there, and ``copy_`` into a meta tensor
+    writes nothing. The restore says False (the replica must not serve), rather than "put back"
+    on a broken model; the same model with storage again is restored and verified."""
+    layer = torch.nn.Linear(4, 4)
+    model = torch.nn.Sequential(layer)
+    served = layer.weight.detach().clone()
+    kept = vllm_model.keep_weights(model)
+    storage = layer.weight
+    layer.weight = torch.nn.Parameter(torch.empty(4, 4, device="meta"))
+    assert vllm_model.meta_tensors(model) == ["0.weight"]
+    assert not vllm_model.restore_weights(model, kept)
+    layer.weight = storage
+    with torch.no_grad():
+        layer.weight.add_(1.0)
+    assert vllm_model.meta_tensors(model) == []
+    assert vllm_model.restore_weights(model, kept)
+    assert torch.equal(layer.weight, served)
+
+
+def test_the_kept_copy_is_made_once_per_served_version_into_the_same_buffers():
+    """keepWeightsOnLoad: a second update of the same served weights (the first was refused or
+    put back) copies nothing; once an update changed them, the copy is made again into the same
+    host buffers (no new allocation)."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    kept = vllm_model.keep_weights(model)
+    buffers = {n: t.data_ptr() for n, t in kept.tensors.items()}
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # changed behind the copy's back: a current copy is reused
+    assert vllm_model.keep_weights(model, kept) is kept
+    assert not torch.equal(kept.tensors["0.weight"], model[0].weight)
+
+    kept.current = False  # an update started changing the served weights, and completed
+    again = vllm_model.keep_weights(model, kept)
+    assert {n: t.data_ptr() for n, t in again.tensors.items()} == buffers
+    assert torch.equal(again.tensors["0.weight"], model[0].weight.detach())
+    assert again.current
+
+
+def test_a_prefix_cache_vllm_did_not_reset_fails_the_update():
+    """vLLM's ``reset_prefix_cache`` returns False when it could not drop the cached KV blocks:
+    the reload asks it to preempt running requests first, and a False is a failed update (the
+    new weights are in, but blocks computed with the old ones could serve), never ignored."""
+    engine = RecordingEngine()
+    tensors = [(f"w{i}", torch.full((256,), float(i))) for i in range(4)]
+    vllm_engine.reload_in_pieces(engine, iter(tensors), bucket_bytes=MIB, tied=False)
+    assert engine.reset_running_requests
+
+    engine = RecordingEngine()
+    engine.reset_succeeds = False
+    with pytest.raises(WeightLoadFailedError, match="prefix cache") as info:
+        vllm_engine.reload_in_pieces(engine, iter(tensors), bucket_bytes=MIB, tied=False)
+    assert not info.value.intact
+
+
+def test_every_host_of_a_replica_gets_the_adapter_config_and_weights_and_drops_old_ones(
+    tmp_path,
+):
+    """LoRA on a replica spanning nodes: vLLM's ``add_lora`` reads ``adapter_config.json`` and
+    the weights on every worker, so the first worker of each host (local rank 0) writes both
+    there, and no other worker writes; older versions' directories beside it are removed, except
+    the newest one (it serves until the swap). Two hosts are two directories here."""
+    from safetensors.torch import load_file
+
+    from aflowrl.models.weights import ADAPTER_CONFIG
+
+    class Worker:
+        def __init__(self, local_rank: int) -> None:
+            self.local_rank = local_rank
+
+    adapters = {"base_model.model.q.lora_A.weight": torch.randn(2, 8)}
+    specs, parts = vllm_engine._rpc_piece(list(adapters.items()))
+    config = '{"r": 2, "peft_type": "LORA"}'
+    for host in ("leader-host", "worker-host"):
+        for old in ("a000001", "a000002"):
+            (tmp_path / host / old).mkdir(parents=True)
+    for host in ("leader-host", "worker-host"):
+        path = str(tmp_path / host / "a000003")
+        assert not vllm_worker.write_adapter_files(Worker(1), path, config, specs, parts)
+        assert vllm_worker.write_adapter_files(Worker(0), path, config, specs, parts)
+    for host in ("leader-host", "worker-host"):
+        written = tmp_path / host / "a000003"
+        assert (written / ADAPTER_CONFIG).read_text() == config
+        loaded = load_file(str(written / vllm_model.ADAPTER_WEIGHTS))
+        assert torch.equal(
+            loaded["base_model.model.q.lora_A.weight"], next(iter(adapters.values()))
+        )
+        assert sorted(p.name for p in (tmp_path / host).iterdir()) == ["a000002", "a000003"]

@@ -83,28 +83,30 @@ class FakeTransferEngine:
 
 class FakeWorker:
     """vLLM's worker session calls: ``start`` refuses while a session is open, ``update`` may
-    raise before reaching the backend (ending the session), ``finish`` ends it."""
+    raise before reaching the backend (ending the session), ``finish`` ends it. Its session flag
+    is its own (vLLM's ``_weight_update_active`` is private): the rollout tracks the session
+    from the calls' documented behaviour, not by reading the flag."""
 
     def __init__(self, *, active: bool, update_raises: bool) -> None:
         self.weight_transfer_engine = FakeTransferEngine()
-        self._weight_update_active = active
+        self._open = active
         self.update_raises = update_raises
         self.finishes = 0
 
     def start_weight_update(self) -> None:
-        if self._weight_update_active:
+        if self._open:
             raise RuntimeError("start_weight_update called while a weight update is active")
-        self._weight_update_active = True
+        self._open = True
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         if self.update_raises:
-            self._weight_update_active = False
+            self._open = False
             raise RuntimeError("injected before the backend")
 
     def finish_weight_update(self) -> None:
-        if not self._weight_update_active:
+        if not self._open:
             raise RuntimeError("finish_weight_update called without a matching start")
-        self._weight_update_active = False
+        self._open = False
         self.finishes += 1
 
 
@@ -115,7 +117,7 @@ def test_a_worker_session_answers_and_never_stays_open(active, update_raises, fi
     worker = FakeWorker(active=active, update_raises=update_raises)
     answer = vllm_worker.receive_session(worker, {"version": 1})
     assert answer == {"kind": "broken", "message": "recorded", "intact": False}
-    assert not worker._weight_update_active and worker.finishes == finishes
+    assert not worker._open and worker.finishes == finishes
 
 
 def test_a_worker_without_the_backend_answers_broken():
