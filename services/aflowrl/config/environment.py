@@ -278,6 +278,12 @@ class EvaluationSpec(SpecModel):
     """Stop evaluating children that cannot win (off by default)."""
     pools: ProblemPoolsSpec = Field(default_factory=ProblemPoolsSpec)
     """Disjoint training, tuning and held-out pools of each benchmark's problems."""
+    resample_fraction: float = Field(default=0.05, ge=0.0, le=1.0)
+    """Share of newly evaluated children whose reward is measured again on other executor
+    sample indices (the child and the workflow its reward is taken against, each scored on
+    samples R..2R-1 of the same problems), so the trainer reports the executor-sample noise of
+    the step rewards (``noise/*`` in metrics.jsonl); 0 disables. Costs up to twice this share
+    of a step's evaluations (the re-scored workflow's runs are often shared by siblings)."""
 
 
 class AflowSelectionSpec(SpecModel):

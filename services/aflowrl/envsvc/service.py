@@ -207,6 +207,8 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServiceServicer):
                 child_workflow_json=result.child.to_json(indent=None) if result.child else "",
                 done_reason=info.done_reason,
                 best_gain=info.best_gain,
+                resampled=info.resampled_reward is not None,
+                resampled_reward=info.resampled_reward or 0.0,
             ),
         )
 
