@@ -14,7 +14,15 @@ readings of its reward, r0 and r1 (the same workflows and problems, other sample
   learnt to avoid the harmful ones), printed beside it;
 * subset sd(N) = how far a subset's reward (both readings averaged) lies from the pool-wide
   one: which problems an episode drew is noise too, for a policy that must do well on others;
-* SNR(N) = signal sd / noise sd(N), and the same with the subset spread added.
+* SNR(N) = signal sd / noise sd(N), and the same with the subset spread added;
+* the one-step oracle's lead over a uniformly random edit on each subset: choosing the best
+  edit on reading 0 and scoring it on the same reading (``oracle same``: the ceiling a bench
+  gets when it chooses and scores on one executor sample), and scoring it on reading 1
+  (``oracle cross``: cross-fitted, the part of that lead that is not noise); mean ± SE over
+  the subsets (they share problems, so the SE is a lower bound);
+* the effective number of actions at the seed workflow: distinct outcome vectors (score per
+  problem and sample) among the listed edits, edits that score exactly as the seed, or as
+  another edit, counting once.
 
 Prints one table per benchmark and a closing line with the smallest N whose SNR >= 1 and >= 2
 for each, e.g. ``reward-noise: gsm8k N(snr>=1)=40 N(snr>=2)=160 ...``. Text benchmarks only
@@ -87,8 +95,15 @@ async def measure(
         f"signal sd {signal:.4f} (actions' pool-wide rewards {min(full):+.3f}..{max(full):+.3f}); "
         f"among the better half of the edits {upper_signal:.4f}"
     )
+    distinct = len({tuple(e) for e in edits})
+    as_seed = sum(1 for e in edits if e == base)
     print(
-        f"{'N':>6} {'noise sd':>9} {'subset sd':>9} {'SNR':>6} {'SNR+subset':>10} {'SNR half':>8}"
+        f"effective actions: {distinct} distinct outcome vectors among {len(edits)} listed edits "
+        f"({as_seed} score exactly as the seed on every problem and sample)"
+    )
+    print(
+        f"{'N':>6} {'noise sd':>9} {'subset sd':>9} {'SNR':>6} {'SNR+subset':>10} {'SNR half':>8} "
+        f"{'oracle same':>14} {'oracle cross':>14}"
     )
     rng = random.Random(f"{name}-subsets")
     snr: dict[int, float] = {}
@@ -97,13 +112,22 @@ async def measure(
             continue
         diffs: list[float] = []
         offsets: list[float] = []
+        same: list[float] = []
+        cross: list[float] = []
         for _ in range(subsets):
             picked = rng.sample(range(len(pool)), size)
+            first: list[float] = []
+            second: list[float] = []
             for rows, whole in zip(per_problem, full, strict=True):
                 r0 = statistics.fmean(rows[i][0] for i in picked)
                 r1 = statistics.fmean(rows[i][1] for i in picked)
                 diffs.append(r0 - r1)
                 offsets.append((r0 + r1) / 2 - whole)
+                first.append(r0)
+                second.append(r1)
+            best = max(range(len(first)), key=first.__getitem__)
+            same.append(first[best] - statistics.fmean(first))
+            cross.append(second[best] - statistics.fmean(second))
         noise_sd = _rms(diffs) / math.sqrt(2)
         subset_sd = _rms(offsets)
         snr[size] = signal / noise_sd if noise_sd > 0 else math.inf
@@ -111,9 +135,14 @@ async def measure(
         half = upper_signal / noise_sd if noise_sd > 0 else math.inf
         print(
             f"{size:>6} {noise_sd:>9.4f} {subset_sd:>9.4f} {snr[size]:>6.2f} {both:>10.2f} "
-            f"{half:>8.2f}"
+            f"{half:>8.2f} {_mean_se(same):>14} {_mean_se(cross):>14}"
         )
     return snr
+
+
+def _mean_se(values: Sequence[float]) -> str:
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):+.4f}±{se:.4f}"
 
 
 def _smallest(snr: dict[int, float], at_least: float) -> str:

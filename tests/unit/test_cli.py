@@ -46,3 +46,19 @@ def test_spec_default_round_trips(capsys):
     from aflowrl.config import RunSpec
 
     assert RunSpec.from_document(doc) == RunSpec()
+
+
+def test_optimize_never_pays_for_second_readings_of_rewards(tmp_path):
+    import argparse
+
+    from aflowrl.cli import optimize
+
+    spec = tmp_path / "run.yaml"
+    spec.write_text("environment: {evaluation: {resampleFraction: 0.5, maxProblems: 7}}\n")
+    parser = argparse.ArgumentParser()
+    optimize.add_arguments(parser)
+    args = parser.parse_args(
+        ["--benchmark", "gsm8k", "--executor", "surrogate", "-f", str(spec), "--selection", "ucb"]
+    )
+    _, _, evaluation = optimize._settings(args)
+    assert evaluation.resample_fraction == 0.0 and evaluation.max_problems == 7
