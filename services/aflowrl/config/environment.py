@@ -220,8 +220,10 @@ class RacingSpec(SpecModel):
     """Problems scored between two looks at the bound (more: more concurrency, later stops)."""
 
 
-PoolName = Literal["all", "training", "tuning", "held_out"]
-"""Which problems an episode's subset is drawn from (:class:`ProblemPoolsSpec`)."""
+PoolName = Literal["all", "training", "tuning", "held_out", "test"]
+"""Which problems an episode's subset is drawn from (:class:`ProblemPoolsSpec`); ``test``: the
+benchmark's test split, in disjoint chunks (evaluation tasks only, never trained on:
+:func:`aflowrl.workflow.evaluator.disjoint_chunk`)."""
 
 
 class ProblemPoolsSpec(SpecModel):

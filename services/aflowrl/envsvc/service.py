@@ -36,6 +36,7 @@ POOLS: Final[dict[int, PoolName]] = {
     environment_pb2.PROBLEM_POOL_TRAINING: "training",
     environment_pb2.PROBLEM_POOL_TUNING: "tuning",
     environment_pb2.PROBLEM_POOL_HELD_OUT: "held_out",
+    environment_pb2.PROBLEM_POOL_TEST: "test",
 }
 """ResetRequest.problem_pool -> the pool's name (``environment.evaluation.pools``)."""
 

@@ -92,7 +92,7 @@ from aflowrl.search.state import (
 from aflowrl.search.values import ValueQuery, ValueSource
 from aflowrl.seeding import derive_seed
 from aflowrl.workflow import EvaluationResult, Evaluator, Graph, library, pool_problems, subset
-from aflowrl.workflow.evaluator import Race
+from aflowrl.workflow.evaluator import Race, disjoint_chunk
 
 _SAME: Final = 1e-12
 """Top-k means closer than this count as unchanged (float noise only)."""
@@ -112,6 +112,8 @@ class SearchContext:
     search: SearchSpec = field(default_factory=SearchSpec)
     evaluation: EvaluationSpec = field(default_factory=EvaluationSpec)
     values: ValueSource | None = None
+    test_problems: Sequence[Problem] = ()
+    """The benchmark's test split, for episodes of the ``test`` pool (evaluation tasks)."""
 
     @cached_property
     def problems_by_id(self) -> Mapping[str, Problem]:
@@ -123,12 +125,21 @@ class SearchContext:
         return self.evaluator.executor_key
 
     def episode_problems(self, seed: int, count: int | None, pool: str = "all") -> list[Problem]:
-        """The ``count`` problems of ``pool`` seed ``seed`` chooses (``evaluation.pools``)."""
+        """The ``count`` problems of ``pool`` seed ``seed`` chooses (``evaluation.pools``;
+        ``test``: chunk ``seed`` of the test split, :func:`disjoint_chunk`)."""
+        benchmark = self.evaluator.benchmark.name
+        if pool == "test":
+            if not self.test_problems:
+                raise InvalidInputError(
+                    f"no {benchmark} test split is loaded: no test-pool episodes",
+                    field="problem_pool",
+                )
+            return disjoint_chunk(self.test_problems, count, seed, benchmark=benchmark)
         pools = self.evaluation.pools
         members = pool_problems(
             self.problems,
             pool,
-            benchmark=self.evaluator.benchmark.name,
+            benchmark=benchmark,
             held_out=pools.held_out,
             tuning=pools.tuning,
         )
@@ -526,7 +537,7 @@ async def reset(
         episode_id=episode_id,
         benchmark=benchmark.name,
         task_type=benchmark.task_type,
-        split=ctx.evaluation.split,
+        split="test" if pool == "test" else ctx.evaluation.split,
         executor=ctx.executor_key,
         problems=problems_digest(problems),
         problem_count=len(problems),

@@ -61,6 +61,7 @@ PROBLEM_POOLS = {
     "training": environment_pb2.PROBLEM_POOL_TRAINING,
     "tuning": environment_pb2.PROBLEM_POOL_TUNING,
     "held_out": environment_pb2.PROBLEM_POOL_HELD_OUT,
+    "test": environment_pb2.PROBLEM_POOL_TEST,
 }
 """A task's pool -> ResetRequest.problem_pool."""
 

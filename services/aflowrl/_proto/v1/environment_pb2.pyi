@@ -70,6 +70,10 @@ class _ProblemPoolEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ProblemPo
     PROBLEM_POOL_TRAINING: _ProblemPool.ValueType  # 1
     PROBLEM_POOL_TUNING: _ProblemPool.ValueType  # 2
     PROBLEM_POOL_HELD_OUT: _ProblemPool.ValueType  # 3
+    PROBLEM_POOL_TEST: _ProblemPool.ValueType  # 4
+    """The benchmark's test split in disjoint chunks: task seeds that differ by less than
+    floor(test problems / episode problems) share no problem (evaluation only).
+    """
 
 class ProblemPool(_ProblemPool, metaclass=_ProblemPoolEnumTypeWrapper):
     """Disjoint pools of a benchmark's problems (environment.evaluation.pools): training tasks draw
@@ -83,6 +87,10 @@ PROBLEM_POOL_UNSPECIFIED: ProblemPool.ValueType  # 0
 PROBLEM_POOL_TRAINING: ProblemPool.ValueType  # 1
 PROBLEM_POOL_TUNING: ProblemPool.ValueType  # 2
 PROBLEM_POOL_HELD_OUT: ProblemPool.ValueType  # 3
+PROBLEM_POOL_TEST: ProblemPool.ValueType  # 4
+"""The benchmark's test split in disjoint chunks: task seeds that differ by less than
+floor(test problems / episode problems) share no problem (evaluation only).
+"""
 Global___ProblemPool: _TypeAlias = ProblemPool  # noqa: Y015
 
 @_typing.final
