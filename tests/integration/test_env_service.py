@@ -773,3 +773,13 @@ async def test_a_step_carries_its_second_reading_of_the_reward_over_the_wire(ora
         )
     assert all(flag is False and value == 0.0 for flag, value in readings[0.0])
     assert all(flag is True and -1.0 <= value <= 1.0 for flag, value in readings[1.0])
+
+
+async def test_test_pool_episodes_play_over_the_wire(oracle, data_dir):
+    async with _in_process(_spec_doc(oracle, data_dir)) as stub:
+        for seed in (0, 1):
+            reply = await stub.Reset(
+                pb.ResetRequest(task="gsm8k", seed=seed, problem_pool=pb.PROBLEM_POOL_TEST)
+            )
+            step = await stub.Step(pb.StepRequest(state=reply.state, action=_action(1)))
+            assert step.info.valid_action and step.info.executor_calls > 0
