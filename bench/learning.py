@@ -10,10 +10,19 @@ training benchmark shows, so its row measures transfer to an unseen action list.
 (``environment.evaluation.pools``: 30 % held out, 20 % tuning, 50 % training; by a stable hash
 of the problem id). Training tasks, the warm start's episodes and the expected-greedy table use
 the training pool; settings (the defaults below, ``--split tuning``) were chosen on tuning-pool
-tasks; every figure of the evaluation (``--split eval``, the default) comes from held-out-pool
-tasks: ``--eval-tasks`` (12) per training benchmark (48 tasks) and as many of mbpp, each
-``--problems`` (20) problems, ``--eval-episodes`` (2) episodes per task and seed (a (task, seed)
-cell's figure is their mean).
+tasks; every figure of the evaluation (``--split eval``, the default) comes from tasks on
+problems no training or tuning task sees: ``--eval-tasks`` (12) per training benchmark (48
+tasks) and as many of mbpp, each ``--problems`` (20) problems, ``--eval-episodes`` (2) episodes
+per task and seed (a (task, seed) cell's figure is their mean).
+
+**Tasks are independent units** where the data allows. GSM8K, MATH, DROP and MBPP evaluation
+tasks play the ``test`` problem pool: task k takes chunk k of its benchmark's test split
+(1,055, 486, 400 and 341 problems, in 20-problem chunks; consecutive task seeds, so no problem
+is in two tasks, and none is in the validation split every training and tuning task draws
+from). A bootstrap over tasks then resamples disjoint sets of problems, and the SE counts
+problems (through tasks) and seeds as units. HotpotQA has no test split: its 12 tasks draw from
+the held-out validation pool and share problems, so its quarter of the training benchmarks'
+SE is still understated.
 
 **The search and its reward**: 4 edits per episode from AFlow's seed workflow, 9 actions
 listed, none leading to a workflow the tree holds (``search.listDuplicates: false``), and the
@@ -116,7 +125,7 @@ from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutCli
 from aflowrl.trainer.collect import PROBLEM_POOLS
 from aflowrl.trainer.evaluate import EpisodeResult, evaluate_policy, policy_actor
 from aflowrl.trainer.rows import Decision, Observed
-from aflowrl.trainer.tasks import Task, held_out_tasks
+from aflowrl.trainer.tasks import Task, held_out_seed, held_out_tasks
 from aflowrl.trainer.values import ValueTable
 from aflowrl.trainer.weight_sync import make_weight_sync
 
@@ -128,6 +137,9 @@ LISTED = 9
 """Admissible actions listed per observation."""
 POOLS = {"heldOut": 0.3, "tuning": 0.2}
 SPLIT_POOL = {"eval": "held_out", "tuning": "tuning"}
+TEST_SPLIT = frozenset({"gsm8k", "math", "drop", "mbpp"})
+"""Benchmarks whose evaluation tasks are disjoint chunks of their test split (the ``test``
+problem pool); HotpotQA has none and keeps its held-out validation pool."""
 SPLIT_SEED = {"eval": 10_007, "tuning": 20_011}
 """Task-seed namespaces of the evaluation tasks of each split."""
 
@@ -444,6 +456,21 @@ class Method:
     seconds: float = 0.0
 
 
+def evaluation_tasks(
+    benchmarks: Sequence[str], count: int, split: str, namespace: int, pool: Any
+) -> list[Task]:
+    """``count`` tasks per benchmark: with ``--split eval``, consecutive task seeds in the test
+    pool (disjoint chunks of the test split: no problem in two tasks, none in a training or
+    tuning task) for the benchmarks of :data:`TEST_SPLIT`; otherwise tasks of ``pool``."""
+    tasks: list[Task] = []
+    for name in benchmarks:
+        if split == "eval" and name in TEST_SPLIT:
+            tasks += [Task(name, held_out_seed(namespace + k), "test") for k in range(count)]
+        else:
+            tasks += held_out_tasks([name], count, seed=namespace, pool=pool)
+    return tasks
+
+
 class Bench:
     """The services, the tasks and every method's figures (module docstring)."""
 
@@ -453,8 +480,8 @@ class Bench:
         self.base = local_spec(make_spec(args), root)
         pool = SPLIT_POOL[args.split]
         namespace = SPLIT_SEED[args.split]
-        self.tasks = held_out_tasks(TRAIN, args.eval_tasks, seed=namespace, pool=pool)
-        self.transfer = held_out_tasks(HELD_OUT, args.eval_tasks, seed=namespace, pool=pool)
+        self.tasks = evaluation_tasks(TRAIN, args.eval_tasks, args.split, namespace, pool)
+        self.transfer = evaluation_tasks(HELD_OUT, args.eval_tasks, args.split, namespace, pool)
         self.methods: dict[str, Method] = {}
         self.states: list[State] = []
         self.tv: list[float] = []

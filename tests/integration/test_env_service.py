@@ -750,3 +750,36 @@ async def test_a_burst_beyond_the_replicas_call_limit_waits_in_the_client(oracle
         rewards.setdefault(action, set()).add(outcome.reward)
     assert all(len(r) == 1 for r in rewards.values())  # the same action, the same reward
     assert sum(stats.calls.values()) >= len(actions)
+
+
+async def test_a_step_carries_its_second_reading_of_the_reward_over_the_wire(oracle, data_dir):
+    readings = {}
+    for fraction in (0.0, 1.0):
+        doc = _spec_doc(oracle, data_dir)
+        doc["environment"]["evaluation"]["resampleFraction"] = fraction
+        async with _in_process(doc) as stub:
+            reply = await stub.Reset(pb.ResetRequest(task="gsm8k", seed=72))
+            steps = [
+                await stub.Step(pb.StepRequest(state=reply.state, action=_action(k)))
+                for k in range(1, 6)
+            ]
+            again = await stub.Step(pb.StepRequest(state=reply.state, action=_action(1)))
+        fresh = [s for s in steps if s.info.valid_action and not s.info.duplicate]
+        assert fresh
+        readings[fraction] = [(s.info.resampled, s.info.resampled_reward) for s in fresh]
+        assert (again.info.resampled, again.info.resampled_reward) == (
+            steps[0].info.resampled,
+            steps[0].info.resampled_reward,
+        )
+    assert all(flag is False and value == 0.0 for flag, value in readings[0.0])
+    assert all(flag is True and -1.0 <= value <= 1.0 for flag, value in readings[1.0])
+
+
+async def test_test_pool_episodes_play_over_the_wire(oracle, data_dir):
+    async with _in_process(_spec_doc(oracle, data_dir)) as stub:
+        for seed in (0, 1):
+            reply = await stub.Reset(
+                pb.ResetRequest(task="gsm8k", seed=seed, problem_pool=pb.PROBLEM_POOL_TEST)
+            )
+            step = await stub.Step(pb.StepRequest(state=reply.state, action=_action(1)))
+            assert step.info.valid_action and step.info.executor_calls > 0

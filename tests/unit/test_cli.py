@@ -199,3 +199,19 @@ def test_spec_prints_documents_as_yaml_or_json(tmp_path, capsys):
     run.write_text("trainer:\n  iterations: 3\n")
     assert main(["spec", "resolve", "--file", str(run), "--output", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["trainer"]["iterations"] == 3
+
+
+def test_optimize_never_pays_for_second_readings_of_rewards(tmp_path):
+    import argparse
+
+    from aflowrl.cli import optimize
+
+    spec = tmp_path / "run.yaml"
+    spec.write_text("environment: {evaluation: {resampleFraction: 0.5, maxProblems: 7}}\n")
+    parser = argparse.ArgumentParser()
+    optimize.add_arguments(parser)
+    args = parser.parse_args(
+        ["--benchmark", "gsm8k", "--executor", "surrogate", "-f", str(spec), "--selection", "ucb"]
+    )
+    _, _, evaluation = optimize._settings(args)
+    assert evaluation.resample_fraction == 0.0 and evaluation.max_problems == 7

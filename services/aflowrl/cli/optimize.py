@@ -128,6 +128,8 @@ def _settings(args: argparse.Namespace) -> tuple[str, SearchSpec, EvaluationSpec
     if args.selection == "fused" and not args.value_source:
         search["value_source"] = "policy" if args.proposer == "policy" else "anchor-mc"
     evaluation: dict[str, Any] = spec.environment.evaluation.model_dump(by_alias=False)
+    # A second reading of a reward serves the trainer's noise report; one search has no use for it.
+    evaluation["resample_fraction"] = 0.0
     if args.rounds < 1:
         raise InvalidInputError("must be at least 1", field="--rounds")
     search["max_steps"] = args.rounds

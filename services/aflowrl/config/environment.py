@@ -220,8 +220,10 @@ class RacingSpec(SpecModel):
     """Problems scored between two looks at the bound (more: more concurrency, later stops)."""
 
 
-PoolName = Literal["all", "training", "tuning", "held_out"]
-"""Which problems an episode's subset is drawn from (:class:`ProblemPoolsSpec`)."""
+PoolName = Literal["all", "training", "tuning", "held_out", "test"]
+"""Which problems an episode's subset is drawn from (:class:`ProblemPoolsSpec`); ``test``: the
+benchmark's test split, in disjoint chunks (evaluation tasks only, never trained on:
+:func:`aflowrl.workflow.evaluator.disjoint_chunk`)."""
 
 
 class ProblemPoolsSpec(SpecModel):
@@ -278,6 +280,12 @@ class EvaluationSpec(SpecModel):
     """Stop evaluating children that cannot win (off by default)."""
     pools: ProblemPoolsSpec = Field(default_factory=ProblemPoolsSpec)
     """Disjoint training, tuning and held-out pools of each benchmark's problems."""
+    resample_fraction: float = Field(default=0.05, ge=0.0, le=1.0)
+    """Share of newly evaluated children whose reward is measured again on other executor
+    sample indices (the child and the workflow its reward is taken against, each scored on
+    samples R..2R-1 of the same problems), so the trainer reports the executor-sample noise of
+    the step rewards (``noise/*`` in metrics.jsonl); 0 disables. Costs up to twice this share
+    of a step's evaluations (the re-scored workflow's runs are often shared by siblings)."""
 
 
 class AflowSelectionSpec(SpecModel):

@@ -193,6 +193,7 @@ class Environment:
                 served.splits[spec.evaluation.split],
                 search=spec.search,
                 evaluation=spec.evaluation,
+                test_problems=served.splits.get("test", ()),
             )
             for name, served in self.benchmarks.items()
         }

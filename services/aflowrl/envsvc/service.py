@@ -36,6 +36,7 @@ POOLS: Final[dict[int, PoolName]] = {
     environment_pb2.PROBLEM_POOL_TRAINING: "training",
     environment_pb2.PROBLEM_POOL_TUNING: "tuning",
     environment_pb2.PROBLEM_POOL_HELD_OUT: "held_out",
+    environment_pb2.PROBLEM_POOL_TEST: "test",
 }
 """ResetRequest.problem_pool -> the pool's name (``environment.evaluation.pools``)."""
 
@@ -207,6 +208,8 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServiceServicer):
                 child_workflow_json=result.child.to_json(indent=None) if result.child else "",
                 done_reason=info.done_reason,
                 best_gain=info.best_gain,
+                resampled=info.resampled_reward is not None,
+                resampled_reward=info.resampled_reward or 0.0,
             ),
         )
 

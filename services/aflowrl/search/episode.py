@@ -22,6 +22,15 @@ action makes the child. The reward, exactly:
   no improvement is paid, and the reward is ``-search.duplicatePenalty``;
 * an invalid action: 0 here, ``-invalidActionPenalty`` applied by the trainer.
 
+Reward noise (``evaluation.resampleFraction``): for that share of new, fully scored children
+(chosen by a hash of the episode seed, the step and the child, so a retry chooses the same),
+the reward is measured a second time on other executor sample indices: the base workflow and
+then the child are scored on samples R..2R-1 of the same problems (samples 0..R-1 come from the
+cache; the child reuses the base's draws exactly as it did on 0..R-1), and the same reward
+formula on those scores is ``info.resampled_reward``. The difference between the two readings
+of one reward is pure executor-sample noise (the spread among sibling edits is not: they differ
+in the workflow); the trainer reports its size (:mod:`aflowrl.trainer.noise`).
+
 The episode's headline is its *best-gain*: the best score among the workflows it added minus
 the seed's (0 while it added none; ``info.best_gain``).
 
@@ -83,7 +92,7 @@ from aflowrl.search.state import (
 from aflowrl.search.values import ValueQuery, ValueSource
 from aflowrl.seeding import derive_seed
 from aflowrl.workflow import EvaluationResult, Evaluator, Graph, library, pool_problems, subset
-from aflowrl.workflow.evaluator import Race
+from aflowrl.workflow.evaluator import Race, disjoint_chunk
 
 _SAME: Final = 1e-12
 """Top-k means closer than this count as unchanged (float noise only)."""
@@ -103,6 +112,8 @@ class SearchContext:
     search: SearchSpec = field(default_factory=SearchSpec)
     evaluation: EvaluationSpec = field(default_factory=EvaluationSpec)
     values: ValueSource | None = None
+    test_problems: Sequence[Problem] = ()
+    """The benchmark's test split, for episodes of the ``test`` pool (evaluation tasks)."""
 
     @cached_property
     def problems_by_id(self) -> Mapping[str, Problem]:
@@ -114,12 +125,21 @@ class SearchContext:
         return self.evaluator.executor_key
 
     def episode_problems(self, seed: int, count: int | None, pool: str = "all") -> list[Problem]:
-        """The ``count`` problems of ``pool`` seed ``seed`` chooses (``evaluation.pools``)."""
+        """The ``count`` problems of ``pool`` seed ``seed`` chooses (``evaluation.pools``;
+        ``test``: chunk ``seed`` of the test split, :func:`disjoint_chunk`)."""
+        benchmark = self.evaluator.benchmark.name
+        if pool == "test":
+            if not self.test_problems:
+                raise InvalidInputError(
+                    f"no {benchmark} test split is loaded: no test-pool episodes",
+                    field="problem_pool",
+                )
+            return disjoint_chunk(self.test_problems, count, seed, benchmark=benchmark)
         pools = self.evaluation.pools
         members = pool_problems(
             self.problems,
             pool,
-            benchmark=self.evaluator.benchmark.name,
+            benchmark=benchmark,
             held_out=pools.held_out,
             tuning=pools.tuning,
         )
@@ -182,7 +202,7 @@ class _Spent:
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
-    def plus(self, summary: EvaluationSummary) -> _Spent:
+    def plus(self, summary: EvaluationSummary | _Spent) -> _Spent:
         cost = (
             None
             if self.cost_usd is None or summary.cost_usd is None
@@ -225,6 +245,9 @@ class StepInfo:
     (:attr:`aflowrl.search.state.EpisodeState.best_gain`)."""
     raced: bool = False
     """The child was raced out: ``child_score`` is a partial mean (see the module docs)."""
+    resampled_reward: float | None = None
+    """The same reward measured on executor samples R..2R-1 (``evaluation.resampleFraction``
+    of new children; None for the others)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -294,6 +317,43 @@ def _node(
         raced_after=None if result.raced is None else result.raced.scored,
         bound=None if result.raced is None else result.raced.bound,
     )
+
+
+def _reward(spec: SearchSpec, child_score: float, base: float) -> float:
+    """The step reward of a new child scoring ``child_score`` against ``base``."""
+    if spec.reward == "improvement":
+        return max(0.0, child_score - base)
+    return child_score - base
+
+
+def _resampling(ctx: SearchContext, state: EpisodeState, child_hash: str) -> bool:
+    """Whether this step's reward is measured again (a stable draw, the same on a retry)."""
+    fraction = ctx.evaluation.resample_fraction
+    if fraction <= 0.0:
+        return False
+    draw = derive_seed("resample", state.seed, state.step, child_hash) / float(2**31 - 1)
+    return draw < fraction
+
+
+async def _resampled_reward(
+    ctx: SearchContext,
+    state: EpisodeState,
+    base_graph: Graph,
+    child: Graph,
+    problems: Sequence[Problem],
+) -> tuple[float, _Spent]:
+    """The reward of ``child`` against ``base_graph`` on samples R..2R-1 (module docs)."""
+    repeats = state.repeats
+    spent = _Spent()
+    later: list[float] = []
+    for graph in (base_graph, child):  # the base first: the child reuses its draws
+        result = await ctx.evaluator.evaluate(graph, problems, repeats=2 * repeats)
+        spent = spent.plus(EvaluationSummary.of(result))
+        later.append(
+            math.fsum(s.score for p in result.problems for s in p.samples[repeats:])
+            / (len(result.problems) * repeats)
+        )
+    return _reward(state.search, later[1], later[0]), spent
 
 
 async def _score_in_full(
@@ -477,7 +537,7 @@ async def reset(
         episode_id=episode_id,
         benchmark=benchmark.name,
         task_type=benchmark.task_type,
-        split=ctx.evaluation.split,
+        split="test" if pool == "test" else ctx.evaluation.split,
         executor=ctx.executor_key,
         problems=problems_digest(problems),
         problem_count=len(problems),
@@ -516,9 +576,15 @@ async def step(ctx: SearchContext, state: EpisodeState, action: str) -> StepOutc
     parent = nodes[state.parent]
     graph = graph_at(state, state.parent)
     projection = project(action, graph, mode=spec.action_mode, listed=_listed(state, graph))
-    base = parent.score if spec.reward == "delta-parent" else max(n.score for n in nodes)
+    base_index = (
+        state.parent
+        if spec.reward == "delta-parent"
+        else max(range(len(nodes)), key=lambda i: nodes[i].score)
+    )
+    base = nodes[base_index].score
     duplicate = False
     raced = False
+    resampled_reward: float | None = None
     child_index: int | None = None
     if not projection.valid:
         attempt = Attempt(
@@ -558,10 +624,17 @@ async def step(ctx: SearchContext, state: EpisodeState, action: str) -> StepOutc
         # search.duplicatePenalty (AFlow refuses repeated modifications).
         if duplicate:
             reward = -spec.duplicate_penalty
-        elif spec.reward == "improvement":
-            reward = max(0.0, nodes[child_index].score - base)
         else:
-            reward = nodes[child_index].score - base
+            reward = _reward(spec, nodes[child_index].score, base)
+            if (
+                not raced
+                and not nodes[base_index].raced
+                and _resampling(ctx, state, child.content_hash)
+            ):
+                resampled_reward, extra = await _resampled_reward(
+                    ctx, state, graph_at(state, base_index), child, problems
+                )
+                spent = spent.plus(extra)
         attempt = Attempt(
             step=state.step,
             parent=state.parent,
@@ -612,5 +685,6 @@ async def step(ctx: SearchContext, state: EpisodeState, action: str) -> StepOutc
         done_reason=done_reason,
         best_gain=next_state.best_gain,
         raced=raced,
+        resampled_reward=resampled_reward,
     )
     return StepOutcome(next_state, observe(ctx, next_state), reward, next_state.done, info)

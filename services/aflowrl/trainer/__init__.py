@@ -7,6 +7,7 @@
 - :mod:`.evaluate`: a policy played on chosen tasks without training (held-out tasks, transfer);
 - :mod:`.acting`: the policy's decisions (choice mode: scored admissible actions; text mode);
 - :mod:`.routing`: environment replicas on a consistent-hash ring, with failover;
+- :mod:`.noise`: the executor-sample noise of the step rewards (``noise/*``);
 - :mod:`.advantages`: GiGPO / GRPO / PPO targets of step rows with :mod:`aflowrl.rl`;
 - :mod:`.values`: V(s) sent to the environment for ``fused`` parent selection;
 - :mod:`.learner_client`, :mod:`.weight_sync`: the learner's calls and the weight push;
@@ -27,6 +28,7 @@ __all__ = [
     "learner_client",
     "loop",
     "metrics",
+    "noise",
     "plots",
     "progress",
     "records",

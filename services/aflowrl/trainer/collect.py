@@ -45,6 +45,7 @@ from aflowrl.config import RunSpec
 from aflowrl.config.learner import GiGPOSpec
 from aflowrl.errors import FailedPreconditionError
 from aflowrl.search import encoding
+from aflowrl.trainer import noise
 from aflowrl.trainer.acting import Actor, Draw
 from aflowrl.trainer.clients import EnvironmentClient
 from aflowrl.trainer.clock import Timeline
@@ -60,6 +61,7 @@ PROBLEM_POOLS = {
     "training": environment_pb2.PROBLEM_POOL_TRAINING,
     "tuning": environment_pb2.PROBLEM_POOL_TUNING,
     "held_out": environment_pb2.PROBLEM_POOL_HELD_OUT,
+    "test": environment_pb2.PROBLEM_POOL_TEST,
 }
 """A task's pool -> ResetRequest.problem_pool."""
 
@@ -371,6 +373,7 @@ class Collector:
                 cost_usd=info.cost_usd,
                 cost_known=info.cost_known,
                 replica=replica,
+                reward_pairs=noise.pairs([reply]),
             )
         )
         self.advance(episode, reply)
@@ -431,6 +434,7 @@ class Collector:
         row.sibling_executor_calls = sum(
             int(reply.info.executor_calls) for reply in replies if reply is not None
         )
+        row.reward_pairs = (*row.reward_pairs, *noise.pairs(replies))
 
     @staticmethod
     def advance(episode: Episode, reply: environment_pb2.StepResponse) -> None:
@@ -498,6 +502,7 @@ def batch_summary(batch: Batch) -> dict[str, float]:
         "env/cache_hits": float(hits),
         "env/cost_usd": sum(r.cost_usd for r in rows),
         "env/cost_known": 1.0 if all(r.cost_known for r in rows) else 0.0,
+        **noise.reward_noise([pair for r in rows for pair in r.reward_pairs]),
     }
 
 

@@ -655,6 +655,11 @@ class Trainer:
             m.advantage_std.set(_finite(record["charts/advantage_std"]))
         if "charts/candidate_advantage_std" in record:
             m.candidate_advantage_std.set(_finite(record["charts/candidate_advantage_std"]))
+        if "noise/reward_noise_sd" in record:
+            m.reward_noise_sd.set(_finite(record["noise/reward_noise_sd"]))
+        if "noise/signal_to_noise" in record:
+            m.reward_signal_to_noise.set(_finite(record["noise/signal_to_noise"]))
+        m.resampled_steps.inc(record.get("noise/resampled_steps", 0.0))
         for name, seconds in timeline.phases.items():
             m.phase_duration.labels(name).observe(seconds)
         m.iteration_duration.observe(timeline.total_s)

@@ -71,3 +71,16 @@ class TrainerMetrics(ComponentMetrics):
             "Executor calls made by the Steps of sibling actions (GiGPO's sibling step groups).",
         )
         self.episodes = self.counter("episodes_total", "Episodes finished.")
+        self.reward_noise_sd = self.gauge(
+            "noise_std_reward",
+            "Executor-sample noise sd of one step reward in the last iteration (pairs of "
+            "readings on other sample indices, environment.evaluation.resampleFraction).",
+        )
+        self.reward_signal_to_noise = self.gauge(
+            "reward_signal_to_noise_ratio",
+            "The step rewards' true-part sd over their noise sd in the last iteration.",
+        )
+        self.resampled_steps = self.counter(
+            "resampled_steps_total",
+            "Step rewards the environment measured twice (on other executor sample indices).",
+        )

@@ -39,6 +39,9 @@ Keys of a record (NaN is written as null):
 - ``env/executor_calls`` (fresh executor calls of the steps), ``env/cache_hits`` (problem runs
   the evaluation cache answered), ``env/cost_usd``, ``env/cost_known``, ``env/failovers``
   (calls moved to another replica), ``env/replicas_live``;
+- ``noise/resampled_steps``, ``noise/reward_diff_sd``, ``noise/reward_noise_sd``,
+  ``noise/reward_sd``, ``noise/signal_to_noise``: the executor-sample noise of the step rewards
+  (``environment.evaluation.resampleFraction``; :mod:`aflowrl.trainer.noise`);
 - ``weights/seconds``, ``weights/replicas_failed``: the weight push;
 - with several training benchmarks, ``charts/episode_return/<benchmark>``,
   ``charts/iteration_best_score/<b>``, ``charts/seed_score/<b>``,

@@ -121,6 +121,9 @@ class StepRow:
     """Whether each listed action leads to a workflow the tree already held."""
     sibling_executor_calls: int = 0
     """Executor calls the siblings' Steps made (evaluations no episode had made)."""
+    reward_pairs: tuple[tuple[float, float], ...] = ()
+    """(reward, the same reward on other executor samples) of this Step and its siblings' Steps
+    that the environment measured twice (``evaluation.resampleFraction``; :mod:`.noise`)."""
 
 
 @dataclass

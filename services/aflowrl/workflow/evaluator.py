@@ -319,7 +319,25 @@ def subset(problems: Sequence[Problem], size: int | None, seed: int) -> list[Pro
 
 
 POOLS = ("all", "training", "tuning", "held_out")
-"""Problem pools (``environment.evaluation.pools``); "all" is the whole split."""
+"""Problem pools of a split (``environment.evaluation.pools``); "all" is the whole split. (An
+episode of the ``test`` pool takes a :func:`disjoint_chunk` of the test split instead.)"""
+
+
+def disjoint_chunk(
+    problems: Sequence[Problem], size: int | None, seed: int, *, benchmark: str
+) -> list[Problem]:
+    """Chunk ``seed mod floor(n / size)`` of ``problems`` ranked by a stable hash, in split order.
+
+    The chunks partition the ranked problems, so tasks whose seeds differ by less than
+    floor(n / size) (consecutive seeds, say) share no problem: evaluation tasks that are
+    independent units. ``size`` None or at least n: every problem.
+    """
+    if size is None or size >= len(problems):
+        return list(problems)
+    ranked = sorted(problems, key=lambda p: stable_hash("chunk", benchmark, p.problem_id))
+    start = (seed % (len(ranked) // size)) * size
+    ids = {p.problem_id for p in ranked[start : start + size]}
+    return [p for p in problems if p.problem_id in ids]
 
 
 def pool_size(share: float, total: int) -> int:

@@ -338,3 +338,26 @@ async def test_improvement_rewards_add_up_to_the_episodes_best_gain(make_context
         total += outcome.reward
         state = outcome.state
     assert worse and total == pytest.approx(max(0.0, state.best_gain))
+
+
+async def test_test_pool_episodes_score_on_chunks_of_the_test_split(make_context):
+    from aflowrl.benchmarks import Problem
+
+    test_split = [Problem("gsm8k", f"t{i}", f"What is {i} + 2?", str(i + 2)) for i in range(12)]
+    ctx = dataclasses.replace(
+        make_context(max_steps=2),
+        evaluation=EvaluationSpec(max_problems=4),
+        test_problems=test_split,
+    )
+    seen = []
+    for seed in (30, 31, 32):
+        start = await reset(ctx, seed=seed, pool="test")
+        assert start.state.pool == "test" and start.state.split == "test"
+        problems = ctx.episode_problems(seed, 4, "test")
+        assert {p.problem_id for p in problems} <= {p.problem_id for p in test_split}
+        seen.append({p.problem_id for p in problems})
+        outcome = await step(ctx, start.state, "<action>1</action>")  # the state checks out
+        assert outcome.info.valid_action
+    assert len(seen[0] | seen[1] | seen[2]) == 12
+    with pytest.raises(InvalidInputError, match="no gsm8k test split is loaded"):
+        await reset(make_context(max_steps=2), seed=30, pool="test")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import random
 from collections.abc import Sequence
 
@@ -23,7 +24,7 @@ from aflowrl.errors import FailedPreconditionError
 from aflowrl.search import encoding
 from aflowrl.trainer.acting import Actor, Draw, Observed, TextActor
 from aflowrl.trainer.clock import Timeline
-from aflowrl.trainer.collect import Collector, seed_workflows
+from aflowrl.trainer.collect import Collector, batch_summary, seed_workflows
 from aflowrl.trainer.rows import Decision
 from aflowrl.trainer.values import ValueTable
 
@@ -42,6 +43,14 @@ learner: {{loss: {{miniBatchSize: 6, microBatchSize: 6}}}}
 
 def _digest(*parts: object) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def _resampled(child: str) -> float | None:
+    """The double's second reading of a child's reward: for children whose hash starts with
+    0-7, the reward plus a shift drawn from the hash; None for the others."""
+    if child[0] not in "01234567":
+        return None
+    return int(child[:4], 16) / 0xFFFF - 0.5 + (int(child[4:8], 16) / 0xFFFF - 0.5) / 10
 
 
 class OrderedEnv:
@@ -114,7 +123,12 @@ class OrderedEnv:
             observation=pb.Observation() if done else self._observation(state),
             reward=reward,
             done=done,
-            info=pb.StepInfo(valid_action=True, child_hash=child),
+            info=pb.StepInfo(
+                valid_action=True,
+                child_hash=child,
+                resampled=_resampled(child) is not None,
+                resampled_reward=_resampled(child) or 0.0,
+            ),
         )
         return reply, "ordered"
 
@@ -318,3 +332,28 @@ async def test_sibling_step_groups_step_every_listed_action_without_moving_the_e
         assert row.candidate_rewards == pytest.approx(expected)
         assert row.candidate_rewards[row.decision.chosen] == row.reward
         assert row.candidate_children == tuple(_digest(row.anchor, a) for a in replies)
+
+
+async def test_each_row_keeps_the_pairs_of_readings_of_its_step_and_its_siblings():
+    batch, _ = await _collect_choices(siblings=True, order_seed=3)
+    replies = [encoding.action_reply(a) for a in ACTIONS]
+    pairs = []
+    for row in batch.rows:
+        children = [row.child_hash] + [
+            _digest(row.anchor, a) for k, a in enumerate(replies) if k != row.decision.chosen
+        ]
+        expected = tuple(
+            (int(c[:4], 16) / 0xFFFF - 0.5, _resampled(c))
+            for c in children
+            if _resampled(c) is not None
+        )
+        assert [x for pair in row.reward_pairs for x in pair] == pytest.approx(
+            [x for pair in expected for x in pair]
+        )
+        pairs.extend(expected)
+    assert len(pairs) >= 4
+    record = batch_summary(batch)
+    assert record["noise/resampled_steps"] == len(pairs)
+    assert record["noise/reward_noise_sd"] == pytest.approx(
+        math.sqrt(sum((a - b) ** 2 for a, b in pairs) / len(pairs) / 2)
+    )

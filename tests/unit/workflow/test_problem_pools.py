@@ -53,3 +53,20 @@ def test_sizes_round_and_a_pool_asked_for_is_never_empty():
         pool_problems(_problems(2), "training", benchmark="x", held_out=0.5, tuning=0.4)
     with pytest.raises(InvalidInputError, match="is not one of"):
         pool_problems(_problems(4), "test", benchmark="x", held_out=0.2, tuning=0.0)
+
+
+def test_consecutive_task_seeds_take_disjoint_chunks_of_the_test_split():
+    from aflowrl.workflow.evaluator import disjoint_chunk
+
+    problems = _problems(486)  # MATH's test split
+    chunks = [disjoint_chunk(problems, 20, 2**31 + k, benchmark="math") for k in range(24)]
+    ids = [{p.problem_id for p in c} for c in chunks]
+    assert all(len(c) == 20 for c in ids)
+    assert len(set().union(*ids)) == 24 * 20  # no problem in two tasks
+    order = {p.problem_id: i for i, p in enumerate(problems)}
+    assert all(
+        [order[p.problem_id] for p in c] == sorted(order[p.problem_id] for p in c) for c in chunks
+    )
+    again = disjoint_chunk(list(reversed(problems)), 20, 2**31 + 3, benchmark="math")
+    assert {p.problem_id for p in again} == ids[3]  # stable whatever the load order
+    assert disjoint_chunk(problems, None, 5, benchmark="math") == problems

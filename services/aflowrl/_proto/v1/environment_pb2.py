@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from aflowrl._proto.v1 import common_pb2 as aflowrl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61\x66lowrl/v1/environment.proto\x12\naflowrl.v1\x1a\x17\x61\x66lowrl/v1/common.proto\"\xf2\x01\n\x0cResetRequest\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x12\n\nepisode_id\x18\x03 \x01(\t\x12\x11\n\tmax_steps\x18\x04 \x01(\x05\x12+\n\x0b\x61\x63tion_mode\x18\x05 \x01(\x0e\x32\x16.aflowrl.v1.ActionMode\x12\x1a\n\x12seed_workflow_json\x18\x06 \x01(\t\x12\'\n\x06values\x18\x07 \x01(\x0b\x32\x17.aflowrl.v1.StateValues\x12-\n\x0cproblem_pool\x18\x08 \x01(\x0e\x32\x17.aflowrl.v1.ProblemPool\"\x88\x01\n\x0bStateValues\x12\x33\n\x06values\x18\x01 \x03(\x0b\x32#.aflowrl.v1.StateValues.ValuesEntry\x12\x15\n\rdefault_value\x18\x02 \x01(\x01\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"c\n\x0bObservation\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x1a\n\x12\x61\x64missible_actions\x18\x02 \x03(\t\x12\x0e\n\x06\x61nchor\x18\x03 \x01(\t\x12\x1a\n\x12\x61\x64missible_in_tree\x18\x04 \x03(\x05\"\x8c\x01\n\rResetResponse\x12\r\n\x05state\x18\x01 \x01(\x0c\x12,\n\x0bobservation\x18\x02 \x01(\x0b\x32\x17.aflowrl.v1.Observation\x12\x12\n\nseed_score\x18\x03 \x01(\x01\x12*\n\tseed_eval\x18\x04 \x01(\x0b\x32\x17.aflowrl.v1.EvalSummary\"U\n\x0bStepRequest\x12\r\n\x05state\x18\x01 \x01(\x0c\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\'\n\x06values\x18\x03 \x01(\x0b\x32\x17.aflowrl.v1.StateValues\"\x95\x03\n\x08StepInfo\x12\x14\n\x0cvalid_action\x18\x01 \x01(\x08\x12\x16\n\x0einvalid_reason\x18\x02 \x01(\t\x12\x18\n\x10\x63\x61nonical_action\x18\x03 \x01(\t\x12\x14\n\x0cparent_score\x18\x04 \x01(\x01\x12\x13\n\x0b\x63hild_score\x18\x05 \x01(\x01\x12\x12\n\nbest_score\x18\x06 \x01(\x01\x12\x12\n\nchild_hash\x18\x07 \x01(\t\x12\x11\n\tduplicate\x18\x08 \x01(\x08\x12\x16\n\x0e\x65xecutor_calls\x18\t \x01(\x03\x12\x12\n\ncache_hits\x18\n \x01(\x03\x12\x10\n\x08\x63ost_usd\x18\x0b \x01(\x01\x12\x12\n\ncost_known\x18\x0c \x01(\x08\x12\x12\n\nstep_index\x18\r \x01(\x05\x12\x15\n\rprompt_tokens\x18\x0e \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x0f \x01(\x03\x12\x1b\n\x13\x63hild_workflow_json\x18\x10 \x01(\t\x12\x13\n\x0b\x64one_reason\x18\x11 \x01(\t\x12\x11\n\tbest_gain\x18\x12 \x01(\x01\"\x8d\x01\n\x0cStepResponse\x12\r\n\x05state\x18\x01 \x01(\x0c\x12,\n\x0bobservation\x18\x02 \x01(\x0b\x32\x17.aflowrl.v1.Observation\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12\"\n\x04info\x18\x05 \x01(\x0b\x32\x14.aflowrl.v1.StepInfo\"/\n\x0eProjectRequest\x12\r\n\x05state\x18\x01 \x01(\x0c\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\"m\n\x0fProjectResponse\x12\x14\n\x0cvalid_action\x18\x01 \x01(\x08\x12\x16\n\x0einvalid_reason\x18\x02 \x01(\t\x12\x18\n\x10\x63\x61nonical_action\x18\x03 \x01(\t\x12\x12\n\nchild_hash\x18\x04 \x01(\t\"~\n\x0f\x45valuateRequest\x12\x15\n\rworkflow_json\x18\x01 \x01(\t\x12\x11\n\tbenchmark\x18\x02 \x01(\t\x12\r\n\x05split\x18\x03 \x01(\t\x12\x13\n\x0bproblem_ids\x18\x04 \x03(\t\x12\x0f\n\x07repeats\x18\x05 \x01(\x05\x12\x0c\n\x04seed\x18\x06 \x01(\x04\"2\n\x0cProblemScore\x12\x12\n\nproblem_id\x18\x01 \x01(\t\x12\x0e\n\x06scores\x18\x02 \x03(\x01\"\xa3\x01\n\x0b\x45valSummary\x12\x0c\n\x04mean\x18\x01 \x01(\x01\x12\x0b\n\x03std\x18\x02 \x01(\x01\x12\x14\n\x0cnum_problems\x18\x03 \x01(\x05\x12\x10\n\x08\x63ost_usd\x18\x04 \x01(\x01\x12\x12\n\ncost_known\x18\x05 \x01(\x08\x12\x16\n\x0e\x65xecutor_calls\x18\x06 \x01(\x03\x12\x12\n\ncache_hits\x18\x07 \x01(\x03\x12\x11\n\tlatency_s\x18\x08 \x01(\x01\"\x7f\n\x10\x45valuateResponse\x12(\n\x07summary\x18\x01 \x01(\x0b\x32\x17.aflowrl.v1.EvalSummary\x12*\n\x08problems\x18\x02 \x03(\x0b\x32\x18.aflowrl.v1.ProblemScore\x12\x15\n\rworkflow_hash\x18\x03 \x01(\t\"\x10\n\x0e\x45nvInfoRequest\"\xa0\x01\n\x0f\x45nvInfoResponse\x12(\n\x07service\x18\x01 \x01(\x0b\x32\x17.aflowrl.v1.ServiceInfo\x12\r\n\x05tasks\x18\x02 \x03(\t\x12\x13\n\x0b\x65xecutor_id\x18\x03 \x01(\t\x12\x15\n\rcache_entries\x18\x04 \x01(\x03\x12\x12\n\ncache_hits\x18\x05 \x01(\x03\x12\x14\n\x0c\x63\x61\x63he_misses\x18\x06 \x01(\x03*q\n\nActionMode\x12\x1b\n\x17\x41\x43TION_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41\x43TION_MODE_CHOICE\x10\x01\x12\x14\n\x10\x41\x43TION_MODE_TEXT\x10\x02\x12\x18\n\x14\x41\x43TION_MODE_FREEFORM\x10\x03*z\n\x0bProblemPool\x12\x1c\n\x18PROBLEM_POOL_UNSPECIFIED\x10\x00\x12\x19\n\x15PROBLEM_POOL_TRAINING\x10\x01\x12\x17\n\x13PROBLEM_POOL_TUNING\x10\x02\x12\x19\n\x15PROBLEM_POOL_HELD_OUT\x10\x03\x32\xd9\x02\n\x12\x45nvironmentService\x12<\n\x05Reset\x12\x18.aflowrl.v1.ResetRequest\x1a\x19.aflowrl.v1.ResetResponse\x12\x39\n\x04Step\x12\x17.aflowrl.v1.StepRequest\x1a\x18.aflowrl.v1.StepResponse\x12\x42\n\x07Project\x12\x1a.aflowrl.v1.ProjectRequest\x1a\x1b.aflowrl.v1.ProjectResponse\x12\x45\n\x08\x45valuate\x12\x1b.aflowrl.v1.EvaluateRequest\x1a\x1c.aflowrl.v1.EvaluateResponse\x12?\n\x04Info\x12\x1a.aflowrl.v1.EnvInfoRequest\x1a\x1b.aflowrl.v1.EnvInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61\x66lowrl/v1/environment.proto\x12\naflowrl.v1\x1a\x17\x61\x66lowrl/v1/common.proto\"\xf2\x01\n\x0cResetRequest\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x12\n\nepisode_id\x18\x03 \x01(\t\x12\x11\n\tmax_steps\x18\x04 \x01(\x05\x12+\n\x0b\x61\x63tion_mode\x18\x05 \x01(\x0e\x32\x16.aflowrl.v1.ActionMode\x12\x1a\n\x12seed_workflow_json\x18\x06 \x01(\t\x12\'\n\x06values\x18\x07 \x01(\x0b\x32\x17.aflowrl.v1.StateValues\x12-\n\x0cproblem_pool\x18\x08 \x01(\x0e\x32\x17.aflowrl.v1.ProblemPool\"\x88\x01\n\x0bStateValues\x12\x33\n\x06values\x18\x01 \x03(\x0b\x32#.aflowrl.v1.StateValues.ValuesEntry\x12\x15\n\rdefault_value\x18\x02 \x01(\x01\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"c\n\x0bObservation\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x1a\n\x12\x61\x64missible_actions\x18\x02 \x03(\t\x12\x0e\n\x06\x61nchor\x18\x03 \x01(\t\x12\x1a\n\x12\x61\x64missible_in_tree\x18\x04 \x03(\x05\"\x8c\x01\n\rResetResponse\x12\r\n\x05state\x18\x01 \x01(\x0c\x12,\n\x0bobservation\x18\x02 \x01(\x0b\x32\x17.aflowrl.v1.Observation\x12\x12\n\nseed_score\x18\x03 \x01(\x01\x12*\n\tseed_eval\x18\x04 \x01(\x0b\x32\x17.aflowrl.v1.EvalSummary\"U\n\x0bStepRequest\x12\r\n\x05state\x18\x01 \x01(\x0c\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\'\n\x06values\x18\x03 \x01(\x0b\x32\x17.aflowrl.v1.StateValues\"\xc2\x03\n\x08StepInfo\x12\x14\n\x0cvalid_action\x18\x01 \x01(\x08\x12\x16\n\x0einvalid_reason\x18\x02 \x01(\t\x12\x18\n\x10\x63\x61nonical_action\x18\x03 \x01(\t\x12\x14\n\x0cparent_score\x18\x04 \x01(\x01\x12\x13\n\x0b\x63hild_score\x18\x05 \x01(\x01\x12\x12\n\nbest_score\x18\x06 \x01(\x01\x12\x12\n\nchild_hash\x18\x07 \x01(\t\x12\x11\n\tduplicate\x18\x08 \x01(\x08\x12\x16\n\x0e\x65xecutor_calls\x18\t \x01(\x03\x12\x12\n\ncache_hits\x18\n \x01(\x03\x12\x10\n\x08\x63ost_usd\x18\x0b \x01(\x01\x12\x12\n\ncost_known\x18\x0c \x01(\x08\x12\x12\n\nstep_index\x18\r \x01(\x05\x12\x15\n\rprompt_tokens\x18\x0e \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x0f \x01(\x03\x12\x1b\n\x13\x63hild_workflow_json\x18\x10 \x01(\t\x12\x13\n\x0b\x64one_reason\x18\x11 \x01(\t\x12\x11\n\tbest_gain\x18\x12 \x01(\x01\x12\x11\n\tresampled\x18\x13 \x01(\x08\x12\x18\n\x10resampled_reward\x18\x14 \x01(\x01\"\x8d\x01\n\x0cStepResponse\x12\r\n\x05state\x18\x01 \x01(\x0c\x12,\n\x0bobservation\x18\x02 \x01(\x0b\x32\x17.aflowrl.v1.Observation\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12\"\n\x04info\x18\x05 \x01(\x0b\x32\x14.aflowrl.v1.StepInfo\"/\n\x0eProjectRequest\x12\r\n\x05state\x18\x01 \x01(\x0c\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\"m\n\x0fProjectResponse\x12\x14\n\x0cvalid_action\x18\x01 \x01(\x08\x12\x16\n\x0einvalid_reason\x18\x02 \x01(\t\x12\x18\n\x10\x63\x61nonical_action\x18\x03 \x01(\t\x12\x12\n\nchild_hash\x18\x04 \x01(\t\"~\n\x0f\x45valuateRequest\x12\x15\n\rworkflow_json\x18\x01 \x01(\t\x12\x11\n\tbenchmark\x18\x02 \x01(\t\x12\r\n\x05split\x18\x03 \x01(\t\x12\x13\n\x0bproblem_ids\x18\x04 \x03(\t\x12\x0f\n\x07repeats\x18\x05 \x01(\x05\x12\x0c\n\x04seed\x18\x06 \x01(\x04\"2\n\x0cProblemScore\x12\x12\n\nproblem_id\x18\x01 \x01(\t\x12\x0e\n\x06scores\x18\x02 \x03(\x01\"\xa3\x01\n\x0b\x45valSummary\x12\x0c\n\x04mean\x18\x01 \x01(\x01\x12\x0b\n\x03std\x18\x02 \x01(\x01\x12\x14\n\x0cnum_problems\x18\x03 \x01(\x05\x12\x10\n\x08\x63ost_usd\x18\x04 \x01(\x01\x12\x12\n\ncost_known\x18\x05 \x01(\x08\x12\x16\n\x0e\x65xecutor_calls\x18\x06 \x01(\x03\x12\x12\n\ncache_hits\x18\x07 \x01(\x03\x12\x11\n\tlatency_s\x18\x08 \x01(\x01\"\x7f\n\x10\x45valuateResponse\x12(\n\x07summary\x18\x01 \x01(\x0b\x32\x17.aflowrl.v1.EvalSummary\x12*\n\x08problems\x18\x02 \x03(\x0b\x32\x18.aflowrl.v1.ProblemScore\x12\x15\n\rworkflow_hash\x18\x03 \x01(\t\"\x10\n\x0e\x45nvInfoRequest\"\xa0\x01\n\x0f\x45nvInfoResponse\x12(\n\x07service\x18\x01 \x01(\x0b\x32\x17.aflowrl.v1.ServiceInfo\x12\r\n\x05tasks\x18\x02 \x03(\t\x12\x13\n\x0b\x65xecutor_id\x18\x03 \x01(\t\x12\x15\n\rcache_entries\x18\x04 \x01(\x03\x12\x12\n\ncache_hits\x18\x05 \x01(\x03\x12\x14\n\x0c\x63\x61\x63he_misses\x18\x06 \x01(\x03*q\n\nActionMode\x12\x1b\n\x17\x41\x43TION_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41\x43TION_MODE_CHOICE\x10\x01\x12\x14\n\x10\x41\x43TION_MODE_TEXT\x10\x02\x12\x18\n\x14\x41\x43TION_MODE_FREEFORM\x10\x03*\x91\x01\n\x0bProblemPool\x12\x1c\n\x18PROBLEM_POOL_UNSPECIFIED\x10\x00\x12\x19\n\x15PROBLEM_POOL_TRAINING\x10\x01\x12\x17\n\x13PROBLEM_POOL_TUNING\x10\x02\x12\x19\n\x15PROBLEM_POOL_HELD_OUT\x10\x03\x12\x15\n\x11PROBLEM_POOL_TEST\x10\x04\x32\xd9\x02\n\x12\x45nvironmentService\x12<\n\x05Reset\x12\x18.aflowrl.v1.ResetRequest\x1a\x19.aflowrl.v1.ResetResponse\x12\x39\n\x04Step\x12\x17.aflowrl.v1.StepRequest\x1a\x18.aflowrl.v1.StepResponse\x12\x42\n\x07Project\x12\x1a.aflowrl.v1.ProjectRequest\x1a\x1b.aflowrl.v1.ProjectResponse\x12\x45\n\x08\x45valuate\x12\x1b.aflowrl.v1.EvaluateRequest\x1a\x1c.aflowrl.v1.EvaluateResponse\x12?\n\x04Info\x12\x1a.aflowrl.v1.EnvInfoRequest\x1a\x1b.aflowrl.v1.EnvInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STATEVALUES_VALUESENTRY']._loaded_options = None
   _globals['_STATEVALUES_VALUESENTRY']._serialized_options = b'8\001'
-  _globals['_ACTIONMODE']._serialized_start=2152
-  _globals['_ACTIONMODE']._serialized_end=2265
-  _globals['_PROBLEMPOOL']._serialized_start=2267
-  _globals['_PROBLEMPOOL']._serialized_end=2389
+  _globals['_ACTIONMODE']._serialized_start=2197
+  _globals['_ACTIONMODE']._serialized_end=2310
+  _globals['_PROBLEMPOOL']._serialized_start=2313
+  _globals['_PROBLEMPOOL']._serialized_end=2458
   _globals['_RESETREQUEST']._serialized_start=70
   _globals['_RESETREQUEST']._serialized_end=312
   _globals['_STATEVALUES']._serialized_start=315
@@ -52,25 +52,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STEPREQUEST']._serialized_start=697
   _globals['_STEPREQUEST']._serialized_end=782
   _globals['_STEPINFO']._serialized_start=785
-  _globals['_STEPINFO']._serialized_end=1190
-  _globals['_STEPRESPONSE']._serialized_start=1193
-  _globals['_STEPRESPONSE']._serialized_end=1334
-  _globals['_PROJECTREQUEST']._serialized_start=1336
-  _globals['_PROJECTREQUEST']._serialized_end=1383
-  _globals['_PROJECTRESPONSE']._serialized_start=1385
-  _globals['_PROJECTRESPONSE']._serialized_end=1494
-  _globals['_EVALUATEREQUEST']._serialized_start=1496
-  _globals['_EVALUATEREQUEST']._serialized_end=1622
-  _globals['_PROBLEMSCORE']._serialized_start=1624
-  _globals['_PROBLEMSCORE']._serialized_end=1674
-  _globals['_EVALSUMMARY']._serialized_start=1677
-  _globals['_EVALSUMMARY']._serialized_end=1840
-  _globals['_EVALUATERESPONSE']._serialized_start=1842
-  _globals['_EVALUATERESPONSE']._serialized_end=1969
-  _globals['_ENVINFOREQUEST']._serialized_start=1971
-  _globals['_ENVINFOREQUEST']._serialized_end=1987
-  _globals['_ENVINFORESPONSE']._serialized_start=1990
-  _globals['_ENVINFORESPONSE']._serialized_end=2150
-  _globals['_ENVIRONMENTSERVICE']._serialized_start=2392
-  _globals['_ENVIRONMENTSERVICE']._serialized_end=2737
+  _globals['_STEPINFO']._serialized_end=1235
+  _globals['_STEPRESPONSE']._serialized_start=1238
+  _globals['_STEPRESPONSE']._serialized_end=1379
+  _globals['_PROJECTREQUEST']._serialized_start=1381
+  _globals['_PROJECTREQUEST']._serialized_end=1428
+  _globals['_PROJECTRESPONSE']._serialized_start=1430
+  _globals['_PROJECTRESPONSE']._serialized_end=1539
+  _globals['_EVALUATEREQUEST']._serialized_start=1541
+  _globals['_EVALUATEREQUEST']._serialized_end=1667
+  _globals['_PROBLEMSCORE']._serialized_start=1669
+  _globals['_PROBLEMSCORE']._serialized_end=1719
+  _globals['_EVALSUMMARY']._serialized_start=1722
+  _globals['_EVALSUMMARY']._serialized_end=1885
+  _globals['_EVALUATERESPONSE']._serialized_start=1887
+  _globals['_EVALUATERESPONSE']._serialized_end=2014
+  _globals['_ENVINFOREQUEST']._serialized_start=2016
+  _globals['_ENVINFOREQUEST']._serialized_end=2032
+  _globals['_ENVINFORESPONSE']._serialized_start=2035
+  _globals['_ENVINFORESPONSE']._serialized_end=2195
+  _globals['_ENVIRONMENTSERVICE']._serialized_start=2461
+  _globals['_ENVIRONMENTSERVICE']._serialized_end=2806
 # @@protoc_insertion_point(module_scope)

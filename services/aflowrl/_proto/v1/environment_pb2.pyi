@@ -70,6 +70,10 @@ class _ProblemPoolEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ProblemPo
     PROBLEM_POOL_TRAINING: _ProblemPool.ValueType  # 1
     PROBLEM_POOL_TUNING: _ProblemPool.ValueType  # 2
     PROBLEM_POOL_HELD_OUT: _ProblemPool.ValueType  # 3
+    PROBLEM_POOL_TEST: _ProblemPool.ValueType  # 4
+    """The benchmark's test split in disjoint chunks: task seeds that differ by less than
+    floor(test problems / episode problems) share no problem (evaluation only).
+    """
 
 class ProblemPool(_ProblemPool, metaclass=_ProblemPoolEnumTypeWrapper):
     """Disjoint pools of a benchmark's problems (environment.evaluation.pools): training tasks draw
@@ -83,6 +87,10 @@ PROBLEM_POOL_UNSPECIFIED: ProblemPool.ValueType  # 0
 PROBLEM_POOL_TRAINING: ProblemPool.ValueType  # 1
 PROBLEM_POOL_TUNING: ProblemPool.ValueType  # 2
 PROBLEM_POOL_HELD_OUT: ProblemPool.ValueType  # 3
+PROBLEM_POOL_TEST: ProblemPool.ValueType  # 4
+"""The benchmark's test split in disjoint chunks: task seeds that differ by less than
+floor(test problems / episode problems) share no problem (evaluation only).
+"""
 Global___ProblemPool: _TypeAlias = ProblemPool  # noqa: Y015
 
 @_typing.final
@@ -329,6 +337,8 @@ class StepInfo(_message.Message):
     CHILD_WORKFLOW_JSON_FIELD_NUMBER: _builtins.int
     DONE_REASON_FIELD_NUMBER: _builtins.int
     BEST_GAIN_FIELD_NUMBER: _builtins.int
+    RESAMPLED_FIELD_NUMBER: _builtins.int
+    RESAMPLED_REWARD_FIELD_NUMBER: _builtins.int
     valid_action: _builtins.bool
     """Whether the action was projected onto an admissible action."""
     invalid_reason: _builtins.str
@@ -366,6 +376,11 @@ class StepInfo(_message.Message):
     """The episode's best-gain after this step: the best score among the workflows it added minus
     the seed's (0 while it added none; duplicates add none).
     """
+    resampled: _builtins.bool
+    """Reward noise (environment.evaluation.resampleFraction): for that share of new children the
+    same reward measured again on executor samples R..2R-1 of the same problems.
+    """
+    resampled_reward: _builtins.float
     def __init__(
         self,
         *,
@@ -387,10 +402,12 @@ class StepInfo(_message.Message):
         child_workflow_json: _builtins.str = ...,
         done_reason: _builtins.str = ...,
         best_gain: _builtins.float = ...,
+        resampled: _builtins.bool = ...,
+        resampled_reward: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["best_gain", b"best_gain", "best_score", b"best_score", "cache_hits", b"cache_hits", "canonical_action", b"canonical_action", "child_hash", b"child_hash", "child_score", b"child_score", "child_workflow_json", b"child_workflow_json", "completion_tokens", b"completion_tokens", "cost_known", b"cost_known", "cost_usd", b"cost_usd", "done_reason", b"done_reason", "duplicate", b"duplicate", "executor_calls", b"executor_calls", "invalid_reason", b"invalid_reason", "parent_score", b"parent_score", "prompt_tokens", b"prompt_tokens", "step_index", b"step_index", "valid_action", b"valid_action"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["best_gain", b"best_gain", "best_score", b"best_score", "cache_hits", b"cache_hits", "canonical_action", b"canonical_action", "child_hash", b"child_hash", "child_score", b"child_score", "child_workflow_json", b"child_workflow_json", "completion_tokens", b"completion_tokens", "cost_known", b"cost_known", "cost_usd", b"cost_usd", "done_reason", b"done_reason", "duplicate", b"duplicate", "executor_calls", b"executor_calls", "invalid_reason", b"invalid_reason", "parent_score", b"parent_score", "prompt_tokens", b"prompt_tokens", "resampled", b"resampled", "resampled_reward", b"resampled_reward", "step_index", b"step_index", "valid_action", b"valid_action"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
