@@ -423,6 +423,19 @@ REASON_MEANING: dict[str, str] = {
     "not installed.",
     "NotQueued": "The run has no Kueue queue label (Admitted=True).",
     "Queued": "The run waits for Kueue to admit its Workload.",
+    "Forbidden": "The operator's ServiceAccount may not make a call the run needs (the message "
+    "names the verb and the object); the rest of the pass still ran. Grant it (the chart's "
+    "RBAC) or switch off the feature that needs it.",
+    "PlacementFailed": "Kueue admitted the run, but its ResourceFlavor could not be read or its "
+    "node labels contradict a pod set's nodeSelector; the run stays suspended (fails closed).",
+    "QueueNameImmutable": "The run's kueue.x-k8s.io/queue-name label changed while it holds "
+    "quota or has pods; the operator keeps it on its queue. Suspend the run to move it.",
+    "LocalQueueMissing": "The LocalQueue the run names does not exist in its namespace; the run "
+    "stays queued until it does.",
+    "MultiKueueUnsupported": "The run's ClusterQueue dispatches through MultiKueue, which has no "
+    "adapter for TrainingRuns; queue it on a ClusterQueue without MultiKueue.",
+    "NoQueueName": "With manageJobsWithoutQueueName, a run that names no LocalQueue is held "
+    "until it names one (Admitted=False).",
     "RdmaUnavailable": "A pod asked for RDMA devices (`resources.rdma`) and found none under "
     "/dev/infiniband.",
     "ReplicasUnavailable": "A component that was ready has lost replicas.",

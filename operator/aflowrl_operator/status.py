@@ -67,6 +67,11 @@ _DEGRADED_PRIORITY = (
     "MultiNodeUnavailable",
     "RdmaUnavailable",
     "Unschedulable",
+    # Kueue (aflowrl_operator.kueue): the run is held, not broken.
+    "PlacementFailed",
+    "QueueNameImmutable",
+    "LocalQueueMissing",
+    "MultiKueueUnsupported",
     *_BAD_WAITING,
     "ReplicasUnavailable",
 )
