@@ -1,10 +1,12 @@
 """Two operator replicas against one emulated API server, electing a leader with a
 ``coordination.k8s.io/v1`` Lease (the chart's RBAC enforced): only the holder writes, each
-write that must happen once happens once over a whole run (queued, admitted, suspended,
-resumed, finished, deleted), and the other replica takes over when the leader stops or dies."""
+write that must happen once happens once over a whole run (queued, admitted, evicted,
+readmitted, suspended, resumed, finished, deleted), quota is held exactly while the run's pods
+exist, and the other replica takes over when the leader stops or dies."""
 
 from __future__ import annotations
 
+import copy
 import datetime
 from collections.abc import AsyncIterator
 from typing import Any
@@ -98,6 +100,54 @@ async def test_two_operators_make_each_once_only_write_once_over_a_whole_run(
         await cluster.emulator.play_controller(resource, NAMESPACE, name)
     await cluster.wait_condition("demo", "Ready", status="True")
 
+    async def leader_passes(more: int = 3) -> None:
+        target = lead.passes() + more
+        await cluster.eventually(lambda: lead.passes() >= target, what="passes of the leader")
+
+    def holds_quota() -> bool:
+        return "admission" in (cluster.child(WORKLOADS, "demo-kueue").get("status") or {})
+
+    # Evicted by Kueue (preempted): the run is held, its pods terminate within their grace, and
+    # the quota is given back only once the last of them is gone; then Kueue readmits it.
+    evicted = copy.deepcopy(admitted)
+    evicted["conditions"].append(
+        {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "preempted"}
+    )
+    await cluster.emulator.set_status(WORKLOADS, NAMESPACE, "demo-kueue", evicted)
+    await cluster.eventually(
+        lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True, what="held"
+    )
+    await cluster.eventually(
+        lambda: cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0,
+        what="scaled to zero",
+    )
+    for resource, name in (
+        (DEPLOYMENTS, "demo-rollout"),
+        (STATEFULSETS, "demo-learner"),
+        (DEPLOYMENTS, "demo-env"),
+        (JOBS, "demo-trainer"),
+    ):
+        await cluster.emulator.play_controller(resource, NAMESPACE, name)
+    assert any(
+        p["metadata"].get("deletionTimestamp") for p in cluster.emulator.all("v1/pods", NAMESPACE)
+    ), "no pod is terminating: the check below would prove nothing"
+    await leader_passes()
+    assert holds_quota(), "quota released while the run's pods were terminating"
+    await cluster.emulator.finish_termination(NAMESPACE)
+    await cluster.eventually(lambda: not holds_quota(), what="the quota given back")
+    await cluster.emulator.set_status(WORKLOADS, NAMESPACE, "demo-kueue", admitted)
+    await cluster.eventually(
+        lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is False, what="readmitted"
+    )
+    for resource, name in (
+        (DEPLOYMENTS, "demo-rollout"),
+        (STATEFULSETS, "demo-learner"),
+        (DEPLOYMENTS, "demo-env"),
+        (JOBS, "demo-trainer"),
+    ):
+        await cluster.emulator.play_controller(resource, NAMESPACE, name)
+    await cluster.wait_condition("demo", "Ready", status="True")
+
     # Suspended and resumed by the user.
     await cluster.patch_spec("demo", {"suspend": True})
     await cluster.eventually(
@@ -138,6 +188,7 @@ async def test_two_operators_make_each_once_only_write_once_over_a_whole_run(
     reporters = {e.get("reportingInstance") for e in cluster.emulator.all("v1/events", NAMESPACE)}
     assert reporters == {lead.config.identity}  # every Event, once, from the leader
     assert _actions(cluster, "created Job demo-trainer") == 1
+    assert _actions(cluster, "released Workload demo-kueue") == 1  # once, after the eviction
     assert _actions(cluster, "deactivated Workload demo-kueue") == 1
     assert _actions(cluster, "activated Workload demo-kueue") == 1
     assert _actions(cluster, "finished Workload demo-kueue") == 1
