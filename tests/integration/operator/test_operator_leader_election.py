@@ -54,6 +54,18 @@ def _cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     return next((c for c in conditions if c["type"] == type_), {})
 
 
+async def _play_controllers(cluster: Cluster) -> None:
+    """The Deployment, StatefulSet and Job controllers catch up with the run's children: pods
+    started where replicas are wanted, surplus (or a suspended Job's) pods terminating."""
+    for resource, name in (
+        (DEPLOYMENTS, "demo-rollout"),
+        (STATEFULSETS, "demo-learner"),
+        (DEPLOYMENTS, "demo-env"),
+        (JOBS, "demo-trainer"),
+    ):
+        await cluster.emulator.play_controller(resource, NAMESPACE, name)
+
+
 @pytest.fixture()
 async def bare_cluster() -> AsyncIterator[Cluster]:
     """The emulated cluster enforcing the chart's RBAC, without an operator."""
@@ -91,13 +103,7 @@ async def test_two_operators_make_each_once_only_write_once_over_a_whole_run(
     await cluster.eventually(
         lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is False, what="admitted"
     )
-    for resource, name in (
-        (DEPLOYMENTS, "demo-rollout"),
-        (STATEFULSETS, "demo-learner"),
-        (DEPLOYMENTS, "demo-env"),
-        (JOBS, "demo-trainer"),
-    ):
-        await cluster.emulator.play_controller(resource, NAMESPACE, name)
+    await _play_controllers(cluster)
     await cluster.wait_condition("demo", "Ready", status="True")
 
     async def leader_passes(more: int = 3) -> None:
@@ -121,13 +127,7 @@ async def test_two_operators_make_each_once_only_write_once_over_a_whole_run(
         lambda: cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0,
         what="scaled to zero",
     )
-    for resource, name in (
-        (DEPLOYMENTS, "demo-rollout"),
-        (STATEFULSETS, "demo-learner"),
-        (DEPLOYMENTS, "demo-env"),
-        (JOBS, "demo-trainer"),
-    ):
-        await cluster.emulator.play_controller(resource, NAMESPACE, name)
+    await _play_controllers(cluster)
     assert any(
         p["metadata"].get("deletionTimestamp") for p in cluster.emulator.all("v1/pods", NAMESPACE)
     ), "no pod is terminating: the check below would prove nothing"
@@ -139,13 +139,7 @@ async def test_two_operators_make_each_once_only_write_once_over_a_whole_run(
     await cluster.eventually(
         lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is False, what="readmitted"
     )
-    for resource, name in (
-        (DEPLOYMENTS, "demo-rollout"),
-        (STATEFULSETS, "demo-learner"),
-        (DEPLOYMENTS, "demo-env"),
-        (JOBS, "demo-trainer"),
-    ):
-        await cluster.emulator.play_controller(resource, NAMESPACE, name)
+    await _play_controllers(cluster)
     await cluster.wait_condition("demo", "Ready", status="True")
 
     # Suspended and resumed by the user.
