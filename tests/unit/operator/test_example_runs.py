@@ -4,6 +4,7 @@ object the operator builds from them is valid Kubernetes."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import kubernetes_validate
@@ -99,16 +100,22 @@ def test_the_gang_example_groups_every_gpu_pod():
     assert spec.learner.resources.rdma == 1 and spec.environment.pod.runtime_class_name
 
 
-def _readme_runs() -> list[dict]:
-    text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    section = text.split("## Kubernetes\n", 1)[1].split("\n## ", 1)[0]
-    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
-    return [doc for doc in map(yaml.safe_load, blocks) if doc.get("kind") == "TrainingRun"]
+def _documented_runs() -> list[dict]:
+    """Every TrainingRun written out whole in README.md and the docs' pages."""
+    root = Path(__file__).resolve().parents[3]
+    runs = []
+    for page in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        for block in re.findall(r"```yaml\n(.*?)```", page.read_text(), flags=re.S):
+            for doc in yaml.safe_load_all(block):
+                if isinstance(doc, dict) and doc.get("kind") == "TrainingRun":
+                    runs.append(doc)
+    return runs
 
 
-def test_the_readme_shows_kueue_and_gang_runs_that_validate():
-    runs = _readme_runs()
-    assert any("kueue.x-k8s.io/queue-name" in r["metadata"].get("labels", {}) for r in runs)
+def test_the_docs_show_kueue_and_gang_runs_that_validate():
+    documented = _documented_runs()
+    assert any("kueue.x-k8s.io/queue-name" in r["metadata"].get("labels", {}) for r in documented)
+    runs = [r for r in documented if isinstance(r.get("spec"), dict)]  # not "spec: ..." excerpts
     assert any("gang" in r["spec"].get("scheduling", {}) for r in runs)
     for doc in runs:
         assert admit(doc) == set()
