@@ -93,6 +93,9 @@ class Learner:
         self._groups_lock = threading.Lock()
         """Guards ``group_store``, ``weight_groups`` and ``forming``: groups form on threads of
         their own while the command thread broadcasts on (and closes) the formed ones."""
+        self._finite_memo: tuple[tuple[tuple[int, int, int], ...], list[str]] | None = None
+        """The weights' state (storage and in-place versions per tensor) and its non-finite names
+        (:meth:`_nonfinite_local`)."""
 
     # ---- scoring ---------------------------------------------------------------------------------
 
@@ -320,6 +323,7 @@ class Learner:
         totals = all_reduce_sum(ctx, stats.to(ctx.device)).cpu() / max(1, steps_taken)
         self.state.policy_version += 1
         self.state.iteration = iteration
+        self._nonfinite_local()  # the next push / broadcast / export finds it done
         seconds = time.perf_counter() - started
         tokens = epochs * sum(_forward_tokens(r.item) for r in rows)
         metrics = {name: float(v) for name, v in zip(STAT_NAMES, totals.tolist(), strict=True)}
@@ -487,7 +491,7 @@ class Learner:
         replica and no export is ever poisoned. One fused pass over this rank's shards on
         their own device (:func:`~aflowrl.models.weights.nonfinite_names`), one sum over the
         ranks."""
-        bad = weights.nonfinite_names((n, _local(t)) for n, t in self._named())
+        bad = self._nonfinite_local()
         count = torch.tensor([float(len(bad))], dtype=torch.float64, device=self.ctx.device)
         if int(all_reduce_sum(self.ctx, count).item()) == 0:
             return
@@ -498,6 +502,24 @@ class Learner:
             "previous weights. Restart the run from a checkpoint taken before it diverged, "
             "with a lower learning rate or tighter clipping"
         )
+
+    def _nonfinite_local(self) -> list[str]:
+        """This rank's non-finite tensors (:meth:`check_finite`'s local half), computed once per
+        state of the weights: a push, a broadcast and an export of one version share one pass,
+        and the pass :meth:`train` makes after its optimizer steps takes it off every transfer's
+        critical path. The state is each local tensor's storage and in-place version counter
+        (bumped by every in-place write, the optimizer's and a checkpoint load's included), so
+        a write that changes no policy version is still seen."""
+        named = list(self._named())
+        local = [(n, _local(t)) for n, t in named]
+        # A DTensor counts the writes made through it, its local shard those made to it.
+        key = tuple(
+            (s.data_ptr(), t._version, s._version)
+            for (_, t), (_, s) in zip(named, local, strict=True)
+        )
+        if self._finite_memo is None or self._finite_memo[0] != key:
+            self._finite_memo = (key, weights.nonfinite_names(local))
+        return self._finite_memo[1]
 
     def export(self, path: str | None, dtype: str | None) -> tuple[str, int]:
         """Write the policy as an HF safetensors directory; "" or None = the transport's path.

@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import mmap
 import os
 import shutil
@@ -291,46 +292,68 @@ def unpack_bucket(
 # ---- verification -----------------------------------------------------------------------------
 
 
+def _sum_probe(tensor: torch.Tensor) -> torch.Tensor:
+    """A 0-d tensor, on ``tensor``'s device, finite whenever every element of ``tensor`` is:
+    its sum (a NaN propagates; an infinity makes the sum infinite or NaN), accumulated in
+    float32 at least so that half-precision weights do not overflow it.
+
+    The converse does not hold (finite elements can overflow a sum), so a non-finite probe is
+    settled by :func:`_exactly_finite`. A sum reads the tensor once with one accumulator
+    (about 2.5x faster than ``aminmax`` on a CPU, memory-bound on a GPU).
+    """
+    wide = tensor.dtype if tensor.element_size() > 4 else torch.float32
+    try:
+        return tensor.detach().sum(dtype=wide)
+    except (RuntimeError, NotImplementedError):  # a dtype sum lacks (float8)
+        return tensor.detach().float().sum()
+
+
+def _exactly_finite(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds no NaN and no infinity, element by element: ``aminmax``
+    propagates a NaN, and an infinity is an extreme (no temporary the tensor's size, unlike
+    ``isfinite(t).all()``)."""
+    data = tensor.detach()
+    try:
+        low, high = torch.aminmax(data)
+    except (RuntimeError, NotImplementedError):  # a dtype aminmax lacks (float8)
+        return bool(torch.isfinite(data.float()).all())
+    return bool(torch.isfinite(low) & torch.isfinite(high))
+
+
 def all_finite(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` holds no NaN and no infinity (True for integer tensors).
 
-    One reduction on the tensor's own device, with no temporary the tensor's size:
-    ``aminmax`` propagates a NaN, and an infinity is an extreme. About ten times faster than
-    ``isfinite(t).all()`` on a CPU (which writes a bool per element first): this check runs on
-    every bucket a learner sends and every update a replica receives.
+    One sum on the tensor's own device (:func:`_sum_probe`), and the exact check only when the
+    sum is not finite: this runs on every bucket a learner sends and every tensor a replica
+    receives.
     """
     if not tensor.is_floating_point() or not tensor.numel():
         return True
-    try:
-        low, high = torch.aminmax(tensor)
-    except (RuntimeError, NotImplementedError):  # a dtype aminmax lacks (float8)
-        return bool(torch.isfinite(tensor.float()).all())
-    return bool(torch.isfinite(low) & torch.isfinite(high))
+    return math.isfinite(float(_sum_probe(tensor))) or _exactly_finite(tensor)
 
 
 def nonfinite_names(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
     """The names of the floating tensors holding a NaN or an infinity.
 
-    Fused: one ``aminmax`` per tensor on its own device, the extremes stacked, and one
+    Fused: one sum per tensor on its own device (:func:`_sum_probe`), the sums stacked, and one
     transfer to the host per device for all of them (a learner checks its whole model before
-    any byte leaves it; checked one by one, a GPU would synchronise once per tensor).
+    any byte leaves it; checked one by one, a GPU would synchronise once per tensor); a tensor
+    whose sum is not finite is then checked exactly.
     """
-    by_device: dict[torch.device, tuple[list[str], list[torch.Tensor]]] = {}
+    by_device: dict[torch.device, tuple[list[tuple[str, torch.Tensor]], list[torch.Tensor]]] = {}
     for name, tensor in tensors:
         if not tensor.is_floating_point() or not tensor.numel():
             continue
-        data = tensor.detach()
-        try:
-            pair = torch.stack(torch.aminmax(data)).float()
-        except (RuntimeError, NotImplementedError):  # a dtype aminmax lacks (float8)
-            pair = torch.stack(torch.aminmax(data.float()))
-        names, pairs = by_device.setdefault(pair.device, ([], []))
-        names.append(name)
-        pairs.append(pair)
+        probe = _sum_probe(tensor).float()
+        named, probes = by_device.setdefault(probe.device, ([], []))
+        named.append((name, tensor))
+        probes.append(probe)
     bad: list[str] = []
-    for names, pairs in by_device.values():
-        finite = torch.isfinite(torch.stack(pairs)).all(dim=1).cpu().tolist()
-        bad += [n for n, ok in zip(names, finite, strict=True) if not ok]
+    for named, probes in by_device.values():
+        finite = torch.isfinite(torch.stack(probes)).cpu().tolist()
+        bad += [
+            n for (n, t), ok in zip(named, finite, strict=True) if not ok and not _exactly_finite(t)
+        ]
     return bad
 
 

@@ -5,7 +5,7 @@ A NaN in one weight: the export writes nothing, a push never reaches its sink, a
 sends its weight group a header that says "refused" (the receiver raises NonFiniteWeightsError
 before loading anything); each raises PolicyDivergedError (DATA_LOSS on the wire, a permanent
 error the trainer stops on). Once the weights are finite again, the same group takes a whole
-version: the refusal left it usable.
+version: the refusal left it usable. A write after a passing check is seen by the next push.
 """
 
 from __future__ import annotations
@@ -118,6 +118,20 @@ def _case(tmp: str, port: int) -> dict[str, Any]:
     out["after"] = type(received[1]).__name__ if len(received) > 1 else None
     out["broken"] = dict(result.broken)
     out["events"] = events
+
+    # The check is made once per state of the weights: a write after a passing check (no
+    # training step, no new version) is still seen by the next push.
+    Sink.called = False
+    learner.stream_weights(None, Sink())
+    out["clean_push_sent"] = Sink.called
+    Sink.called = False
+    with torch.no_grad():
+        param.view(-1)[5] = float("inf")
+    try:
+        learner.stream_weights(None, Sink())
+    except PolicyDivergedError as exc:
+        out["push_after_write"] = str(exc)
+    out["sink_called_after_write"] = Sink.called
     return out
 
 
@@ -153,6 +167,9 @@ def test_a_learner_with_nan_weights_refuses_to_export_push_or_broadcast_them(tmp
     assert out["broken"] == {}
     assert out["events"][0] == "start" and out["events"][-1] == "finish"
     assert "load" in out["events"]
+    assert out["clean_push_sent"] is True
+    assert "refusing to push them (PolicyDiverged)" in out["push_after_write"], out
+    assert out["sink_called_after_write"] is False
 
 
 def test_a_diverged_policy_is_data_loss_on_the_wire_and_permanent_for_the_trainer():

@@ -294,3 +294,29 @@ def test_the_spare_buffer_is_prepared_ahead_after_the_first_adoption():
     staging.adopted()  # serving from `spare`, `first` is the spare now
     staging.prepare()
     assert staging.take(3 * 4096 + 5) is first
+
+
+# ---- the finiteness checks (a sum first, the exact check only when the sum is not finite) --------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_all_finite_and_nonfinite_names_agree_with_isfinite_element_by_element(dtype):
+    gen = torch.Generator().manual_seed(0)
+    big = torch.finfo(dtype).max
+    cases = {
+        "plain": torch.randn(1000, generator=gen).to(dtype),
+        # Finite elements whose sum overflows: the sum alone would call them non-finite.
+        "overflowing_sum": torch.full((64,), big, dtype=dtype),
+        "opposite_extremes": torch.tensor([big, -big, big, big], dtype=dtype),
+        "nan": torch.tensor([1.0, float("nan"), 2.0]).to(dtype),
+        "pos_inf": torch.tensor([1.0, float("inf")]).to(dtype),
+        "neg_inf_last": torch.cat([torch.zeros(999), torch.tensor([float("-inf")])]).to(dtype),
+        "inf_minus_inf": torch.tensor([float("inf"), float("-inf")]).to(dtype),
+        "empty": torch.zeros(0, dtype=dtype),
+    }
+    for name, tensor in cases.items():
+        oracle = bool(torch.isfinite(tensor.double()).all())
+        assert weights.all_finite(tensor) is oracle, name
+    bad = weights.nonfinite_names(cases.items())
+    assert bad == [n for n, t in cases.items() if not bool(torch.isfinite(t.double()).all())]
+    assert weights.all_finite(torch.arange(5))  # integer tensors hold no NaN
