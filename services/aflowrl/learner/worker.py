@@ -511,7 +511,8 @@ class Learner:
         (bumped by every in-place write, the optimizer's and a checkpoint load's included), so
         a write that changes no policy version is still seen."""
         named = list(self._named())
-        local = [(n, _local(t)) for n, t in named]
+        with torch.no_grad():  # to_local() outside autograd: the shard itself, no view Function
+            local = [(n, _local(t)) for n, t in named]
         # A DTensor counts the writes made through it, its local shard those made to it.
         key = tuple(
             (s.data_ptr(), t._version, s._version)
