@@ -9,8 +9,8 @@ episode acts and steps on its own until done), and returns one :class:`EpisodeRe
 episode. Nothing is trained, no weights move, and nothing is written. Sampling is seeded by
 ``seed``, so the same call on the same weights gives the same episodes.
 
-Held-out tasks come from :func:`aflowrl.trainer.tasks.held_out_tasks` (task seeds training
-never draws); a benchmark of ``environment.heldOutBenchmarks`` is served by the environment but
+Held-out tasks come from :func:`aflowrl.trainer.tasks.run_held_out_tasks` (task seeds training
+never draws, problems of the held-out pool or of the test split); a benchmark of ``environment.heldOutBenchmarks`` is served by the environment but
 never trained on, so playing it measures transfer. :func:`summarize` and :func:`policy_table`
 aggregate the results per benchmark (mean ± standard error over episodes).
 
@@ -39,7 +39,7 @@ from aflowrl.trainer.clock import Timeline
 from aflowrl.trainer.collect import Collector, group_episodes, seed_workflows
 from aflowrl.trainer.final import aligned_table
 from aflowrl.trainer.rows import Episode, mean
-from aflowrl.trainer.tasks import Task, held_out_pool, held_out_tasks
+from aflowrl.trainer.tasks import Task, run_held_out_tasks
 from aflowrl.trainer.values import ValueTable
 
 MAX_EPISODES = 100_000
@@ -177,15 +177,11 @@ async def held_out_evaluation(
 ) -> list[EpisodeResult]:
     """The policy on held-out tasks of every benchmark the run serves (training and held-out):
     ``trainer.tasksPerIteration`` x ``trainer.groupSize`` tasks each (problems from the held-out
-    pool), one episode per task, seeded by ``trainer.seed`` (what every run ends with; one
+    pool, or from the test split: :func:`~aflowrl.trainer.tasks.run_held_out_tasks`), one
+    episode per task, seeded by ``trainer.seed`` (what every run ends with; one
     episode per task keeps the episodes independent, so standard errors over them are honest)."""
     trainer = spec.trainer
-    tasks = held_out_tasks(
-        spec.environment.served_benchmarks,
-        trainer.tasks_per_iteration * trainer.group_size,
-        seed=trainer.seed,
-        pool=held_out_pool(spec),
-    )
+    tasks = run_held_out_tasks(spec, trainer.tasks_per_iteration * trainer.group_size)
     return await evaluate_policy(
         spec, env, actor, tasks, episodes_per_task=1, seed=trainer.seed, values=values
     )
