@@ -10,8 +10,9 @@ episode. Nothing is trained, no weights move, and nothing is written. Sampling i
 ``seed``, so the same call on the same weights gives the same episodes.
 
 Held-out tasks come from :func:`aflowrl.trainer.tasks.run_held_out_tasks` (task seeds training
-never draws, problems of the held-out pool or of the test split); a benchmark of ``environment.heldOutBenchmarks`` is served by the environment but
-never trained on, so playing it measures transfer. :func:`summarize` and :func:`policy_table`
+never draws, problems of the held-out pool or of the test split); a benchmark of
+``environment.heldOutBenchmarks`` is served by the environment but never trained on, so playing
+it measures transfer. :func:`summarize` and :func:`policy_table`
 aggregate the results per benchmark (mean ± standard error over episodes).
 
 :func:`proposer_comparison` plays the trained policy (searching with its own values under
