@@ -332,21 +332,31 @@ def lead_sentence(
     trained: Sequence[EpisodeResult], start: Sequence[EpisodeResult], *, name: str = "policy"
 ) -> str | None:
     """One sentence on the trained policy's best-gain lead over the policy RL started from on the
-    same held-out tasks; without a lead, the room the seed workflow left there (1 - its mean
-    score), the most any proposer could gain. None when the two were not played alike."""
+    same held-out tasks (with its size in standard errors of the paired differences); without
+    a lead, the room the seed workflow left there (1 - its mean score), the most any proposer
+    could gain, and how much of it the policy RL started from already gained. None when the two
+    were not played alike."""
     if not trained or len(trained) != len(start):
         return None
-    lead = mean([a.best_gain - b.best_gain for a, b in zip(trained, start, strict=True)])
+    leads = [a.best_gain - b.best_gain for a, b in zip(trained, start, strict=True)]
+    lead, se = mean(leads), _standard_error(leads)
+    margin = "" if math.isnan(se) or se == 0 else f", {lead / se:+.1f} SE"
     if lead > 0:
         return (
             f"The trained {name} leads the {name} it started from by {lead:+.4f} best-gain "
-            f"on {len(trained)} held-out tasks."
+            f"({len(trained)} held-out tasks{margin})."
         )
     seed_score = mean([r.seed_score for r in trained])
+    room = (
+        f"the seed workflow already scores {seed_score:.3f} on their problems, leaving at most "
+        f"{1.0 - seed_score:.3f} to gain"
+    )
+    started = mean([r.best_gain for r in start])
+    if started > 0:
+        room += f", of which the {name} it started from already gains {started:+.4f}"
     return (
-        f"The trained {name} has no lead ({lead:+.4f}) over the {name} it started from on "
-        f"{len(trained)} held-out tasks: the seed workflow already scores {seed_score:.3f} on "
-        f"their problems, leaving at most {1.0 - seed_score:.3f} to gain."
+        f"The trained {name} has no lead ({lead:+.4f}{margin}) over the {name} it started "
+        f"from on {len(trained)} held-out tasks: {room}."
     )
 
 

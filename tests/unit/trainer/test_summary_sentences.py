@@ -63,6 +63,19 @@ def test_a_lead_is_reported_and_no_lead_names_the_room_the_seed_left():
     assert led is not None and "leads" in led and "+0.1250" in led
     level = lead_sentence([_episode(0.9167, 0.0)] * 2, [_episode(0.9167, 0.0)] * 2)
     assert level is not None and "no lead" in level and "0.917" in level and "0.083" in level
+    assert "already gains" not in level
+    behind = lead_sentence(
+        [_episode(0.8958, 0.0), _episode(0.8958, 0.0834)],
+        [_episode(0.8958, 0.0834), _episode(0.8958, 0.0)],
+    )
+    assert (
+        behind is not None and "no lead (+0.0000, +0.0 SE)" in behind and "0.104 to gain" in behind
+    )
+    assert "the policy it started from already gains +0.0417" in behind
+    noisy = lead_sentence(
+        [_episode(0.75, 0.25), _episode(0.75, 0.0), _episode(0.75, 0.1)], [_episode(0.75, 0.0)] * 3
+    )
+    assert noisy is not None and "+0.1167 best-gain (3 held-out tasks, +1.6 SE)" in noisy
 
 
 def test_policies_not_played_alike_get_no_sentence():
