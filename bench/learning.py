@@ -125,7 +125,7 @@ from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutCli
 from aflowrl.trainer.collect import PROBLEM_POOLS
 from aflowrl.trainer.evaluate import EpisodeResult, evaluate_policy, policy_actor
 from aflowrl.trainer.rows import Decision, Observed
-from aflowrl.trainer.tasks import Task, held_out_seed, held_out_tasks
+from aflowrl.trainer.tasks import Task, held_out_tasks, test_pool_tasks
 from aflowrl.trainer.values import ValueTable
 from aflowrl.trainer.weight_sync import make_weight_sync
 
@@ -465,7 +465,7 @@ def evaluation_tasks(
     tasks: list[Task] = []
     for name in benchmarks:
         if split == "eval" and name in TEST_SPLIT:
-            tasks += [Task(name, held_out_seed(namespace + k), "test") for k in range(count)]
+            tasks += test_pool_tasks(name, count, start=namespace)
         else:
             tasks += held_out_tasks([name], count, seed=namespace, pool=pool)
     return tasks

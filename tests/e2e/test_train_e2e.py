@@ -38,6 +38,7 @@ from aflowrl.search import encoding
 from aflowrl.trainer import app
 from aflowrl.trainer.acting import action_log_probs, prompt_of
 from aflowrl.trainer.clients import RolloutClient
+from aflowrl.trainer.tasks import is_held_out_seed
 
 pytestmark = pytest.mark.slow
 
@@ -48,11 +49,12 @@ learner:
   optimizer: {lr: 0.01}
   loss: {miniBatchSize: 8, microBatchSize: 8, klCoef: 0.01}
 environment:
-  evaluation: {maxProblems: 4, repeats: 1}
+  evaluation: {maxProblems: 4, repeats: 1, pools: {heldOutSplit: test}}
   search: {maxSteps: 2, maxAdmissibleActions: 6, maxObservationChars: 1500}
 trainer: {iterations: 3, tasksPerIteration: 2, groupSize: 2, checkpointEvery: 1}
 """
-"""A few small iterations: 2 tasks x 2 episodes x 2 steps, four problems per evaluation."""
+"""A few small iterations: 2 tasks x 2 episodes x 2 steps, four problems per evaluation; the
+held-out comparison at the end on chunks of the test split, as the embedded default's."""
 
 
 def _spec(run_dir: Path, **trainer) -> RunSpec:
@@ -145,6 +147,11 @@ async def test_a_short_training_through_real_services(tmp_path):
     assert "test score" in summary
     # the summary's sentences: the best workflow against the baselines, the policy's lead
     assert "In short: " in summary and "the policy it started from" in summary
+    # Both policies played the same held-out tasks: consecutive seeds (disjoint test chunks).
+    started = json.loads((tmp_path / "start_held_out.json").read_text())
+    seeds = [episode["seed"] for episode in started]
+    assert seeds == list(range(seeds[0], seeds[0] + 4)) and is_held_out_seed(seeds[0])
+    assert [e.seed for e in result.held_out] == seeds
     for log in ("env-0", "env-1", "rollout-0", "learner"):
         assert (tmp_path / "logs" / f"{log}.log").is_file()
     # The default experiment trackers: TensorBoard's events, and each iteration's search tree.

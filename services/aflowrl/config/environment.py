@@ -33,6 +33,9 @@ BenchmarkOrPreset = Literal["gsm8k", "math", "humaneval", "mbpp", "hotpotqa", "d
 NEEDS_DATA_DIR: frozenset[str] = frozenset({"gsm8k", "math", "mbpp", "hotpotqa", "drop"})
 """Benchmarks with no packaged copy: their split files must come from a data directory."""
 
+WITH_TEST_SPLIT: frozenset[str] = frozenset({"gsm8k", "math", "humaneval", "mbpp", "drop"})
+"""Benchmarks with a test split (AFlow ships none for HotpotQA)."""
+
 TaskWeight = Annotated[float, Field(gt=0.0, le=1_000_000.0)]
 """Relative weight of a benchmark when the trainer draws a group's task."""
 
@@ -241,6 +244,13 @@ class ProblemPoolsSpec(SpecModel):
     every problem, only their subsets differ from training tasks')."""
     tuning: float = Field(default=0.0, ge=0.0, le=0.9)
     """Share of each benchmark's problems kept for choosing settings (0: no tuning pool)."""
+    held_out_split: Literal["validate", "test"] = "validate"
+    """Where the held-out tasks a run ends with (the trained policy against the policy it
+    started from and the random proposer) take their problems: ``validate``, the held-out pool;
+    ``test``, disjoint chunks of the benchmark's test split, one per task (consecutive task
+    seeds, so no two tasks share a problem while tasks x ``maxProblems`` fit in the split).
+    A benchmark without a test split (HotpotQA) keeps the held-out pool; the warm start's
+    validation episodes always play it."""
 
     cel_rules = (
         CelRule(

@@ -9,9 +9,10 @@ episode acts and steps on its own until done), and returns one :class:`EpisodeRe
 episode. Nothing is trained, no weights move, and nothing is written. Sampling is seeded by
 ``seed``, so the same call on the same weights gives the same episodes.
 
-Held-out tasks come from :func:`aflowrl.trainer.tasks.held_out_tasks` (task seeds training
-never draws); a benchmark of ``environment.heldOutBenchmarks`` is served by the environment but
-never trained on, so playing it measures transfer. :func:`summarize` and :func:`policy_table`
+Held-out tasks come from :func:`aflowrl.trainer.tasks.run_held_out_tasks` (task seeds training
+never draws, problems of the held-out pool or of the test split); a benchmark of
+``environment.heldOutBenchmarks`` is served by the environment but never trained on, so playing
+it measures transfer. :func:`summarize` and :func:`policy_table`
 aggregate the results per benchmark (mean ± standard error over episodes).
 
 :func:`proposer_comparison` plays the trained policy (searching with its own values under
@@ -39,7 +40,7 @@ from aflowrl.trainer.clock import Timeline
 from aflowrl.trainer.collect import Collector, group_episodes, seed_workflows
 from aflowrl.trainer.final import aligned_table
 from aflowrl.trainer.rows import Episode, mean
-from aflowrl.trainer.tasks import Task, held_out_pool, held_out_tasks
+from aflowrl.trainer.tasks import Task, run_held_out_tasks
 from aflowrl.trainer.values import ValueTable
 
 MAX_EPISODES = 100_000
@@ -177,15 +178,11 @@ async def held_out_evaluation(
 ) -> list[EpisodeResult]:
     """The policy on held-out tasks of every benchmark the run serves (training and held-out):
     ``trainer.tasksPerIteration`` x ``trainer.groupSize`` tasks each (problems from the held-out
-    pool), one episode per task, seeded by ``trainer.seed`` (what every run ends with; one
+    pool, or from the test split: :func:`~aflowrl.trainer.tasks.run_held_out_tasks`), one
+    episode per task, seeded by ``trainer.seed`` (what every run ends with; one
     episode per task keeps the episodes independent, so standard errors over them are honest)."""
     trainer = spec.trainer
-    tasks = held_out_tasks(
-        spec.environment.served_benchmarks,
-        trainer.tasks_per_iteration * trainer.group_size,
-        seed=trainer.seed,
-        pool=held_out_pool(spec),
-    )
+    tasks = run_held_out_tasks(spec, trainer.tasks_per_iteration * trainer.group_size)
     return await evaluate_policy(
         spec, env, actor, tasks, episodes_per_task=1, seed=trainer.seed, values=values
     )
@@ -335,21 +332,31 @@ def lead_sentence(
     trained: Sequence[EpisodeResult], start: Sequence[EpisodeResult], *, name: str = "policy"
 ) -> str | None:
     """One sentence on the trained policy's best-gain lead over the policy RL started from on the
-    same held-out tasks; without a lead, the room the seed workflow left there (1 - its mean
-    score), the most any proposer could gain. None when the two were not played alike."""
+    same held-out tasks (with its size in standard errors of the paired differences); without
+    a lead, the room the seed workflow left there (1 - its mean score), the most any proposer
+    could gain, and how much of it the policy RL started from already gained. None when the two
+    were not played alike."""
     if not trained or len(trained) != len(start):
         return None
-    lead = mean([a.best_gain - b.best_gain for a, b in zip(trained, start, strict=True)])
+    leads = [a.best_gain - b.best_gain for a, b in zip(trained, start, strict=True)]
+    lead, se = mean(leads), _standard_error(leads)
+    margin = "" if math.isnan(se) or se == 0 else f", {lead / se:+.1f} SE"
     if lead > 0:
         return (
             f"The trained {name} leads the {name} it started from by {lead:+.4f} best-gain "
-            f"on {len(trained)} held-out tasks."
+            f"({len(trained)} held-out tasks{margin})."
         )
     seed_score = mean([r.seed_score for r in trained])
+    room = (
+        f"the seed workflow already scores {seed_score:.3f} on their problems, leaving at most "
+        f"{1.0 - seed_score:.3f} to gain"
+    )
+    started = mean([r.best_gain for r in start])
+    if started > 0:
+        room += f", of which the {name} it started from already gains {started:+.4f}"
     return (
-        f"The trained {name} has no lead ({lead:+.4f}) over the {name} it started from on "
-        f"{len(trained)} held-out tasks: the seed workflow already scores {seed_score:.3f} on "
-        f"their problems, leaving at most {1.0 - seed_score:.3f} to gain."
+        f"The trained {name} has no lead ({lead:+.4f}{margin}) over the {name} it started "
+        f"from on {len(trained)} held-out tasks: {room}."
     )
 
 

@@ -227,7 +227,9 @@ def final_table(
 def best_against_baselines(rows: Sequence[FinalRow]) -> str | None:
     """One sentence: the run's best workflow against the strongest classic baseline on the test
     split, and, when it does not lead, the validation scores it was chosen by (nothing is chosen
-    on test problems). None when the table has no best workflow or no baseline."""
+    on test problems): when no kept workflow scored above the strongest baseline on validation,
+    the sentence says so, since the choice could then not have found one that beats it. None
+    when the table has no best workflow or no baseline."""
     best = next((row for row in rows if row.name.startswith("best")), None)
     classic = [row for row in rows if row.name in library.CLASSIC]
     if best is None or not classic:
@@ -243,6 +245,17 @@ def best_against_baselines(rows: Sequence[FinalRow]) -> str | None:
     def validation(row: FinalRow) -> str:
         return "-" if row.validation_score is None else f"{row.validation_score:.3f}"
 
+    scored = [row for row in classic if row.validation_score is not None]
+    if best.validation_score is not None and scored:
+        rival = max(scored, key=lambda row: row.validation_score or 0.0)
+        if best.validation_score <= (rival.validation_score or 0.0):
+            # The best is the candidates' top on validation: no kept workflow beat the rival.
+            return (
+                f"The best workflow found ({best.test_mean:.3f}) does not beat {top.name} "
+                f"({top.test_mean:.3f}) {where}: no workflow the search kept scored above "
+                f"{rival.name} on the validation split it is chosen on ({validation(best)} "
+                f"against {validation(rival)})."
+            )
     return (
         f"The best workflow found ({best.test_mean:.3f}) does not beat {top.name} "
         f"({top.test_mean:.3f}) {where}: it was chosen on validation problems, where it scored "

@@ -21,7 +21,10 @@ which lies in [0, 2^31 - 1). Held-out task seeds (:func:`held_out_seed`) start a
 
 **Problem pools** (``environment.evaluation.pools``): training tasks draw their problems from
 the training pool, held-out tasks from the held-out pool (:func:`held_out_pool`: every problem
-when that pool's share is 0), so a held-out task shares no problem with any training task.
+when that pool's share is 0), so a held-out task shares no problem with any training task. With
+``pools.heldOutSplit: test`` the held-out tasks a run ends with (:func:`run_held_out_tasks`)
+take disjoint chunks of the test split instead (:func:`test_pool_tasks`), which no training or
+tuning task ever sees.
 
 Everything is a function of (spec, iteration), so a resumed run draws what an uninterrupted
 one would. Used by :mod:`aflowrl.trainer.collect` and :mod:`aflowrl.trainer.evaluate`.
@@ -37,7 +40,7 @@ from typing import Final
 import numpy as np
 
 from aflowrl.config import RunSpec
-from aflowrl.config.environment import PoolName
+from aflowrl.config.environment import WITH_TEST_SPLIT, PoolName
 from aflowrl.errors import InvalidInputError
 from aflowrl.seeding import SEED_MODULUS, derive_seed
 
@@ -138,6 +141,31 @@ def held_out_tasks(
         for name in benchmarks
         for k in range(count)
     ]
+
+
+def test_pool_tasks(benchmark: str, count: int, *, start: int) -> list[Task]:
+    """``count`` tasks of ``benchmark``'s test pool with the consecutive held-out seeds
+    ``start``, ``start + 1``, ...: disjoint chunks of its test split while ``count`` chunks fit
+    (:func:`aflowrl.workflow.evaluator.disjoint_chunk`)."""
+    return [Task(benchmark, held_out_seed(start + k), "test") for k in range(count)]
+
+
+def run_held_out_tasks(spec: RunSpec, count: int) -> list[Task]:
+    """The held-out tasks a run ends with: ``count`` per benchmark the run serves, from the
+    split ``environment.evaluation.pools.heldOutSplit`` names (a benchmark without a test split
+    keeps the held-out pool), derived from ``trainer.seed`` (the same tasks whatever policy
+    plays them: a paired comparison)."""
+    seed, pool = spec.trainer.seed, held_out_pool(spec)
+    on_test = spec.environment.evaluation.pools.held_out_split == "test"
+    tasks: list[Task] = []
+    for name in spec.environment.served_benchmarks:
+        if on_test and name in WITH_TEST_SPLIT:
+            # Below 2^30, so the consecutive seeds stay in the held-out range.
+            start = derive_seed(seed, "held-out-test", name) // 2
+            tasks += test_pool_tasks(name, count, start=start)
+        else:
+            tasks += held_out_tasks([name], count, seed=seed, pool=pool)
+    return tasks
 
 
 def validation_tasks(spec: RunSpec, count: int) -> list[Task]:

@@ -148,6 +148,41 @@ def test_training_and_held_out_tasks_draw_from_their_own_problem_pools():
         tasks.tuning_pool(spec)
 
 
+def test_a_run_ends_on_disjoint_test_chunks_when_its_held_out_split_is_test():
+    from aflowrl.benchmarks.base import Problem
+    from aflowrl.workflow.evaluator import disjoint_chunk
+
+    def spec(split: str) -> RunSpec:
+        return RunSpec.from_document(
+            {
+                "environment": {
+                    "data": {"dir": "/data"},
+                    "benchmarks": ["humaneval", "hotpotqa"],
+                    "evaluation": {"maxProblems": 12, "pools": {"heldOutSplit": split}},
+                },
+                "trainer": {"seed": 5},
+            }
+        )
+
+    on_validation = tasks.run_held_out_tasks(spec("validate"), 8)
+    assert on_validation == tasks.held_out_tasks(["humaneval", "hotpotqa"], 8, seed=5)
+    on_test = tasks.run_held_out_tasks(spec("test"), 8)
+    assert on_test == tasks.run_held_out_tasks(spec("test"), 8)  # paired across policies
+    humaneval = [t for t in on_test if t.benchmark == "humaneval"]
+    assert len(humaneval) == 8 and {t.pool for t in humaneval} == {"test"}
+    assert all(tasks.is_held_out_seed(t.seed) for t in humaneval)
+    problems = [Problem("humaneval", f"HumanEval/{i}", "q", "g") for i in range(131)]
+    chunks = [
+        {p.problem_id for p in disjoint_chunk(problems, 12, t.seed, benchmark="humaneval")}
+        for t in humaneval
+    ]
+    assert len(set().union(*chunks)) == 8 * 12  # no problem in two tasks
+    # HotpotQA has no test split: its tasks stay in the held-out validation pool.
+    assert [t for t in on_test if t.benchmark == "hotpotqa"] == tasks.held_out_tasks(
+        ["hotpotqa"], 8, seed=5
+    )
+
+
 def test_groups_start_from_the_seed_workflow_of_their_task_type():
     drawn = [tasks.Task("gsm8k", 1), tasks.Task("humaneval", 2)]
     episodes = group_episodes(drawn, 2, "it0")
