@@ -25,7 +25,19 @@ from kube_emulator import (
     RESOURCES,
     KubeEmulator,
 )
-from operator_harness import NAMESPACE, RESYNC_S, RUNS, Cluster, chart_denies
+from operator_harness import (
+    DEPLOYMENTS,
+    JOBS,
+    NAMESPACE,
+    PODS,
+    RESYNC_S,
+    RUNS,
+    SERVICES,
+    STATEFULSETS,
+    TINY,
+    Cluster,
+    chart_denies,
+)
 
 from aflowrl.common.run_status import RunStatusReporter
 from aflowrl.config import CONDITION_TYPES, ImageDefaults, RunSpec
@@ -37,14 +49,8 @@ pytestmark = pytest.mark.timeout(90)
 
 K8S_VERSION = "1.30.0"
 
-DEPLOYMENTS = "apps/v1/deployments"
-STATEFULSETS = "apps/v1/statefulsets"
-JOBS = "batch/v1/jobs"
-SERVICES = "v1/services"
 HPAS = "autoscaling/v2/horizontalpodautoscalers"
-PODS = "v1/pods"
 
-TINY: dict = {"environment": {"replicas": {"min": 2, "max": 4}}}
 
 FULL: dict = {
     "policy": {"model": "/models/Qwen2.5-7B-Instruct", "persistentVolumeClaim": "models"},
