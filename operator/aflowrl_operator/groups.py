@@ -253,12 +253,12 @@ def rollout(
 
     def template(leader: bool) -> JsonDict:
         if leader:
-            command = ["aflowrl", "serve", "rollout", "--spec", pods.SPEC_FILE]
+            command = ["aflowrl", "serve", "rollout", "-f", pods.SPEC_FILE]
             command += ["--host", "0.0.0.0"]
             ports = [("grpc", ro.port), ("metrics", metrics), ("group", GROUP_PORT)]
             probes = pods.grpc_probes(spec, ro.port, ready_service=pods.ROLLOUT_SERVICE)
         else:
-            command = ["aflowrl", "serve", "rollout-worker", "--spec", pods.SPEC_FILE]
+            command = ["aflowrl", "serve", "rollout-worker", "-f", pods.SPEC_FILE]
             ports, probes = [], leader_probes(GROUP_PORT)
         main = pods.container(
             spec,

@@ -133,7 +133,7 @@ def _grpc_service(
         spec,
         component,
         image,
-        command=["aflowrl", "serve", serve, "--spec", pods.SPEC_FILE, "--host", "0.0.0.0"],
+        command=["aflowrl", "serve", serve, "-f", pods.SPEC_FILE, "--host", "0.0.0.0"],
         res=res,
         env=env,
         mounts=mounts,
@@ -234,7 +234,7 @@ def learner_command(run: RunRef, spec: RunSpec) -> list[str]:
         "aflowrl",
         "serve",
         "learner",
-        "--spec",
+        "-f",
         pods.SPEC_FILE,
     ]
 
@@ -670,7 +670,7 @@ def trainer_command(run: RunRef, spec: RunSpec) -> list[str]:
     return [
         "aflowrl",
         "train",
-        "--spec",
+        "-f",
         pods.SPEC_FILE,
         "--env",
         run.grpc_target(run.environment, spec.environment.port),

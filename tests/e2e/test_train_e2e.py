@@ -68,7 +68,7 @@ def _records(run_dir: Path) -> list[dict]:
 
 
 def _leftovers(run_dir: Path) -> list[str]:
-    """Command lines of live processes serving this run (their --spec is in the run dir)."""
+    """Command lines of live processes serving this run (their -f file is in the run dir)."""
     marker = str(run_dir.resolve())
     found = []
     for proc in Path("/proc").iterdir():

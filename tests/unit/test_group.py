@@ -143,24 +143,24 @@ def test_the_leader_s_engine_spans_the_group(backend):
 def test_a_worker_pod_checks_where_it_runs(tmp_path, monkeypatch, capsys):
     plain = tmp_path / "plain.yaml"
     plain.write_text("rollout: {engine: vllm}\n")
-    assert main(["serve", "rollout-worker", "--spec", str(plain)]) == 2
+    assert main(["serve", "rollout-worker", "-f", str(plain)]) == 2
     assert "rollout.nodesPerReplica > 1" in capsys.readouterr().err
 
     multi = tmp_path / "multi.yaml"
     multi.write_text(MULTI % "mp")
     for name in GROUP_ENV:
         monkeypatch.delenv(name, raising=False)
-    assert main(["serve", "rollout-worker", "--spec", str(multi)]) == 2
+    assert main(["serve", "rollout-worker", "-f", str(multi)]) == 2
     assert "AFLOWRL_GROUP_LEADER" in capsys.readouterr().err
 
     for name, value in GROUP_ENV.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("AFLOWRL_GROUP_RANK", "0")
-    assert main(["serve", "rollout-worker", "--spec", str(multi)]) == 2
+    assert main(["serve", "rollout-worker", "-f", str(multi)]) == 2
     assert "is the group's leader" in capsys.readouterr().err
     monkeypatch.setenv("AFLOWRL_GROUP_RANK", "1")
     monkeypatch.setenv("AFLOWRL_GROUP_SIZE", "3")
-    assert main(["serve", "rollout-worker", "--spec", str(multi)]) == 2
+    assert main(["serve", "rollout-worker", "-f", str(multi)]) == 2
     assert "AFLOWRL_GROUP_SIZE=3 differs" in capsys.readouterr().err
 
 

@@ -97,7 +97,7 @@ def service_commands(
             "aflowrl",
             "serve",
             service,
-            "--spec",
+            "-f",
             str(spec_file),
             "--host",
             "127.0.0.1",

@@ -26,6 +26,19 @@ import chart_rbac
 
 RUNS = "aflowrl.io/v1alpha1/trainingruns"
 NAMESPACE = "team-a"
+DEPLOYMENTS = "apps/v1/deployments"
+STATEFULSETS = "apps/v1/statefulsets"
+JOBS = "batch/v1/jobs"
+PODS = "v1/pods"
+SERVICES = "v1/services"
+POLICIES = "networking.k8s.io/v1/networkpolicies"
+WORKLOADS = "kueue.x-k8s.io/v1beta2/workloads"
+TINY: dict = {"environment": {"replicas": {"min": 2, "max": 4}}}
+"""The smallest run the tests create: every component once, two environment servers."""
+QUEUE = {"kueue.x-k8s.io/queue-name": "team-a"}
+"""The label that queues a run in LocalQueue ``team-a`` (which every emulated Kueue has)."""
+POD_SETS = ("rollout", "learner", "environment", "trainer")
+"""A run's Kueue pod sets, in its Workload's order."""
 RESYNC_S = 0.3
 PEERING_LIFETIME_S = 3
 TEST_LEASE = leader.LeaseConfig(
@@ -268,6 +281,59 @@ def chart_denies(
     binds to the operator's ServiceAccount does not grant in the runs' namespace."""
     policy = chart_rbac.operator_policy(values)
     return sorted(r for r in requests if not policy.allows(*r, NAMESPACE))
+
+
+def status_condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    """The condition ``type_`` in any object's ``status.conditions`` ({} if it has none)."""
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == type_), {})
+
+
+def events(cluster: Cluster, reason: str) -> list[dict[str, Any]]:
+    """The Events with this reason in the runs' namespace."""
+    return [e for e in cluster.emulator.all("v1/events", NAMESPACE) if e["reason"] == reason]
+
+
+def admitted_status(flavor: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A Workload's status as Kueue writes it on admission: quota reserved and admitted for
+    one pod of each of :data:`POD_SETS`, on ``flavor`` (none named when None); ``extra``
+    adds status fields (``admissionChecks``...)."""
+    flavors = {"flavors": {"cpu": flavor}} if flavor else {}
+    return {
+        "conditions": [
+            {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+            {"type": "Admitted", "status": "True", "reason": "Admitted"},
+        ],
+        "admission": {
+            "clusterQueue": "gpu",
+            "podSetAssignments": [{"name": name, **flavors, "count": 1} for name in POD_SETS],
+        },
+        **extra,
+    }
+
+
+async def admit(cluster: Cluster, status: dict[str, Any], resource: str = WORKLOADS) -> None:
+    """Kueue's part: write ``status`` (:func:`admitted_status`) on run ``demo``'s Workload
+    (of the API version ``resource`` names), then wait until the operator starts the run."""
+    await cluster.emulator.set_status(resource, NAMESPACE, "demo-kueue", status)
+    await cluster.eventually(
+        lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is False, what="admission"
+    )
+
+
+async def finish(cluster: Cluster) -> None:
+    """The Job controller's part: run ``demo``'s trainer Job completes; then wait until the
+    operator marks its Workload Finished (Succeeded) and the run says so."""
+    complete = {"conditions": [{"type": "Complete", "status": "True"}], "active": 0}
+    await cluster.emulator.set_status(JOBS, NAMESPACE, "demo-trainer", complete)
+    await cluster.eventually(
+        lambda: (
+            status_condition(cluster.child(WORKLOADS, "demo-kueue"), "Finished").get("reason")
+            == "Succeeded"
+        ),
+        what="the Workload Finished",
+    )
+    await cluster.wait_condition("demo", "Admitted", reason="Finished")
 
 
 def local_queue(resource: str, namespace: str, name: str) -> dict[str, Any]:

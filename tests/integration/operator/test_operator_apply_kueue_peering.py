@@ -6,15 +6,11 @@ from __future__ import annotations
 import aiohttp
 import chart_rbac
 import pytest
-from operator_harness import NAMESPACE, RUNS, Cluster
+from operator_harness import DEPLOYMENTS, JOBS, NAMESPACE, RUNS, STATEFULSETS, TINY, Cluster
 
 pytestmark = pytest.mark.timeout(120)
 
-DEPLOYMENTS = "apps/v1/deployments"
-STATEFULSETS = "apps/v1/statefulsets"
-JOBS = "batch/v1/jobs"
 PODGROUPS = "scheduling.x-k8s.io/v1alpha1/podgroups"
-TINY: dict = {"environment": {"replicas": {"min": 2, "max": 4}}}
 GPU: dict = {
     "rollout": {"replicas": 2, "resources": {"gpus": 1}},
     "learner": {"nodes": 2, "procsPerNode": 2, "resources": {"gpus": 2}},

@@ -25,7 +25,19 @@ from kube_emulator import (
     RESOURCES,
     KubeEmulator,
 )
-from operator_harness import NAMESPACE, RESYNC_S, RUNS, Cluster, chart_denies
+from operator_harness import (
+    DEPLOYMENTS,
+    JOBS,
+    NAMESPACE,
+    PODS,
+    RESYNC_S,
+    RUNS,
+    SERVICES,
+    STATEFULSETS,
+    TINY,
+    Cluster,
+    chart_denies,
+)
 
 from aflowrl.common.run_status import RunStatusReporter
 from aflowrl.config import CONDITION_TYPES, ImageDefaults, RunSpec
@@ -37,14 +49,8 @@ pytestmark = pytest.mark.timeout(90)
 
 K8S_VERSION = "1.30.0"
 
-DEPLOYMENTS = "apps/v1/deployments"
-STATEFULSETS = "apps/v1/statefulsets"
-JOBS = "batch/v1/jobs"
-SERVICES = "v1/services"
 HPAS = "autoscaling/v2/horizontalpodautoscalers"
-PODS = "v1/pods"
 
-TINY: dict = {"environment": {"replicas": {"min": 2, "max": 4}}}
 
 FULL: dict = {
     "policy": {"model": "/models/Qwen2.5-7B-Instruct", "persistentVolumeClaim": "models"},
@@ -158,7 +164,7 @@ async def test_a_run_becomes_every_child_with_its_key_fields(cluster: Cluster):
         "aflowrl",
         "serve",
         "rollout",
-        "--spec",
+        "-f",
         "/etc/aflowrl/spec.yaml",
     ]
     assert main["resources"]["limits"]["nvidia.com/gpu"] == "2"
@@ -177,7 +183,7 @@ async def test_a_run_becomes_every_child_with_its_key_fields(cluster: Cluster):
         "torchrun", "--nnodes", "2", "--nproc-per-node", "4", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"demo-learner-0.demo-learner.{NAMESPACE}.svc:29500",
         "--rdzv-id", "demo", "-m", "aflowrl", "serve", "learner",
-        "--spec", "/etc/aflowrl/spec.yaml",
+        "-f", "/etc/aflowrl/spec.yaml",
     ]  # fmt: skip
     learner_svc = cluster.child(SERVICES, "demo-learner")["spec"]
     assert learner_svc["clusterIP"] == "None" and learner_svc["publishNotReadyAddresses"]
@@ -210,7 +216,7 @@ async def test_a_run_becomes_every_child_with_its_key_fields(cluster: Cluster):
     job = cluster.child(JOBS, "demo-trainer")
     assert job["spec"]["suspend"] is False
     assert _container(job)["command"] == [
-        "aflowrl", "train", "--spec", "/etc/aflowrl/spec.yaml",
+        "aflowrl", "train", "-f", "/etc/aflowrl/spec.yaml",
         "--env", f"dns:///demo-env.{NAMESPACE}.svc:50051",
         "--rollout", f"dns:///demo-rollout.{NAMESPACE}.svc:50052",
         "--learner", f"dns:///demo-learner-0.demo-learner.{NAMESPACE}.svc:50053",

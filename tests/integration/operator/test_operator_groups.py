@@ -15,7 +15,17 @@ from collections.abc import AsyncIterator
 import kubernetes_validate
 import pytest
 from kube_emulator import COSCHEDULING, GROUPS, KUEUE, MONITORING, PEERING, RESOURCES
-from operator_harness import NAMESPACE, Cluster, chart_denies, emulated_cluster
+from operator_harness import (
+    DEPLOYMENTS,
+    JOBS,
+    NAMESPACE,
+    PODS,
+    SERVICES,
+    STATEFULSETS,
+    Cluster,
+    chart_denies,
+    emulated_cluster,
+)
 
 import leaderworkerset
 
@@ -23,10 +33,6 @@ pytestmark = pytest.mark.timeout(90)
 
 K8S_VERSION = "1.30.0"
 LWS = "leaderworkerset.x-k8s.io/v1/leaderworkersets"
-DEPLOYMENTS = "apps/v1/deployments"
-STATEFULSETS = "apps/v1/statefulsets"
-SERVICES = "v1/services"
-JOBS = "batch/v1/jobs"
 
 GPU8 = {"cpu": "32", "memory": "512Gi", "gpus": 8, "rdma": 1}
 MULTI: dict = {
@@ -385,7 +391,6 @@ async def test_replica_groups_restart_scale_suspend_and_go_back_to_deployments(
     assert chart_denies(made) == []
 
 
-PODS = "v1/pods"
 HASH = "aflowrl.io/template-hash"
 
 

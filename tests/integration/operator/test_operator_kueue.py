@@ -17,18 +17,31 @@ import dataclasses
 from typing import Any
 
 import pytest
-from operator_harness import NAMESPACE, RUNS, Cluster, Operator, chart_denies, local_queue
+from operator_harness import (
+    DEPLOYMENTS,
+    JOBS,
+    NAMESPACE,
+    POD_SETS,
+    PODS,
+    QUEUE,
+    RUNS,
+    STATEFULSETS,
+    TINY,
+    Cluster,
+    Operator,
+    admit,
+    admitted_status,
+    chart_denies,
+    events,
+    finish,
+    local_queue,
+    status_condition,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
-DEPLOYMENTS = "apps/v1/deployments"
-STATEFULSETS = "apps/v1/statefulsets"
-JOBS = "batch/v1/jobs"
 V1BETA2 = "kueue.x-k8s.io/v1beta2"
 V1BETA1 = "kueue.x-k8s.io/v1beta1"
-TINY: dict = {"environment": {"replicas": {"min": 2, "max": 4}}}
-POD_SETS = ("rollout", "learner", "environment", "trainer")
-QUEUE = {"kueue.x-k8s.io/queue-name": "team-a"}
 KUEUE_GROUPS = {"kueue.x-k8s.io", "scheduling.k8s.io"}
 TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
@@ -37,25 +50,23 @@ def _workload(cluster: Cluster, version: str = V1BETA2) -> dict[str, Any] | None
     return cluster.child(f"{version}/workloads", "demo-kueue")
 
 
-def _cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
-    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c["type"] == type_), {})
+def _admitted() -> dict[str, Any]:
+    """Kueue's admission of the run on flavor h100."""
+    return admitted_status("h100")
 
 
-def _admitted(flavor: str = "h100", **extra: Any) -> dict[str, Any]:
-    return {
-        "conditions": [
-            {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
-            {"type": "Admitted", "status": "True", "reason": "Admitted"},
-        ],
-        "admission": {
-            "clusterQueue": "gpu",
-            "podSetAssignments": [
-                {"name": name, "flavors": {"cpu": flavor}, "count": 1} for name in POD_SETS
-            ],
-        },
-        **extra,
-    }
+def _evicted(reason: str = "Preempted", message: str | None = None) -> dict[str, Any]:
+    """Kueue's eviction of the admitted run (``message``: the reason in lower case)."""
+    evicted = _admitted()
+    evicted["conditions"].append(
+        {
+            "type": "Evicted",
+            "status": "True",
+            "reason": reason,
+            "message": reason.lower() if message is None else message,
+        }
+    )
+    return evicted
 
 
 async def _flavor(cluster: Cluster, version: str = V1BETA2) -> None:
@@ -75,15 +86,9 @@ async def _admit(cluster: Cluster, version: str = V1BETA2, **extra: Any) -> None
     it exists)."""
     if cluster.emulator.read(f"{version}/resourceflavors", None, "h100") is None:
         await _flavor(cluster, version)
-    await cluster.emulator.set_status(
-        f"{version}/workloads", NAMESPACE, "demo-kueue", _admitted(**extra)
-    )
-    await cluster.eventually(
-        lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is False, what="admission"
-    )
+    await admit(cluster, admitted_status("h100", **extra), f"{version}/workloads")
 
 
-PODS = "v1/pods"
 RUN_PODS = {"rollout": 1, "learner": 1, "environment": 2, "trainer": 1}
 
 
@@ -137,8 +142,53 @@ async def _pods(cluster: Cluster, *, ready: bool) -> None:
         )
 
 
-def _events(cluster: Cluster, reason: str) -> list[dict[str, Any]]:
-    return [e for e in cluster.emulator.all("v1/events", NAMESPACE) if e["reason"] == reason]
+async def _running(cluster: Cluster) -> dict[str, Any]:
+    """Run ``demo`` (:data:`TINY`, queued) created, admitted by Kueue, and every pod of it
+    ready; returns its Workload as first created."""
+    await cluster.create_run("demo", TINY, labels=QUEUE)
+    workload: dict[str, Any] = await cluster.eventually(
+        lambda: _workload(cluster), what="the Workload"
+    )
+    await _admit(cluster)
+    await _pods(cluster, ready=True)
+    return workload
+
+
+async def _pods_ready(cluster: Cluster, version: str = V1BETA2) -> None:
+    """Wait until the run's Workload says PodsReady (what Kueue's waitForPodsReady waits for)."""
+    await cluster.eventually(
+        lambda: status_condition(_workload(cluster, version), "PodsReady").get("status") == "True",
+        what="PodsReady",
+    )
+
+
+async def _lose_a_pod(cluster: Cluster, replicas: int) -> None:
+    """The environment Deployment (``replicas`` wanted) has one ready pod, below what Kueue
+    admitted: wait until the Workload's PodsReady is False, waiting for recovery."""
+    await cluster.emulator.set_status(
+        DEPLOYMENTS, NAMESPACE, "demo-env", {"readyReplicas": 1, "replicas": replicas}
+    )
+    await cluster.eventually(
+        lambda: (
+            status_condition(_workload(cluster), "PodsReady").get("reason") == "WaitForRecovery"
+        ),
+        what="PodsReady False",
+    )
+
+
+async def _priority_class(
+    cluster: Cluster, name: str, value: int, *, workload: bool = False
+) -> None:
+    """A PriorityClass (Kubernetes'), or with ``workload`` a Kueue WorkloadPriorityClass."""
+    api, kind, plural = (
+        (V1BETA2, "WorkloadPriorityClass", "workloadpriorityclasses")
+        if workload
+        else ("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses")
+    )
+    await cluster.emulator.put_object(
+        f"{api}/{plural}",
+        {"apiVersion": api, "kind": kind, "metadata": {"name": name}, "value": value},
+    )
 
 
 MARKER = "aflowrl.io/suspended-by"
@@ -153,15 +203,7 @@ def _suspend(cluster: Cluster) -> tuple[bool, str | None]:
 
 async def test_a_queued_run_is_created_suspended_and_starts_only_on_admission(cluster: Cluster):
     await _flavor(cluster)
-    await cluster.emulator.put_object(
-        f"{V1BETA2}/workloadpriorityclasses",
-        {
-            "apiVersion": V1BETA2,
-            "kind": "WorkloadPriorityClass",
-            "metadata": {"name": "high"},
-            "value": 1000,
-        },
-    )
+    await _priority_class(cluster, "high", 1000, workload=True)
     labels = {**QUEUE, "kueue.x-k8s.io/priority-class": "high"}
     await cluster.create_run("demo", TINY, labels=labels)
     workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
@@ -185,7 +227,7 @@ async def test_a_queued_run_is_created_suspended_and_starts_only_on_admission(cl
     assert "waiting for Kueue to admit the run (queue team-a)" in ready["message"]
     assert cluster.condition("demo", "Admitted")["reason"] == "Queued"
     pods_ready = await cluster.eventually(
-        lambda: _cond(_workload(cluster), "PodsReady"), what="PodsReady"
+        lambda: status_condition(_workload(cluster), "PodsReady"), what="PodsReady"
     )
     assert (pods_ready["status"], pods_ready["reason"]) == ("False", "WaitForStart")
     # Still queued after more passes.
@@ -219,48 +261,31 @@ async def test_a_queued_run_is_created_suspended_and_starts_only_on_admission(cl
     # The Workload's pod sets stay as created: Kueue's placement is not written back.
     assert _workload(cluster)["spec"]["podSets"] == workload["spec"]["podSets"]
     assert cluster.condition("demo", "Admitted")["status"] == "True"
-    admitted = await cluster.eventually(lambda: _events(cluster, "Admitted"), what="an Event")
+    admitted = await cluster.eventually(lambda: events(cluster, "Admitted"), what="an Event")
     assert "h100" in admitted[0]["message"] and admitted[0]["type"] == "Normal"
 
     # PodsReady once every pod of the run is ready (what waitForPodsReady waits for).
     await _pods(cluster, ready=True)
-    await cluster.eventually(
-        lambda: _cond(_workload(cluster), "PodsReady").get("status") == "True", what="PodsReady"
-    )
-    assert _cond(_workload(cluster), "PodsReady")["reason"] == "Started"
+    await _pods_ready(cluster)
+    assert status_condition(_workload(cluster), "PodsReady")["reason"] == "Started"
     # A pod lost: False, waiting for recovery.
-    await cluster.emulator.set_status(
-        DEPLOYMENTS, NAMESPACE, "demo-env", {"readyReplicas": 1, "replicas": 2}
-    )
-    await cluster.eventually(
-        lambda: _cond(_workload(cluster), "PodsReady").get("reason") == "WaitForRecovery",
-        what="PodsReady False",
-    )
+    await _lose_a_pod(cluster, replicas=2)
     assert cluster.emulator.count_created("workloads") == 1
 
 
 async def test_an_eviction_suspends_the_run_and_kueue_requeues_the_same_workload(
     cluster: Cluster,
 ):
-    await _flavor(cluster)
-    await cluster.create_run("demo", TINY, labels=QUEUE)
-    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
-    uid = workload["metadata"]["uid"]
-    await _admit(cluster)
-    await _pods(cluster, ready=True)
+    uid = (await _running(cluster))["metadata"]["uid"]
     await cluster.wait_condition("demo", "Ready", status="True")
 
     # Kueue preempts the run.
-    evicted = _admitted()
-    evicted["conditions"].append(
-        {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "preempted"}
-    )
-    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", evicted)
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", _evicted())
     ready = await cluster.wait_condition("demo", "Ready", reason="Evicted")
     assert "evicted by Kueue (Preempted): preempted" in ready["message"]
     assert cluster.condition("demo", "Admitted")["reason"] == "Evicted"
     warnings = await cluster.eventually(
-        lambda: [e for e in _events(cluster, "Evicted") if e["type"] == "Warning"],
+        lambda: [e for e in events(cluster, "Evicted") if e["type"] == "Warning"],
         what="an eviction Event",
     )
     assert "(Preempted): preempted" in warnings[0]["message"]  # Kueue's reason and message
@@ -279,13 +304,16 @@ async def test_an_eviction_suspends_the_run_and_kueue_requeues_the_same_workload
         what="the quota released",
     )
     assert released["metadata"]["uid"] == uid
-    assert _cond(released, "QuotaReserved")["status"] == "False"
-    assert _cond(released, "Admitted")["status"] == "False"
-    assert (_cond(released, "Requeued")["status"], _cond(released, "Requeued")["reason"]) == (
+    assert status_condition(released, "QuotaReserved")["status"] == "False"
+    assert status_condition(released, "Admitted")["status"] == "False"
+    assert (
+        status_condition(released, "Requeued")["status"],
+        status_condition(released, "Requeued")["reason"],
+    ) == (
         "True",
         "Preempted",
     )
-    await cluster.eventually(lambda: _events(cluster, "Requeued"), what="a Requeued Event")
+    await cluster.eventually(lambda: events(cluster, "Requeued"), what="a Requeued Event")
 
     # Kueue readmits the same Workload (its scheduler clears Evicted): the run resumes.
     await _admit(cluster)
@@ -296,13 +324,7 @@ async def test_an_eviction_suspends_the_run_and_kueue_requeues_the_same_workload
     assert cluster.emulator.count_writes("DELETE", "workloads") == 0
 
     # The run finishes: its Workload is marked Finished (Kueue frees the quota), not deleted.
-    complete = {"conditions": [{"type": "Complete", "status": "True"}], "active": 0}
-    await cluster.emulator.set_status(JOBS, NAMESPACE, "demo-trainer", complete)
-    await cluster.eventually(
-        lambda: _cond(_workload(cluster), "Finished").get("reason") == "Succeeded",
-        what="Finished",
-    )
-    await cluster.wait_condition("demo", "Admitted", reason="Finished")
+    await finish(cluster)
     assert _workload(cluster)["metadata"]["uid"] == uid
 
 
@@ -314,15 +336,9 @@ async def test_a_deactivated_workload_keeps_the_run_suspended(cluster: Cluster):
     await cluster.emulator.patch_object(
         f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", {"spec": {"active": False}}
     )
-    evicted = _admitted()
-    evicted["conditions"].append(
-        {
-            "type": "Evicted",
-            "status": "True",
-            "reason": "Deactivated",
-            "message": "The workload is deactivated due to exceeding the maximum number of "
-            "re-queuing retries",
-        }
+    evicted = _evicted(
+        "Deactivated",
+        "The workload is deactivated due to exceeding the maximum number of re-queuing retries",
     )
     await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", evicted)
     ready = await cluster.wait_condition("demo", "Ready", reason="Deactivated")
@@ -383,15 +399,7 @@ async def test_a_cluster_with_kueue_v1beta1_only_gets_v1beta1_workloads(
 ):
     cluster = cluster_kueue_v1beta1
     await _flavor(cluster, V1BETA1)
-    await cluster.emulator.put_object(
-        "scheduling.k8s.io/v1/priorityclasses",
-        {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": "training"},
-            "value": 500,
-        },
-    )
+    await _priority_class(cluster, "training", 500)
     spec = {**TINY, "scheduling": {"priorityClassName": "training"}}
     await cluster.create_run("demo", spec, labels=QUEUE)
     workload = await cluster.eventually(lambda: _workload(cluster, V1BETA1), what="Workload")
@@ -404,36 +412,21 @@ async def test_a_cluster_with_kueue_v1beta1_only_gets_v1beta1_workloads(
     assert rollout["nodeSelector"] == {"cloud.example.com/pool": "h100"}
     assert TAINT in rollout["tolerations"]
     await _pods(cluster, ready=True)
-    await cluster.eventually(
-        lambda: _cond(_workload(cluster, V1BETA1), "PodsReady").get("status") == "True",
-        what="PodsReady",
-    )
+    await _pods_ready(cluster, V1BETA1)
 
 
 async def test_the_chart_grants_every_kueue_request_the_operator_makes(cluster: Cluster):
     """Drive every Kueue path (priority, flavors, PodsReady, eviction, requeue, suspend,
     Finished), then check each request against the chart's default RBAC."""
     await _flavor(cluster)
-    await cluster.emulator.put_object(
-        "scheduling.k8s.io/v1/priorityclasses",
-        {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": "training"},
-            "value": 5,
-        },
-    )
+    await _priority_class(cluster, "training", 5)
     spec = {**TINY, "scheduling": {"priorityClassName": "training"}}
     await cluster.create_run("demo", spec, labels=QUEUE)
     await cluster.eventually(lambda: _workload(cluster), what="the Workload")
     await _admit(cluster)
     await _pods(cluster, ready=True)
-    await cluster.eventually(
-        lambda: _cond(_workload(cluster), "PodsReady").get("status") == "True", what="PodsReady"
-    )
-    evicted = _admitted()
-    evicted["conditions"].append({"type": "Evicted", "status": "True", "reason": "Preempted"})
-    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", evicted)
+    await _pods_ready(cluster)
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", _evicted())
     await _pods(cluster, ready=False)
     await cluster.eventually(
         lambda: "admission" not in _workload(cluster)["status"], what="the quota released"
@@ -445,9 +438,7 @@ async def test_the_chart_grants_every_kueue_request_the_operator_makes(cluster: 
     )
     await cluster.patch_spec("demo", {"suspend": False})
     await _admit(cluster)
-    complete = {"conditions": [{"type": "Complete", "status": "True"}]}
-    await cluster.emulator.set_status(JOBS, NAMESPACE, "demo-trainer", complete)
-    await cluster.eventually(lambda: _cond(_workload(cluster), "Finished"), what="Finished")
+    await finish(cluster)
 
     made = {r for r in cluster.emulator.operator_requests() if r[1] in KUEUE_GROUPS}
     assert {
@@ -488,9 +479,7 @@ async def test_spec_suspend_says_whether_kueue_holds_the_run_and_a_user_suspend_
     await _pods(cluster, ready=True)
 
     # Eviction: suspended again by the operator, every component to zero.
-    evicted = _admitted()
-    evicted["conditions"].append({"type": "Evicted", "status": "True", "reason": "Preempted"})
-    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", evicted)
+    await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", _evicted())
     await cluster.eventually(lambda: _suspend(cluster) == (True, "kueue"), what="re-suspended")
     await cluster.eventually(
         lambda: (
@@ -564,21 +553,10 @@ async def test_removing_the_marker_makes_a_queued_runs_suspend_the_users(cluster
     assert cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is True
 
 
-def _evicted(reason: str = "Preempted") -> dict[str, Any]:
-    evicted = _admitted()
-    evicted["conditions"].append(
-        {"type": "Evicted", "status": "True", "reason": reason, "message": reason.lower()}
-    )
-    return evicted
-
-
 async def test_an_evicted_runs_quota_is_held_while_any_pod_runs_unready_or_terminating(
     cluster: Cluster,
 ):
-    await cluster.create_run("demo", TINY, labels=QUEUE)
-    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
-    await _admit(cluster)
-    await _pods(cluster, ready=True)
+    await _running(cluster)
     await cluster.emulator.set_status(f"{V1BETA2}/workloads", NAMESPACE, "demo-kueue", _evicted())
     await cluster.eventually(
         lambda: cluster.child(DEPLOYMENTS, "demo-rollout")["spec"]["replicas"] == 0,
@@ -604,12 +582,9 @@ async def test_an_evicted_runs_quota_is_held_while_any_pod_runs_unready_or_termi
 async def test_the_workload_of_a_deleted_run_keeps_its_quota_until_its_pods_are_gone(
     cluster: Cluster,
 ):
-    await cluster.create_run("demo", TINY, labels=QUEUE)
-    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    workload = await _running(cluster)
     # Kueue's resource-in-use finalizer, as its jobframework puts on its own jobs' Workloads.
     assert "kueue.x-k8s.io/resource-in-use" in workload["metadata"]["finalizers"]
-    await _admit(cluster)
-    await _pods(cluster, ready=True)
     await cluster.emulator.delete_object(RUNS, NAMESPACE, "demo")
     # The garbage collector deletes the Workload, but its finalizer holds it (and the quota)
     # while the run's pods terminate.
@@ -628,10 +603,7 @@ async def test_the_workload_of_a_deleted_run_keeps_its_quota_until_its_pods_are_
 async def test_a_reshaped_runs_workload_is_replaced_only_once_its_pods_are_gone(
     cluster: Cluster,
 ):
-    await cluster.create_run("demo", TINY, labels=QUEUE)
-    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
-    await _admit(cluster)
-    await _pods(cluster, ready=True)
+    workload = await _running(cluster)
     # A new shape (more environment pods): Kueue does not let pod sets change.
     await cluster.patch_spec("demo", {"environment": {"replicas": {"min": 2, "max": 6}}})
     await cluster.eventually(
@@ -654,10 +626,7 @@ async def test_a_reshaped_runs_workload_is_replaced_only_once_its_pods_are_gone(
 async def test_relabelling_an_admitted_run_is_refused_and_it_keeps_its_queue_and_quota(
     cluster: Cluster,
 ):
-    await cluster.create_run("demo", TINY, labels=QUEUE)
-    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
-    await _admit(cluster)
-    await _pods(cluster, ready=True)
+    await _running(cluster)
     # Taking the run out of its queue (the chart's admission policy refuses this on a real
     # API server; the emulator has none): the operator refuses to act on it.
     await cluster.emulator.patch_object(
@@ -773,14 +742,8 @@ async def test_a_flavor_conflicting_with_the_users_node_selector_keeps_the_run_s
 async def test_pods_ready_is_measured_against_the_admitted_counts_not_an_autoscale(
     cluster: Cluster,
 ):
-    await _flavor(cluster)
-    await cluster.create_run("demo", TINY, labels=QUEUE)
-    await cluster.eventually(lambda: _workload(cluster), what="the Workload")
-    await _admit(cluster)
-    await _pods(cluster, ready=True)
-    await cluster.eventually(
-        lambda: _cond(_workload(cluster), "PodsReady").get("status") == "True", what="PodsReady"
-    )
+    await _running(cluster)
+    await _pods_ready(cluster)
     # The HPA scales the environment up: two new pods start, not ready yet.
     await cluster.emulator.patch_object(
         DEPLOYMENTS, NAMESPACE, "demo-env", {"spec": {"replicas": 4}}
@@ -790,30 +753,16 @@ async def test_pods_ready_is_measured_against_the_admitted_counts_not_an_autosca
     )
     await cluster.settle()
     assert cluster.child(DEPLOYMENTS, "demo-env")["spec"]["replicas"] == 4
-    assert _cond(_workload(cluster), "PodsReady")["status"] == "True"
+    assert status_condition(_workload(cluster), "PodsReady")["status"] == "True"
     # Below the floor the run admitted: that is a lost pod.
-    await cluster.emulator.set_status(
-        DEPLOYMENTS, NAMESPACE, "demo-env", {"readyReplicas": 1, "replicas": 4}
-    )
-    await cluster.eventually(
-        lambda: _cond(_workload(cluster), "PodsReady").get("reason") == "WaitForRecovery",
-        what="PodsReady False",
-    )
+    await _lose_a_pod(cluster, replicas=4)
 
 
 async def test_a_priority_class_change_reaches_the_admitted_workload_and_the_deadline_bounds_it(
     cluster: Cluster,
 ):
     for name, value in (("low", 10), ("high", 1000)):
-        await cluster.emulator.put_object(
-            f"{V1BETA2}/workloadpriorityclasses",
-            {
-                "apiVersion": V1BETA2,
-                "kind": "WorkloadPriorityClass",
-                "metadata": {"name": name},
-                "value": value,
-            },
-        )
+        await _priority_class(cluster, name, value, workload=True)
     await _flavor(cluster)
     spec = {**TINY, "trainer": {"activeDeadlineSeconds": 7200}}
     labels = {**QUEUE, "kueue.x-k8s.io/priority-class": "low"}
@@ -841,12 +790,8 @@ async def test_a_priority_class_change_reaches_the_admitted_workload_and_the_dea
 async def test_a_placement_edit_requeues_an_admitted_run_and_a_rendering_change_does_not(
     cluster: Cluster,
 ):
-    await _flavor(cluster)
-    await cluster.create_run("demo", TINY, labels=QUEUE)
-    workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")
+    workload = await _running(cluster)
     uid = workload["metadata"]["uid"]
-    await _admit(cluster)
-    await _pods(cluster, ready=True)
     # A Workload written by an older release: another hash, other rendered details (a
     # command), the same counts, requests and placement. Nothing Kueue admitted changed.
     pod_sets = workload["spec"]["podSets"]
@@ -931,15 +876,7 @@ async def test_a_multikueue_cluster_queue_is_reported_unsupported(cluster: Clust
 
 
 async def test_a_components_own_priority_class_sets_the_workloads_priority(cluster: Cluster):
-    await cluster.emulator.put_object(
-        "scheduling.k8s.io/v1/priorityclasses",
-        {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": "training"},
-            "value": 500,
-        },
-    )
+    await _priority_class(cluster, "training", 500)
     spec = {**TINY, "learner": {"pod": {"priorityClassName": "training"}}}
     await cluster.create_run("demo", spec, labels=QUEUE)
     workload = await cluster.eventually(lambda: _workload(cluster), what="the Workload")

@@ -16,7 +16,22 @@ import kmock
 import kubernetes
 import pytest
 from kube_emulator import COSCHEDULING, KUEUE, MONITORING, PEERING, RESOURCES, KubeEmulator
-from operator_harness import NAMESPACE, RUNS, TEST_LEASE, Cluster, emulated_cluster
+from operator_harness import (
+    DEPLOYMENTS,
+    JOBS,
+    NAMESPACE,
+    QUEUE,
+    RUNS,
+    STATEFULSETS,
+    TEST_LEASE,
+    TINY,
+    WORKLOADS,
+    Cluster,
+    admit,
+    admitted_status,
+    emulated_cluster,
+    finish,
+)
 
 from aflowrl_operator import leader
 from aflowrl_operator.errors import ApiRejectedError
@@ -25,13 +40,6 @@ from aflowrl_operator.kube import KubeApi
 pytestmark = pytest.mark.timeout(600)
 
 LEASES = "coordination.k8s.io/v1/leases"
-JOBS = "batch/v1/jobs"
-DEPLOYMENTS = "apps/v1/deployments"
-STATEFULSETS = "apps/v1/statefulsets"
-WORKLOADS = "kueue.x-k8s.io/v1beta2/workloads"
-QUEUE = {"kueue.x-k8s.io/queue-name": "team-a"}
-TINY: dict = {"environment": {"replicas": {"min": 2, "max": 4}}}
-POD_SETS = ("rollout", "learner", "environment", "trainer")
 
 
 def _lease(cluster: Cluster) -> dict[str, Any]:
@@ -47,11 +55,6 @@ def _actions(cluster: Cluster, action: str) -> int:
         for e in cluster.emulator.all("v1/events", NAMESPACE)
         if e["reason"] == "Reconciled"
     )
-
-
-def _cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
-    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c["type"] == type_), {})
 
 
 async def _play_controllers(cluster: Cluster) -> None:
@@ -89,20 +92,8 @@ async def test_two_operators_make_each_once_only_write_once_over_a_whole_run(
     # Queued, admitted, running.
     await cluster.create_run("demo", TINY, labels=QUEUE)
     await cluster.eventually(lambda: cluster.child(WORKLOADS, "demo-kueue"), what="Workload")
-    admitted = {
-        "conditions": [
-            {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
-            {"type": "Admitted", "status": "True", "reason": "Admitted"},
-        ],
-        "admission": {
-            "clusterQueue": "gpu",
-            "podSetAssignments": [{"name": n, "count": 1} for n in POD_SETS],
-        },
-    }
-    await cluster.emulator.set_status(WORKLOADS, NAMESPACE, "demo-kueue", admitted)
-    await cluster.eventually(
-        lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is False, what="admitted"
-    )
+    admitted = admitted_status()
+    await admit(cluster, admitted)
     await _play_controllers(cluster)
     await cluster.wait_condition("demo", "Ready", status="True")
 
@@ -159,13 +150,7 @@ async def test_two_operators_make_each_once_only_write_once_over_a_whole_run(
     )
 
     # Finished.
-    complete = {"conditions": [{"type": "Complete", "status": "True"}], "active": 0}
-    await cluster.emulator.set_status(JOBS, NAMESPACE, "demo-trainer", complete)
-    await cluster.eventually(
-        lambda: _cond(cluster.child(WORKLOADS, "demo-kueue"), "Finished").get("status") == "True",
-        what="the Workload Finished",
-    )
-    await cluster.wait_condition("demo", "Admitted", reason="Finished")
+    await finish(cluster)
     # The pass's Event comes after its status write: wait for it, then for more passes.
     await cluster.eventually(
         lambda: _actions(cluster, "finished Workload demo-kueue"), what="the Event"

@@ -8,15 +8,10 @@ import copy
 from typing import Any
 
 import pytest
-from operator_harness import NAMESPACE, RUNS, Cluster
+from operator_harness import DEPLOYMENTS, JOBS, NAMESPACE, PODS, RUNS, STATEFULSETS, TINY, Cluster
 
 pytestmark = pytest.mark.timeout(120)
 
-DEPLOYMENTS = "apps/v1/deployments"
-STATEFULSETS = "apps/v1/statefulsets"
-JOBS = "batch/v1/jobs"
-PODS = "v1/pods"
-TINY: dict = {"environment": {"replicas": {"min": 2, "max": 4}}}
 LAST_LINE = "ValueError: the environment service went away"
 ENDED = "2026-01-01T01:00:00Z"  # long past: a TTL counted from it has run out
 

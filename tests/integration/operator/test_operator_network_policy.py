@@ -8,13 +8,10 @@ import copy
 
 import kubernetes_validate
 import pytest
-from operator_harness import Cluster
+from operator_harness import DEPLOYMENTS, POLICIES, STATEFULSETS, Cluster
 
 pytestmark = pytest.mark.timeout(180)
 
-POLICIES = "networking.k8s.io/v1/networkpolicies"
-DEPLOYMENTS = "apps/v1/deployments"
-STATEFULSETS = "apps/v1/statefulsets"
 K8S_VERSION = "1.30.0"
 RUN = {"aflowrl.io/run": "net"}
 PROMETHEUS = {

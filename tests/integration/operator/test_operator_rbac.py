@@ -5,33 +5,25 @@ refusal is a ``Degraded`` condition with reason ``Forbidden`` and one Event)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from operator_harness import NAMESPACE, Cluster
+from operator_harness import (
+    NAMESPACE,
+    POLICIES,
+    QUEUE,
+    WORKLOADS,
+    Cluster,
+    admit,
+    admitted_status,
+    events,
+    finish,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
-POLICIES = "networking.k8s.io/v1/networkpolicies"
-DEPLOYMENTS = "apps/v1/deployments"
-STATEFULSETS = "apps/v1/statefulsets"
-JOBS = "batch/v1/jobs"
-WORKLOADS = "kueue.x-k8s.io/v1beta2/workloads"
-QUEUE = {"kueue.x-k8s.io/queue-name": "team-a"}
 SPEC: dict = {
     "environment": {"replicas": {"min": 1, "max": 2}},
     "networkPolicy": {"enabled": True},
 }
-POD_SETS = ("rollout", "learner", "environment", "trainer")
-
-
-def _cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
-    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c["type"] == type_), {})
-
-
-def _events(cluster: Cluster, reason: str) -> list[dict[str, Any]]:
-    return [e for e in cluster.emulator.all("v1/events", NAMESPACE) if e["reason"] == reason]
 
 
 async def test_the_emulator_refuses_what_the_chart_does_not_grant_with_a_status(
@@ -86,24 +78,7 @@ async def test_a_refused_delete_never_blocks_the_workload_sync_or_the_status_wri
     cluster.emulator.policy = policy.without("delete", "networking.k8s.io", "networkpolicies")
     await cluster.create_run("demo", SPEC, labels=QUEUE)
     await cluster.eventually(lambda: cluster.child(WORKLOADS, "demo-kueue"), what="Workload")
-    await cluster.emulator.set_status(
-        WORKLOADS,
-        NAMESPACE,
-        "demo-kueue",
-        {
-            "conditions": [
-                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
-                {"type": "Admitted", "status": "True", "reason": "Admitted"},
-            ],
-            "admission": {
-                "clusterQueue": "gpu",
-                "podSetAssignments": [{"name": n, "count": 1} for n in POD_SETS],
-            },
-        },
-    )
-    await cluster.eventually(
-        lambda: cluster.child(JOBS, "demo-trainer")["spec"]["suspend"] is False, what="admitted"
-    )
+    await admit(cluster, admitted_status())
     await cluster.eventually(lambda: cluster.child(POLICIES, "demo-ingress"), what="policies")
 
     await cluster.patch_spec("demo", {"networkPolicy": {"enabled": False}})
@@ -115,22 +90,14 @@ async def test_a_refused_delete_never_blocks_the_workload_sync_or_the_status_wri
     assert cluster.run("demo")["status"]["observedGeneration"] == generation
 
     # The run finishes while the refusal lasts: the Workload still gets Finished.
-    complete = {"conditions": [{"type": "Complete", "status": "True"}], "active": 0}
-    await cluster.emulator.set_status(JOBS, NAMESPACE, "demo-trainer", complete)
-    await cluster.eventually(
-        lambda: (
-            _cond(cluster.child(WORKLOADS, "demo-kueue"), "Finished").get("reason") == "Succeeded"
-        ),
-        what="the Workload Finished",
-    )
-    await cluster.wait_condition("demo", "Admitted", reason="Finished")
+    await finish(cluster)
     await cluster.settle()
     assert cluster.emulator.count_refused("delete", "networkpolicies") >= 2  # every pass tries
     # One Event per condition that turned Forbidden (Degraded, and Ready, which says why it
     # is not), not one per pass.
-    forbidden = sorted(e["message"].split(":")[0] for e in _events(cluster, "Forbidden"))
+    forbidden = sorted(e["message"].split(":")[0] for e in events(cluster, "Forbidden"))
     assert forbidden == ["Degraded is True", "Ready is False"]
-    assert all(e["type"] == "Warning" for e in _events(cluster, "Forbidden"))
+    assert all(e["type"] == "Warning" for e in events(cluster, "Forbidden"))
     await cluster.settle()
-    assert len(_events(cluster, "Forbidden")) == 2
+    assert len(events(cluster, "Forbidden")) == 2
     assert cluster.condition("demo", "Degraded")["reason"] == "Forbidden"

@@ -9,18 +9,14 @@ from typing import Any
 
 import pytest
 import yaml
-from operator_harness import Cluster
+from operator_harness import DEPLOYMENTS, JOBS, STATEFULSETS, TINY, Cluster
 
 from aflowrl.config.monitoring import GrpcSpec
 from crd_admission import changed_default
 
 pytestmark = pytest.mark.timeout(180)
 
-DEPLOYMENTS = "apps/v1/deployments"
-STATEFULSETS = "apps/v1/statefulsets"
-JOBS = "batch/v1/jobs"
 CONFIGMAPS = "v1/configmaps"
-TINY: dict = {"environment": {"replicas": {"min": 2, "max": 4}}}
 
 
 def _pods(cluster: Cluster, name: str) -> dict[str, Any] | None:

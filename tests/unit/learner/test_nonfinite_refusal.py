@@ -10,12 +10,10 @@ version: the refusal left it usable. A write after a passing check is seen by th
 
 from __future__ import annotations
 
-import multiprocessing
 import socket
-import traceback
 from typing import Any
 
-import pytest
+from spawned_case import in_fresh_process
 
 SPEC = """
 policy: {{model: tiny, dtype: float32}}
@@ -135,26 +133,8 @@ def _case(tmp: str, port: int) -> dict[str, Any]:
     return out
 
 
-def _run(queue: Any, tmp: str, port: int) -> None:
-    try:
-        queue.put((True, _case(tmp, port)))
-    except BaseException:  # the parent reports it
-        queue.put((False, traceback.format_exc()))
-
-
 def test_a_learner_with_nan_weights_refuses_to_export_push_or_broadcast_them(tmp_path):
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    process = context.Process(target=_run, args=(queue, str(tmp_path), _port()))
-    process.start()
-    try:
-        ok, out = queue.get(timeout=240)
-    finally:
-        process.join(timeout=60)
-        if process.is_alive():
-            process.kill()
-    if not ok:
-        pytest.fail(f"the learner case failed:\n{out}")
+    out = in_fresh_process(_case, tmp=str(tmp_path), port=_port())
     for what in ("export", "push", "broadcast"):
         assert f"refusing to {what} them (PolicyDiverged)" in out[what], out
         assert "mlp" in out[what]  # the message names a tensor

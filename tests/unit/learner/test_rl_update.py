@@ -13,12 +13,10 @@ belongs to its process and must not outlive the case.
 
 from __future__ import annotations
 
-import multiprocessing
-import traceback
-from collections.abc import Callable
 from typing import Any
 
 import pytest
+from spawned_case import in_fresh_process
 
 SPEC = """
 policy: {{model: tiny, dtype: float32}}
@@ -31,29 +29,6 @@ trainer:
 """
 
 CANDIDATES = ((11, 12, 13), (14, 15), (16, 17, 18, 19), (20, 21))
-
-
-def _in_fresh_process(case: Callable[..., dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    process = context.Process(target=_run, args=(queue, case, kwargs))
-    process.start()
-    try:
-        ok, result = queue.get(timeout=240)
-    finally:
-        process.join(timeout=60)
-        if process.is_alive():
-            process.kill()
-    if not ok:
-        pytest.fail(f"the learner case failed:\n{result}")
-    return result
-
-
-def _run(queue: Any, case: Callable[..., dict[str, Any]], kwargs: dict[str, Any]) -> None:
-    try:
-        queue.put((True, case(**kwargs)))
-    except BaseException:  # the parent reports it
-        queue.put((False, traceback.format_exc()))
 
 
 def _learner(kl: float = 0.0, keep: bool = False) -> Any:
@@ -126,7 +101,7 @@ def _update_case(*, siblings: bool) -> dict[str, Any]:
 
 @pytest.mark.parametrize("siblings", [False, True], ids=["sampled", "siblings"])
 def test_an_update_moves_the_policy_towards_the_advantages_by_a_bounded_amount(siblings):
-    result = _in_fresh_process(_update_case, siblings=siblings)
+    result = in_fresh_process(_update_case, siblings=siblings)
     assert result["up"] > 0 > result["down"]
     assert 0.005 < result["tv"] < 0.35
     metrics = result["metrics"]
@@ -197,7 +172,7 @@ def _phase_case(*, keep: bool) -> dict[str, Any]:
 
 
 def test_rl_after_the_warm_start_starts_a_fresh_optimiser_and_reference():
-    result = _in_fresh_process(_phase_case, keep=False)
+    result = in_fresh_process(_phase_case, keep=False)
     assert result["sft_steps"] == 3
     # AdamW's step count restarted: the supervised phase's moments are gone.
     assert result["adam_steps"] == [result["rl_steps"]]
@@ -209,7 +184,7 @@ def test_rl_after_the_warm_start_starts_a_fresh_optimiser_and_reference():
 
 
 def test_keep_optimizer_state_carries_the_moments_into_rl():
-    result = _in_fresh_process(_phase_case, keep=True)
+    result = in_fresh_process(_phase_case, keep=True)
     assert result["adam_steps"] == [result["sft_steps"] + result["rl_steps"]]
     assert result["reset"] == 0.0
     assert result["anchored"]  # the reference still follows the policy RL starts from

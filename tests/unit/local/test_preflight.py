@@ -125,7 +125,7 @@ def test_service_commands_start_learner_ranks_under_torchrun():
     learner = commands["learner"]
     assert learner[1:3] == ["-m", "torch.distributed.run"]
     assert learner[learner.index("--nproc-per-node") + 1] == "2"
-    assert learner[-12:-8] == ["serve", "learner", "--spec", "/run/spec.yaml"]
+    assert learner[-12:-8] == ["serve", "learner", "-f", "/run/spec.yaml"]
     assert learner[-4:] == ["--metrics-port", "14", "--health-port", "0"]
     env_1 = commands["env-1"]
     assert env_1[3:5] == ["serve", "env"]

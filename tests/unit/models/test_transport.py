@@ -40,7 +40,7 @@ def test_serve_with_an_impossible_transport_exits_with_the_field(tmp_path):
         "rollout: {engine: vllm, resources: {gpus: 1}, vllm: {maxModelLen: 4096}}\n"
     )
     result = subprocess.run(
-        [sys.executable, "-m", "aflowrl", "serve", "rollout", "--spec", str(file), "--port", "0"],
+        [sys.executable, "-m", "aflowrl", "serve", "rollout", "-f", str(file), "--port", "0"],
         capture_output=True,
         text=True,
         timeout=120,

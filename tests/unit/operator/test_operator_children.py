@@ -191,7 +191,7 @@ def test_commands_are_the_contracted_entry_points():
         assert template is not None
         return template["spec"]["containers"][0]["command"]
 
-    spec_args = ["--spec", "/etc/aflowrl/spec.yaml", "--host", "0.0.0.0"]
+    spec_args = ["-f", "/etc/aflowrl/spec.yaml", "--host", "0.0.0.0"]
     assert command("Deployment", "demo-env") == ["aflowrl", "serve", "env", *spec_args]
     assert command("Deployment", "demo-rollout") == ["aflowrl", "serve", "rollout", *spec_args]
     assert command("LeaderWorkerSet", "demo-learner") == [
@@ -199,10 +199,10 @@ def test_commands_are_the_contracted_entry_points():
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", "demo-learner-0.demo-learner.team-a.svc:29500",
         "--rdzv-id", "demo",
-        "-m", "aflowrl", "serve", "learner", "--spec", "/etc/aflowrl/spec.yaml",
+        "-m", "aflowrl", "serve", "learner", "-f", "/etc/aflowrl/spec.yaml",
     ]  # fmt: skip
     assert command("Job", "demo-trainer") == [
-        "aflowrl", "train", "--spec", "/etc/aflowrl/spec.yaml",
+        "aflowrl", "train", "-f", "/etc/aflowrl/spec.yaml",
         "--env", "dns:///demo-env.team-a.svc:50051",
         "--rollout", "dns:///demo-rollout.team-a.svc:50052",
         "--learner", "dns:///demo-learner-0.demo-learner.team-a.svc:50053",

@@ -7,7 +7,6 @@ import logging
 
 import pytest
 
-from aflowrl import envs
 from aflowrl.config import RunSpec
 from aflowrl.config.errors import ConfigError
 from aflowrl.errors import InvalidInputError
@@ -49,15 +48,6 @@ def test_online_wandb_without_an_api_key_is_a_config_error(tmp_path, monkeypatch
         tracking.open_trackers(spec, tmp_path)
     assert info.value.field == "spec.monitoring.wandb.mode" and "WANDB_API_KEY" in str(info.value)
     assert not (tmp_path / "wandb").exists()  # nothing was started
-
-
-def test_the_wandb_api_key_is_read_from_a_mounted_file_first(tmp_path, monkeypatch):
-    secret = tmp_path / "key"
-    secret.write_text("from-the-file\n")
-    monkeypatch.setenv("WANDB_API_KEY", "from-the-variable")
-    assert envs.WANDB_API_KEY == "from-the-variable"
-    monkeypatch.setenv("WANDB_API_KEY_FILE", str(secret))
-    assert envs.WANDB_API_KEY == "from-the-file"
 
 
 def test_the_scalars_are_the_records_finite_numbers():
