@@ -12,47 +12,64 @@ of the problem id). Training tasks, the warm start's episodes and the expected-g
 the training pool; settings (the defaults below, ``--split tuning``) were chosen on tuning-pool
 tasks; every figure of the evaluation (``--split eval``, the default) comes from tasks on
 problems no training or tuning task sees: ``--eval-tasks`` (12) per training benchmark (48
-tasks) and as many of mbpp, each ``--problems`` (20) problems, ``--eval-episodes`` (2) episodes
-per task and seed (a (task, seed) cell's figure is their mean).
+tasks) and as many of mbpp, each ``--problems`` (20) problems, ``--eval-episodes`` (1) episode
+per task and seed (with more, a (task, seed) cell's figure is their mean).
 
-**Tasks are independent units** where the data allows. GSM8K, MATH, DROP and MBPP evaluation
-tasks play the ``test`` problem pool: task k takes chunk k of its benchmark's test split
-(1,055, 486, 400 and 341 problems, in 20-problem chunks; consecutive task seeds, so no problem
-is in two tasks, and none is in the validation split every training and tuning task draws
-from). A bootstrap over tasks then resamples disjoint sets of problems, and the SE counts
-problems (through tasks) and seeds as units. HotpotQA has no test split: its 12 tasks draw from
-the held-out validation pool and share problems, so its quarter of the training benchmarks'
-SE is still understated.
+**The units of the standard errors are problems and seeds.** GSM8K, MATH, DROP and MBPP
+evaluation tasks play the ``test`` problem pool: task k takes chunk k of its benchmark's test
+split (1,055, 486, 400 and 341 problems, in 20-problem chunks; consecutive task seeds, so no
+problem is in two tasks, and none is in the validation split every training and tuning task
+draws from): such a task is a unit of its own, a set of problems no other unit holds. HotpotQA
+has no test split: its 12 tasks draw 20 problems each from a held-out validation pool of about
+60, so they share problems, and the bootstrap draws them together as one unit (a cluster
+weighing 12 tasks): the SE then treats HotpotQA as one draw, never as 12 independent ones.
+Every figure is a mean over (task, seed) cells; every difference is paired by (task, seed); its
+standard error is a two-way cluster bootstrap (Davison & Hinkley's "pigeonhole" scheme:
+``--bootstrap`` 2000 resamples of the units and, independently, of the seeds, with
+replacement, :func:`aflowrl.rl.yardstick.two_way_bootstrap`), so unit-to-unit and
+seed-to-seed variance both enter it and a deterministic baseline does not get an SE of zero.
+"+X SE" is mean / SE of the paired difference. (With ``--split tuning`` every benchmark's tasks
+share its tuning pool: each benchmark is one unit, and the SEs are wide.)
 
-**The search and its reward**: 4 edits per episode from AFlow's seed workflow, 9 actions
-listed, none leading to a workflow the tree holds (``search.listDuplicates: false``), and the
-``improvement`` reward, max(0, child - best so far), so that an episode's return is its
+**The search and its reward**: ``--steps`` (10) edits per episode from AFlow's seed workflow
+(AFlow searches for up to 20 rounds; at 4 steps parent selection hardly matters), 9 actions
+listed, none leading to a workflow the tree holds (``search.listDuplicates: false``, so every
+step evaluates one new workflow and two searches of equal length spend equal evaluations), and
+the ``improvement`` reward, max(0, child - best so far), so that an episode's return is its
 best-gain, the figure this bench judges (``--reward``; the defaults below were chosen on tuning
-tasks, README "How the settings were chosen").
+tasks, docs/guides/presets.md).
 
-**Methods**, each trained and evaluated once per seed (``--seeds``, 5; a seed fixes the
+**Methods**, each trained and evaluated once per seed (``--seeds``, 3; a seed fixes the
 warm start's traces, training tasks and all sampling):
 
 - ``warm start``: the supervised warm start (``trainer.warmStart``) from the fresh policy;
 - ``gigpo``: the warm start, then ``--iterations`` of GiGPO (``mean_std_norm``, sibling step
-  groups, several PPO epochs, the exact KL to the warm start);
-- ``grpo``: the warm start, then the same iterations of GRPO (episode groups only);
-- ``warm start (equal budget)``: the warm start alone with as many more labelled episodes as
-  make its workflow evaluations match warm start + GiGPO's (budget: distinct (task, workflow)
-  evaluations, siblings included; the executor calls measured are printed too, but depend on
-  what the shared cache already held), trained for as many optimiser steps as the warm start
-  (fewer epochs over more states).
+  groups, several PPO epochs, the exact KL to the warm start); it searches as the product
+  does, ``fused`` selection on its own values;
+- ``gigpo (ucb)``: the same trained policy proposing, the parent chosen by UCB alone (every
+  V(s) the same): ``fused-ucb`` is gigpo - gigpo (ucb), paired by task and seed, at equal
+  evaluation budget (same tasks, steps and seeds; every step evaluates one new workflow);
+- ablations, off by default (``--methods gigpo grpo equal-budget``; they cost two thirds of
+  the time and no verdict reads them): ``grpo`` (the same iterations of GRPO, episode groups
+  only) and ``warm start (equal budget)`` (the warm start alone with as many more labelled
+  episodes as make its workflow evaluations match warm start + GiGPO's).
 
-**Reference rows** (no training): ``random`` (uniform over the listed actions); ``uniform
-new`` (uniform over the listed actions that do not lead to a workflow the tree holds: the same
-as random while the listing leaves those out, printed for runs with ``--list-duplicates``);
-``constant`` (always the k-th listed action, k chosen on tuning tasks); ``expected-greedy``
-(at each state, the listed action with the highest mean one-step reward over ``--greedy-tasks``
-training-pool tasks of the benchmark started from the same workflow: the best a policy that
-generalises across tasks can do one step at a time); ``oracle`` (at each state, every listed
-action is evaluated on the task itself and the best taken: the one-step-lookahead ceiling).
-Trained policies search as the product does (``fused`` selection on their own values); the
-references with UCB alone (same c).
+**Reference rows** (no training; UCB alone, the same c): ``random`` (uniform over the listed
+actions); ``uniform new`` (uniform over the listed actions that do not lead to a workflow the
+tree holds: the same as random while the listing leaves those out); ``constant`` (always the
+k-th listed action, k chosen on tuning tasks); ``expected-greedy`` (at each state, the listed
+action with the highest mean one-step reward over ``--greedy-tasks`` (8) training-pool tasks
+of the benchmark started from the same workflow: the best a policy that generalises across
+tasks can do one step at a time; its row has its own SE like every row); ``oracle``: the
+*cross-fitted* one-step oracle: at each state every listed action is evaluated on the task
+itself, and the action whose child scores best on executor sample 1 is taken, while the search
+pays its reward on sample 0 (the same problems and workflows, another run of the executor).
+Choosing and scoring on one sample (the earlier ceiling) counts the executor's noise as skill:
+bench/reward_noise.py measured that lead at +0.039 on GSM8K and +0.127 on MATH, cross-fitted
++0.011 and +0.022. The held-out-state table prints both, and the effective number of distinct
+actions per state: listed actions whose children score alike on every problem and sample
+(both samples) count once. ``learnable-share`` = (gigpo - random) / (oracle - random) in
+best-gain, the oracle cross-fitted.
 
 **Metrics.** *best-gain*: the best score among the workflows an episode added minus the seed
 workflow's. *one-step*: the exact expected one-step reward E_{a~pi} r(s, a) on held-out states
@@ -61,32 +78,36 @@ workflows random edits lead to; every listed child evaluated once and cached): a
 view of the same policies. *duplicates*: steps into a workflow the tree held. *moved*: mean
 total variation on those states between a trained policy and the one it started from, and, per
 GiGPO iteration, the range of approx_kl, the clip fraction and the exact KL of the update
-(``policy/update_kl``).
-
-**Standard errors.** Every figure is a mean over (task, seed) cells; every difference is paired
-by (task, seed). Its standard error is a two-way cluster bootstrap (Davison & Hinkley's
-"pigeonhole" scheme: ``--bootstrap`` 2000 resamples of the tasks and, independently, of the
-seeds, with replacement), so task-to-task and seed-to-seed variance both enter it, and a
-deterministic baseline does not get an SE of zero. "+X SE" is mean / SE of the paired
-difference.
+(``policy/update_kl``). *calibration*: Spearman's rank correlation between the V(s) the
+trained policy read at each step of its fused searches and the gain the search realised below
+s from that step on (max(0, best score added in s's subtree - s's score),
+:func:`aflowrl.rl.yardstick.gains_below`): pooled over all steps, and within episodes.
 
 **state-TV**: the mean total variation between the GiGPO policy's distributions at two held-out
-states that list the same candidates (e.g. the seed workflow on two tasks, or on gsm8k and
-math), averaged over seeds: 0 for a policy that reads only the candidate list. **shuffle**:
-every state's listing is permuted in the observation text together with the candidates; the
-check is ok when the distribution follows the actions' content (TV to the permuted
-distribution) at most half as far as it follows their positions (TV to the unpermuted one).
+states that list the same candidates, averaged over seeds: 0 for a policy that reads only the
+candidate list. **shuffle**: every state's listing is permuted in the observation text together
+with the candidates; the check is ok when the distribution follows the actions' content (TV to
+the permuted distribution) at most half as far as it follows their positions.
 
-The last line is::
+**Where the time goes** (printed as "time per phase"): one GiGPO iteration is about 14 s at 4
+steps on 2 cores (environment 4.4-6.9 s, learner 6.6 s, generation 1-2 s) and grows with the
+episode's length; the evaluation plays every method on 60 tasks per seed. The defaults keep a
+run under 45 minutes on 2 cores at 10 steps by dropping the ablations (grpo, equal budget),
+playing one episode per (task, seed) cell and using 3 seeds; the SE stays honest because its
+units are disjoint problem sets and seeds, whatever their number.
 
-    learning: gigpo-start=+X.X SE gigpo-greedy=+Y.Y SE oracle-share=0.NN state-TV=0.NNN shuffle=ok
+The last line is (one line)::
+
+    learning: gigpo-start=+X.X SE gigpo-greedy=+Y.Y SE fused-ucb=+Z.Z SE transfer=+W.W SE
+        learnable-share=0.NN shuffle=ok
 
 gigpo-start: GiGPO's paired best-gain lead over the warm start it started from; gigpo-greedy:
-its lead over expected-greedy; oracle-share: (gigpo - random) / (oracle - random) in best-gain;
-all on the 48 evaluation tasks of the training benchmarks.
+its lead over expected-greedy; fused-ucb: the same policy with fused selection against UCB;
+all on the 48 evaluation tasks of the training benchmarks; transfer: GiGPO against random on
+the held-out benchmark's tasks, paired; learnable-share as above.
 
-    python bench/learning.py [--seeds 0 1 2 3 4] [--iterations N] [--split eval|tuning] \\
-        [--data-dir DIR] [--keep DIR] [--methods gigpo grpo equal-budget]
+    python bench/learning.py [--seeds 0 1 2] [--iterations N] [--steps 10] \\
+        [--split eval|tuning] [--data-dir DIR] [--keep DIR] [--methods gigpo grpo equal-budget]
 """
 
 from __future__ import annotations
@@ -109,9 +130,20 @@ from typing import Any
 import numpy as np
 
 from aflowrl._proto.v1 import environment_pb2, rollout_pb2
+from aflowrl.benchmarks import get_benchmark
 from aflowrl.config import RunSpec
+from aflowrl.envsvc.blob import StateCodec
+from aflowrl.executor.surrogate import SurrogateExecutor
 from aflowrl.local.launcher import local_services, local_spec
-from aflowrl.search import encoding
+from aflowrl.rl.yardstick import (
+    distinct_outcomes,
+    gains_below,
+    learnable_share,
+    spearman,
+    two_way_bootstrap,
+)
+from aflowrl.search import SearchContext, encoding
+from aflowrl.search.state import problems_digest
 from aflowrl.trainer import app
 from aflowrl.trainer.acting import (
     Actor,
@@ -123,11 +155,12 @@ from aflowrl.trainer.acting import (
 )
 from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutClient
 from aflowrl.trainer.collect import PROBLEM_POOLS
-from aflowrl.trainer.evaluate import EpisodeResult, evaluate_policy, policy_actor
-from aflowrl.trainer.rows import Decision, Observed
+from aflowrl.trainer.evaluate import evaluate_policy, play_episodes, policy_actor
+from aflowrl.trainer.rows import Decision, Episode, Observed
 from aflowrl.trainer.tasks import Task, held_out_seed, held_out_tasks
 from aflowrl.trainer.values import ValueTable
 from aflowrl.trainer.weight_sync import make_weight_sync
+from aflowrl.workflow import Evaluator
 
 TRAIN = ("gsm8k", "math", "hotpotqa", "drop")
 HELD_OUT = ("mbpp",)
@@ -180,8 +213,9 @@ trainer:
 """
 
 
-def make_spec(args: argparse.Namespace, **trainer: Any) -> RunSpec:
-    """The bench's run spec (module docstring), ``trainer`` fields overridden."""
+def make_spec(args: argparse.Namespace, *, steps: int | None = None, **trainer: Any) -> RunSpec:
+    """The bench's run spec (module docstring): episodes of ``steps`` (default ``--steps``),
+    ``trainer`` fields overridden."""
     text = SPEC.format(
         preset=args.preset,
         value_coef=args.value_coef,
@@ -199,7 +233,7 @@ def make_spec(args: argparse.Namespace, **trainer: Any) -> RunSpec:
         problems=args.problems,
         held=POOLS["heldOut"],
         tuning=POOLS["tuning"],
-        steps=args.steps,
+        steps=steps or args.steps,
         listed=LISTED,
         obs_chars=args.observation_chars,
         failed=args.failed_examples,
@@ -221,6 +255,13 @@ def make_spec(args: argparse.Namespace, **trainer: Any) -> RunSpec:
     return RunSpec.from_document(doc)
 
 
+def with_steps(spec: RunSpec, steps: int) -> RunSpec:
+    """``spec`` with episodes of ``steps`` edits."""
+    doc = spec.to_document()
+    doc["environment"]["search"]["maxSteps"] = steps
+    return RunSpec.from_document(doc)
+
+
 # ---- statistics -------------------------------------------------------------------------------
 
 
@@ -239,18 +280,6 @@ class Cells:
             [[statistics.fmean(self.values[t, s]) for s in seeds] for t in tasks],
             dtype=np.float64,
         )
-
-
-def two_way_bootstrap(matrix: np.ndarray, resamples: int, seed: int = 0) -> float:
-    """SE of the mean of a [tasks, seeds] matrix, tasks and seeds resampled independently."""
-    tasks, seeds = matrix.shape
-    rng = np.random.default_rng(seed)
-    means = np.empty(resamples)
-    for b in range(resamples):
-        rows = rng.integers(tasks, size=tasks)
-        cols = rng.integers(seeds, size=seeds)
-        means[b] = matrix[np.ix_(rows, cols)].mean()
-    return float(means.std(ddof=1))
 
 
 @dataclass
@@ -294,17 +323,131 @@ class RecordingActor(UniformActor):
         return await super().act(observed, draws=draws)
 
 
-class OracleActor(Actor):
-    """Evaluates every listed action on the task itself and takes the best (ties: first)."""
+class SecondReading:
+    """Workflows scored on a task's problems on executor sample 1; the search reads sample 0
+    (the same workflow and problems, an independent run of the executor), so a choice made on
+    sample 1 and scored on sample 0 is cross-fitted. The task's problems are those the
+    environment draws (the same code, :meth:`SearchContext.episode_problems`, on the same
+    files), checked against the digest in the episode's state."""
 
-    def __init__(self, env: EnvironmentClient) -> None:
+    def __init__(self, env: EnvironmentClient, spec: RunSpec, data_dir: str) -> None:
         self.env = env
+        self.evaluation = spec.environment.evaluation
+        self.codec = StateCodec()
+        self.contexts: dict[str, SearchContext] = {}
+        for name in (*TRAIN, *HELD_OUT):
+            benchmark = get_benchmark(name)
+            pool = benchmark.load(self.evaluation.split, data_dir)
+            test = benchmark.load("test", data_dir) if name in TEST_SPLIT else []
+            self.contexts[name] = SearchContext(
+                Evaluator(SurrogateExecutor(pool), benchmark),
+                pool,
+                evaluation=self.evaluation,
+                test_problems=test,
+            )
+        self._problems: dict[tuple[str, int, str], list[str]] = {}
+
+    def problem_ids(self, o: Observed) -> list[str]:
+        key = (o.benchmark, o.seed, o.pool)
+        if key not in self._problems:
+            problems = self.contexts[o.benchmark].episode_problems(
+                o.seed, self.evaluation.max_problems, o.pool
+            )
+            state = self.codec.decode(o.state, field="state")
+            if problems_digest(problems) != state.problems:
+                raise RuntimeError(f"the problems of {key} differ from the environment's")
+            self._problems[key] = [p.problem_id for p in problems]
+        return self._problems[key]
+
+    async def outcomes(
+        self, o: Observed, workflows: Sequence[str]
+    ) -> list[list[tuple[float, float]]]:
+        """Per workflow, its (sample 0, sample 1) score on each of the task's problems."""
+        ids = self.problem_ids(o)
+        split = "test" if o.pool == "test" else self.evaluation.split
+        replies = await asyncio.gather(
+            *(
+                self.env.evaluate(
+                    environment_pb2.EvaluateRequest(
+                        workflow_json=w,
+                        benchmark=o.benchmark,
+                        split=split,
+                        problem_ids=ids,
+                        repeats=2,
+                        seed=0,
+                    ),
+                    key=o.anchor,
+                )
+                for w in workflows
+            )
+        )
+        return [[(p.scores[0], p.scores[1]) for p in r.problems] for r in replies]
+
+
+@dataclass(frozen=True)
+class Readings:
+    """Every listed action of one state: its reward (sample 0, what the search pays), its
+    child's score on samples 0 and 1, and the child's outcome on each problem and sample."""
+
+    rewards: tuple[float, ...]
+    first: tuple[float, ...]
+    second: tuple[float, ...]
+    outcomes: tuple[tuple[tuple[float, float], ...], ...]
+
+    @property
+    def cross_fitted(self) -> int:
+        """The action whose child scores best on sample 1 (ties: the earliest)."""
+        return int(np.argmax(self.second))
+
+    @property
+    def distinct(self) -> int:
+        return distinct_outcomes(self.outcomes)
+
+
+async def readings(env: EnvironmentClient, second: SecondReading, o: Observed) -> Readings:
+    """Step every listed action of ``o`` and score each child on sample 1 too."""
+    replies = await asyncio.gather(
+        *(
+            env.step(
+                o.state,
+                encoding.action_reply(a),
+                episode_key=o.anchor,
+                values=environment_pb2.StateValues(),
+            )
+            for a in o.admissible
+        )
+    )
+    children = [reply.info.child_workflow_json or o.workflow_json for reply, _ in replies]
+    outcomes = await second.outcomes(o, children)
+    first = [statistics.fmean(a for a, _ in v) for v in outcomes]
+    for (reply, _), score in zip(replies, first, strict=True):
+        if reply.info.child_workflow_json and abs(reply.info.child_score - score) > 1e-9:
+            raise RuntimeError(
+                f"sample 0 of a child scores {score} here and {reply.info.child_score} in the "
+                "search: not the episode's problems"
+            )
+    return Readings(
+        rewards=tuple(float(reply.reward) for reply, _ in replies),
+        first=tuple(first),
+        second=tuple(statistics.fmean(b for _, b in v) for v in outcomes),
+        outcomes=tuple(tuple(v) for v in outcomes),
+    )
+
+
+class OracleActor(Actor):
+    """The cross-fitted one-step oracle: evaluates every listed action on the task itself and
+    takes the one whose child scores best on executor sample 1, while the search pays its
+    reward on sample 0 (choosing and scoring on one sample would count the executor's noise
+    as skill: bench/reward_noise.py)."""
+
+    def __init__(self, env: EnvironmentClient, second: SecondReading) -> None:
+        self.env = env
+        self.second = second
 
     async def act(self, observed: Sequence[Observed], *, draws: Sequence[Draw]) -> list[Decision]:
         async def one(o: Observed) -> Decision:
-            rewards = await step_rewards(self.env, o.state, o.admissible, key=o.anchor)
-            k = int(np.argmax(rewards))
-            return Decision(action=encoding.action_reply(o.admissible[k]))
+            found = await readings(self.env, self.second, o)
+            return Decision(action=encoding.action_reply(o.admissible[found.cross_fitted]))
 
         return list(await asyncio.gather(*(one(o) for o in observed)))
 
@@ -405,13 +548,17 @@ async def step_rewards(
 
 @dataclass(frozen=True)
 class State:
-    """A held-out state with the reward of every listed action."""
+    """A held-out state with the readings of every listed action."""
 
     task: Task
     text: str
     actions: tuple[str, ...]
-    rewards: tuple[float, ...]
+    readings: Readings
     observed: Observed
+
+    @property
+    def rewards(self) -> tuple[float, ...]:
+        return self.readings.rewards
 
     @property
     def benchmark(self) -> str:
@@ -454,6 +601,8 @@ class Method:
     updates: list[dict[str, float]] = field(default_factory=list)
     """GiGPO/GRPO: per iteration, the update's statistics (all seeds)."""
     seconds: float = 0.0
+    calibration: list[tuple[list[float], list[float]]] = field(default_factory=list)
+    """Per episode played with values: V(s) at each step and the gain realised below s."""
 
 
 def evaluation_tasks(
@@ -469,6 +618,12 @@ def evaluation_tasks(
         else:
             tasks += held_out_tasks([name], count, seed=namespace, pool=pool)
     return tasks
+
+
+def bootstrap_unit(task: Task) -> tuple[Any, ...]:
+    """The bootstrap's unit of ``task``: a test-split task alone (its problems are in no other
+    task), the tasks of a benchmark without a test split together (they share problems)."""
+    return (task.benchmark, task.seed) if task.pool == "test" else (task.benchmark,)
 
 
 class Bench:
@@ -487,9 +642,14 @@ class Bench:
         self.tv: list[float] = []
         self.shuffle: list[tuple[float, float]] = []
         self.start_distribution: dict[int, list[np.ndarray]] = {}
+        self.phases: dict[str, float] = {}
 
     def method(self, name: str) -> Method:
         return self.methods.setdefault(name, Method(name))
+
+    def phase(self, name: str, started: float) -> None:
+        """Add the seconds since ``started`` to phase ``name`` (printed at the end)."""
+        self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - started
 
     # ---- services ----
 
@@ -502,6 +662,7 @@ class Bench:
             self.learner = LearnerClient(targets.learner)
             self.rollout = RolloutClient(targets.rollout)
             self.env = EnvironmentClient(targets.env, step_timeout_s=1800.0)
+            self.second = SecondReading(self.env, self.base, self.args.data_dir)
             self.weights = make_weight_sync(self.base, targets.learner, targets.rollout)
             initial = self.root / "initial-policy"
             await self.learner.save(str(initial), b"")
@@ -543,15 +704,18 @@ class Bench:
         search meets), with the reward of every listed action from each."""
         started = time.perf_counter()
         recorder = RecordingActor()
-        tasks = [*self.tasks, *self.transfer]
         await evaluate_policy(
-            self.base, self.env, recorder, tasks, seed=STATES_SEED, values=ValueTable.empty()
+            with_steps(self.base, self.args.state_steps),
+            self.env,
+            recorder,
+            self.tasks,
+            seed=STATES_SEED,
+            values=ValueTable.empty(),
         )
 
         async def one(o: Observed) -> State:
-            rewards = await step_rewards(self.env, o.state, o.admissible, key=o.anchor)
-            task = Task(o.benchmark, o.seed, o.pool)
-            return State(task, o.text, o.admissible, tuple(rewards), o)
+            found = await readings(self.env, self.second, o)
+            return State(Task(o.benchmark, o.seed, o.pool), o.text, o.admissible, found, o)
 
         self.states = list(await asyncio.gather(*(one(o) for o in recorder.seen)))
         print(
@@ -570,11 +734,22 @@ class Bench:
             )
 
     async def _play(
-        self, method: Method, actor: Actor, seed: int, *, spec: RunSpec | None = None, ucb: bool
+        self,
+        method: Method,
+        actor: Actor,
+        seed: int,
+        *,
+        spec: RunSpec | None = None,
+        ucb: bool,
+        transfer: bool = True,
     ) -> None:
-        spec = spec or self.base
-        tasks = [*self.tasks, *self.transfer]
-        played: list[EpisodeResult] = await evaluate_policy(
+        """Play ``actor`` on the evaluation tasks (``ucb``: selection by UCB alone, every V the
+        same; else ``fused`` on the values the actor reads) and record its best-gains and the
+        calibration of the values it read."""
+        spec = with_steps(spec or self.base, self.args.steps)
+        tasks = [*self.tasks, *(self.transfer if transfer else [])]
+        started = time.perf_counter()
+        played: list[Episode] = await play_episodes(
             spec,
             self.env,
             actor,
@@ -584,10 +759,24 @@ class Bench:
             values=ValueTable.empty() if ucb else None,
         )
         repeated = [t for t in tasks for _ in range(self.args.eval_episodes)]
+        steps = duplicates = 0
         for task, episode in zip(repeated, played, strict=True):
             method.gain.add(task, seed, episode.best_gain)
-        steps = sum(e.steps for e in played)
-        method.duplicates.append(sum(e.duplicates for e in played) / max(1, steps))
+            steps += len(episode.rows)
+            duplicates += sum(1 for r in episode.rows if r.valid and r.duplicate)
+            rows = episode.rows
+            if not rows or any(r.decision.value is None for r in rows):
+                continue
+            gains = gains_below(
+                [r.anchor for r in rows],
+                [r.child_hash if r.valid and not r.duplicate else None for r in rows],
+                [r.child_score for r in rows],
+                [r.parent_score for r in rows],
+            )
+            values = [float(r.decision.value or 0.0) for r in rows]
+            method.calibration.append((values, gains))
+        method.duplicates.append(duplicates / max(1, steps))
+        self.phase(f"play {method.name}", started)
 
     async def _references(self) -> None:
         args = self.args
@@ -596,22 +785,28 @@ class Bench:
             for name in (*TRAIN, *HELD_OUT)
         }
         greedy = GreedyActor(self.env, self.base, greedy_fit)
-        constant = await self._constant()
-        references: list[tuple[str, Actor]] = [
-            ("random", UniformActor()),
-            ("uniform new", UniformNewActor()),
-            (f"constant (k={constant + 1})", IndexActor(constant)),
+        references: list[tuple[str, Actor]] = [("random", UniformActor())]
+        constant = 0
+        if args.more_references:
+            constant = await self._constant()
+            self.constant = f"constant (k={constant + 1})"
+            references += [
+                ("uniform new", UniformNewActor()),
+                (self.constant, IndexActor(constant)),
+            ]
+        references += [
             ("expected-greedy", greedy),
-            ("oracle", OracleActor(self.env)),
+            ("oracle", OracleActor(self.env, self.second)),
         ]
         for name, actor in references:
             method = self.method(name)
             started = time.perf_counter()
             for seed in args.seeds:
-                await self._play(method, actor, seed, ucb=True)
+                # The oracle's second readings of code (mbpp) would cost more than the rest of
+                # the references together; the verdicts read it on the training benchmarks.
+                await self._play(method, actor, seed, ucb=True, transfer=name != "oracle")
             method.seconds = time.perf_counter() - started
             print(f"{name:>28}: played ({method.seconds:.0f} s)", flush=True)
-        self.constant = f"constant (k={constant + 1})"
         choice: dict[int, int] = {}
         for state in self.states:
             state_means = await greedy.means(
@@ -626,11 +821,14 @@ class Bench:
 
         rules: dict[str, Callable[[State], np.ndarray]] = {
             "random": lambda s: np.full(len(s.actions), 1.0 / len(s.actions)),
-            "uniform new": lambda s: np.full(len(s.actions), 1.0 / len(s.actions)),
-            self.constant: lambda s: one_hot(min(constant, len(s.actions) - 1), len(s.actions)),
             "expected-greedy": lambda s: one_hot(choice[id(s)], len(s.actions)),
-            "oracle": lambda s: one_hot(int(np.argmax(s.rewards)), len(s.actions)),
+            "oracle": lambda s: one_hot(s.readings.cross_fitted, len(s.actions)),
         }
+        if args.more_references:
+            rules["uniform new"] = rules["random"]
+            rules[self.constant] = lambda s: one_hot(
+                min(constant, len(s.actions) - 1), len(s.actions)
+            )
         for name, rule in rules.items():
             for seed in args.seeds:
                 self._record_states(self.method(name), seed, rule)
@@ -687,10 +885,17 @@ class Bench:
         """Play the served policy on the evaluation tasks and record its figures."""
         method = self.method(name)
         started = time.perf_counter()
-        await self._play(method, policy_actor(spec, self.rollout), seed, spec=spec, ucb=False)
+        actor = policy_actor(spec, self.rollout)
+        await self._play(method, actor, seed, spec=spec, ucb=False)
+        if name == "gigpo":
+            await self._play(self.method("gigpo (ucb)"), actor, seed, spec=spec, ucb=True)
         pis = await self._distributions(self.states)
         for state, pi in zip(self.states, pis, strict=True):
             method.onestep.add(state.task, seed, float(np.dot(pi, state.rewards)))
+            if name == "gigpo":  # the same policy: the same one-step figure
+                self.method("gigpo (ucb)").onestep.add(
+                    state.task, seed, float(np.dot(pi, state.rewards))
+                )
         if start is not None:
             method.moved.append(
                 statistics.fmean(total_variation(a, b) for a, b in zip(pis, start, strict=True))
@@ -704,7 +909,9 @@ class Bench:
         await self._load(initial)
         started = time.perf_counter()
         warm_dir = self.root / f"warm-{seed}"
-        warm_spec = make_spec(args, seed=seed, iterations=0, checkpointDir=str(warm_dir))
+        warm_spec = make_spec(
+            args, steps=args.train_steps, seed=seed, iterations=0, checkpointDir=str(warm_dir)
+        )
         await self._train(warm_spec, warm_dir)
         warm_summary = json.loads((warm_dir / "warmstart" / "summary.json").read_text())
         warm = self.method("warm start")
@@ -723,7 +930,7 @@ class Bench:
             await self._load(warm_ckpt)
             started = time.perf_counter()
             run_dir = self.root / f"{method_name}-{seed}"
-            spec = make_spec(args, seed=seed, checkpointDir=str(run_dir))
+            spec = make_spec(args, steps=args.train_steps, seed=seed, checkpointDir=str(run_dir))
             doc = spec.to_document()
             doc["trainer"]["warmStart"]["episodes"] = 0  # already warm
             if algorithm == "grpo":
@@ -753,7 +960,9 @@ class Bench:
             started = time.perf_counter()
             episodes = round(args.warm_episodes * (1.0 + rl_budget / warm.evaluations[-1]))
             run_dir = self.root / f"warm-equal-{seed}"
-            spec = make_spec(args, seed=seed, iterations=0, checkpointDir=str(run_dir))
+            spec = make_spec(
+                args, steps=args.train_steps, seed=seed, iterations=0, checkpointDir=str(run_dir)
+            )
             doc = spec.to_document()
             doc["trainer"]["warmStart"]["episodes"] = episodes
             doc["trainer"]["warmStart"]["epochs"] = max(
@@ -799,7 +1008,8 @@ class Bench:
         a = getattr(self.methods[name], metric).matrix(tasks, seeds)
         if minus is not None:
             a = a - getattr(self.methods[minus], metric).matrix(tasks, seeds)
-        return Figure(float(a.mean()), two_way_bootstrap(a, self.args.bootstrap))
+        clusters = [bootstrap_unit(t) for t in tasks]
+        return Figure(float(a.mean()), two_way_bootstrap(a, self.args.bootstrap, clusters=clusters))
 
 
 def report(name: str, method: Method, seed: int) -> None:
@@ -823,6 +1033,7 @@ def print_tables(bench: Bench) -> None:
         "warm start",
         "warm start (equal budget)",
         "gigpo",
+        "gigpo (ucb)",
         "grpo",
     ]
     names = [n for n in order if n in bench.methods]
@@ -855,6 +1066,7 @@ def print_tables(bench: Bench) -> None:
     comparisons = [
         ("gigpo", "warm start"),
         ("gigpo", "expected-greedy"),
+        ("gigpo", "gigpo (ucb)"),
         ("gigpo", "warm start (equal budget)"),
         ("gigpo", "grpo"),
         ("gigpo", "random"),
@@ -886,6 +1098,14 @@ def print_tables(bench: Bench) -> None:
             f"TV from the warm start after the iteration {span('policy/start_tv')}, "
             f"entropy {span('policy/entropy')}"
         )
+    if "gigpo" in bench.methods and "random" in bench.methods:
+        transfer = bench.figure("gigpo", "gain", bench.transfer, minus="random")
+        print(
+            f"  on {', '.join(HELD_OUT)} (held out): gigpo - random: {transfer} "
+            f"({transfer.z:+.1f} SE)"
+        )
+    print_ceiling(bench)
+    print_calibration(bench)
     if bench.shuffle:
         content = statistics.fmean(c for c, _ in bench.shuffle)
         position = statistics.fmean(p for _, p in bench.shuffle)
@@ -894,28 +1114,85 @@ def print_tables(bench: Bench) -> None:
             f"{position:.3f}; state-TV between states listing the same candidates "
             f"{statistics.fmean(bench.tv):.3f}"
         )
+    print(
+        "time per phase: "
+        + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in bench.phases.items())
+    )
+
+
+def print_ceiling(bench: Bench) -> None:
+    """The one-step ceiling chosen and scored on one executor sample against the cross-fitted
+    one, and the effective number of distinct actions per state, per benchmark."""
+    print("\nOne-step ceiling and effective actions on the held-out states (mean over states):")
+    for name in (*TRAIN, *HELD_OUT):
+        states = [s for s in bench.states if s.benchmark == name]
+        if not states:
+            continue
+        mean_r = [statistics.fmean(s.rewards) for s in states]
+        same = [max(s.rewards) - m for s, m in zip(states, mean_r, strict=True)]
+        cross = [
+            s.rewards[s.readings.cross_fitted] - m for s, m in zip(states, mean_r, strict=True)
+        ]
+        distinct = [s.readings.distinct for s in states]
+        print(
+            f"  {name:<9} {len(states):>4} states: oracle lead over random, same sample "
+            f"{statistics.fmean(same):+.4f}, cross-fitted {statistics.fmean(cross):+.4f}; "
+            f"distinct actions {statistics.fmean(distinct):.1f} of "
+            f"{statistics.fmean(len(s.actions) for s in states):.1f} listed"
+        )
+
+
+def calibration(method: Method) -> tuple[float, float, int]:
+    """(pooled Spearman of V(s) and the gain realised below s, the mean of the per-episode
+    ones, episodes with a defined one)."""
+    values = [v for vs, _ in method.calibration for v in vs]
+    gains = [g for _, gs in method.calibration for g in gs]
+    per_episode = [spearman(vs, gs) for vs, gs in method.calibration]
+    defined = [r for r in per_episode if math.isfinite(r)]
+    pooled = spearman(values, gains) if values else math.nan
+    return pooled, statistics.fmean(defined) if defined else math.nan, len(defined)
+
+
+def print_calibration(bench: Bench) -> None:
+    for name in ("gigpo", "warm start"):
+        if name in bench.methods and bench.methods[name].calibration:
+            pooled, per_episode, count = calibration(bench.methods[name])
+            print(
+                f"{name} values' calibration: Spearman(V(s), gain realised below s) pooled "
+                f"{pooled:+.3f}, within episodes {per_episode:+.3f} (mean of {count})"
+            )
 
 
 def final_line(bench: Bench) -> str:
     start = bench.figure("gigpo", "gain", bench.tasks, minus="warm start")
     greedy = bench.figure("gigpo", "gain", bench.tasks, minus="expected-greedy")
-    gigpo = bench.figure("gigpo", "gain", bench.tasks).mean
-    random = bench.figure("random", "gain", bench.tasks).mean
-    oracle = bench.figure("oracle", "gain", bench.tasks).mean
-    share = (gigpo - random) / (oracle - random) if oracle != random else math.nan
+    fused = bench.figure("gigpo", "gain", bench.tasks, minus="gigpo (ucb)")
+    transfer = bench.figure("gigpo", "gain", bench.transfer, minus="random")
+    share = learnable_share(
+        bench.figure("gigpo", "gain", bench.tasks).mean,
+        bench.figure("random", "gain", bench.tasks).mean,
+        bench.figure("oracle", "gain", bench.tasks).mean,
+    )
     content = statistics.fmean(c for c, _ in bench.shuffle)
     position = statistics.fmean(p for _, p in bench.shuffle)
     shuffle = "ok" if content <= 0.5 * position else "FAIL"
     return (
         f"learning: gigpo-start={start.z:+.1f} SE gigpo-greedy={greedy.z:+.1f} SE "
-        f"oracle-share={share:.2f} state-TV={statistics.fmean(bench.tv):.3f} shuffle={shuffle}"
+        f"fused-ucb={fused.z:+.1f} SE transfer={transfer.z:+.1f} SE "
+        f"learnable-share={share:.2f} shuffle={shuffle}"
     )
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    p.add_argument("--methods", nargs="+", default=["gigpo", "grpo", "equal-budget"])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=["gigpo"],
+        choices=["gigpo", "grpo", "equal-budget"],
+        help="trained methods besides the warm start (grpo and equal-budget: ablations)",
+    )
     p.add_argument("--split", choices=sorted(SPLIT_POOL), default="eval")
     p.add_argument("--preset", default="tiny", choices=["tiny", "small", "base"])
     # RL (chosen on tuning tasks: README, "How the defaults were chosen")
@@ -938,7 +1215,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warm-value-coef", type=float, default=0.5)
     # The environment and the evaluation
     p.add_argument("--problems", type=int, default=20, help="validation problems per task")
-    p.add_argument("--steps", type=int, default=4, help="edits per episode")
+    p.add_argument(
+        "--steps", type=int, default=10, help="edits per evaluation episode (the searches judged)"
+    )
+    p.add_argument(
+        "--train-steps",
+        type=int,
+        default=4,
+        help="edits per training and warm-start episode (the policy proposes one edit at a time; "
+        "sibling groups evaluate every listed action at each step, so training cost grows "
+        "with this)",
+    )
+    p.add_argument(
+        "--state-steps",
+        type=int,
+        default=3,
+        help="held-out states: the first N states of one random episode per evaluation task",
+    )
     p.add_argument("--ucb-c", type=float, default=0.1)
     p.add_argument(
         "--reward",
@@ -964,12 +1257,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--eval-episodes",
         type=int,
-        default=2,
+        default=1,
         help="per task and seed (a cell's figure is their mean; the cell stays the unit)",
     )
-    p.add_argument("--greedy-tasks", type=int, default=6, help="per benchmark")
+    p.add_argument("--greedy-tasks", type=int, default=8, help="per benchmark")
     p.add_argument("--selection-tasks", type=int, default=3, help="per training benchmark")
     p.add_argument("--bootstrap", type=int, default=2000)
+    p.add_argument(
+        "--more-references",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also the rows no verdict reads: uniform new, and constant (k chosen on tuning tasks)",
+    )
     p.add_argument(
         "--references",
         action=argparse.BooleanOptionalAction,
