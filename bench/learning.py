@@ -464,6 +464,9 @@ class GreedyActor(Actor):
         self.spec = spec
         self.fit_tasks = fit_tasks
         self.table: dict[tuple[str, str], dict[str, float]] = {}
+        self.fits: list[tuple[float, float]] = []
+        """Per fitted state: the SE of the best action's mean reward over the fit tasks, and
+        its lead over the second best."""
         self._fitting: dict[tuple[str, str], asyncio.Future[dict[str, float]]] = {}
 
     async def means(self, benchmark: str, anchor: str, workflow_json: str) -> dict[str, float]:
@@ -488,7 +491,17 @@ class GreedyActor(Actor):
                 rewards.setdefault(action, []).append(value)
 
         await asyncio.gather(*(one(t) for t in self.fit_tasks[benchmark]))
-        return {a: statistics.fmean(v) for a, v in rewards.items()}
+        means = {a: statistics.fmean(v) for a, v in rewards.items()}
+        ranked = sorted(means, key=lambda a: -means[a])
+        if len(ranked) > 1 and len(rewards[ranked[0]]) > 1:
+            best = rewards[ranked[0]]
+            self.fits.append(
+                (
+                    statistics.stdev(best) / math.sqrt(len(best)),
+                    means[ranked[0]] - means[ranked[1]],
+                )
+            )
+        return means
 
     def choose(self, o: Observed, means: dict[str, float]) -> int:
         penalty = self.spec.environment.search.duplicate_penalty
@@ -506,6 +519,23 @@ class GreedyActor(Actor):
             return Decision(action=encoding.action_reply(o.admissible[self.choose(o, means)]))
 
         return list(await asyncio.gather(*(one(o) for o in observed)))
+
+
+class ScaledValues(ValueTable):
+    """The policy's values, sent multiplied by ``scale``: fused selection's score
+    (1 - w) UCB + w V then ranks as (1 - w') UCB + w' V with w' / (1 - w') = scale w / (1 - w),
+    another ``search.fusedW`` without restarting the environment (scale 0: UCB alone)."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__("policy")
+        self.scale = scale
+
+    def proto(self, own: Any = None) -> environment_pb2.StateValues:
+        sent = super().proto(own)
+        return environment_pb2.StateValues(
+            values={a: v * self.scale for a, v in sent.values.items()},
+            default_value=sent.default_value * self.scale,
+        )
 
 
 async def reset(
@@ -742,6 +772,7 @@ class Bench:
         spec: RunSpec | None = None,
         ucb: bool,
         transfer: bool = True,
+        values: ValueTable | None = None,
     ) -> None:
         """Play ``actor`` on the evaluation tasks (``ucb``: selection by UCB alone, every V the
         same; else ``fused`` on the values the actor reads) and record its best-gains and the
@@ -756,7 +787,7 @@ class Bench:
             tasks,
             episodes_per_task=self.args.eval_episodes,
             seed=seed,
-            values=ValueTable.empty() if ucb else None,
+            values=ValueTable.empty() if ucb else values,
         )
         repeated = [t for t in tasks for _ in range(self.args.eval_episodes)]
         steps = duplicates = 0
@@ -773,8 +804,8 @@ class Bench:
                 [r.child_score for r in rows],
                 [r.parent_score for r in rows],
             )
-            values = [float(r.decision.value or 0.0) for r in rows]
-            method.calibration.append((values, gains))
+            read = [float(r.decision.value or 0.0) for r in rows]
+            method.calibration.append((read, gains))
         method.duplicates.append(duplicates / max(1, steps))
         self.phase(f"play {method.name}", started)
 
@@ -794,19 +825,20 @@ class Bench:
                 ("uniform new", UniformNewActor()),
                 (self.constant, IndexActor(constant)),
             ]
-        references += [
-            ("expected-greedy", greedy),
-            ("oracle", OracleActor(self.env, self.second)),
-        ]
+        references.append(("expected-greedy", greedy))
+        if args.more_references:
+            references.append(("oracle", OracleActor(self.env, self.second)))
         for name, actor in references:
             method = self.method(name)
             started = time.perf_counter()
             for seed in args.seeds:
-                # The oracle's second readings of code (mbpp) would cost more than the rest of
-                # the references together; the verdicts read it on the training benchmarks.
-                await self._play(method, actor, seed, ucb=True, transfer=name != "oracle")
+                # Fitting expected-greedy at, and reading twice, every state of a code task
+                # (mbpp) would cost more than the rest of the references together; the
+                # verdicts read them on the training benchmarks only.
+                await self._play(method, actor, seed, ucb=True, transfer=name == "random")
             method.seconds = time.perf_counter() - started
             print(f"{name:>28}: played ({method.seconds:.0f} s)", flush=True)
+        self.greedy = greedy
         choice: dict[int, int] = {}
         for state in self.states:
             state_means = await greedy.means(
@@ -886,9 +918,27 @@ class Bench:
         method = self.method(name)
         started = time.perf_counter()
         actor = policy_actor(spec, self.rollout)
-        await self._play(method, actor, seed, spec=spec, ucb=False)
+        scale = self.args.value_scale
+        await self._play(
+            method,
+            actor,
+            seed,
+            spec=spec,
+            ucb=False,
+            values=ScaledValues(scale) if name == "gigpo" and scale != 1.0 else None,
+        )
         if name == "gigpo":
             await self._play(self.method("gigpo (ucb)"), actor, seed, spec=spec, ucb=True)
+            for other in self.args.try_value_scales:
+                await self._play(
+                    self.method(f"gigpo (V x {other:g})"),
+                    actor,
+                    seed,
+                    spec=spec,
+                    ucb=False,
+                    values=ScaledValues(other),
+                    transfer=False,
+                )
         pis = await self._distributions(self.states)
         for state, pi in zip(self.states, pis, strict=True):
             method.onestep.add(state.task, seed, float(np.dot(pi, state.rewards)))
@@ -1001,6 +1051,13 @@ class Bench:
 
     # ---- figures ----
 
+    def has(self, name: str, tasks: Sequence[Task]) -> bool:
+        """Whether method ``name`` played every (task, seed) cell of ``tasks``."""
+        method = self.methods.get(name)
+        return method is not None and all(
+            (t, s) in method.gain.values for t in tasks for s in self.args.seeds
+        )
+
     def figure(
         self, name: str, metric: str, tasks: Sequence[Task], minus: str | None = None
     ) -> Figure:
@@ -1050,17 +1107,18 @@ def print_tables(bench: Bench) -> None:
     for name in names:
         m = bench.methods[name]
         cells = [
-            bench.figure(name, "gain", bench.tasks),
+            bench.figure(name, "gain", bench.tasks) if bench.has(name, bench.tasks) else "-",
             bench.figure(name, "onestep", bench.tasks),
-            bench.figure(name, "gain", bench.transfer),
+            bench.figure(name, "gain", bench.transfer) if bench.has(name, bench.transfer) else "-",
         ]
+        duplicates = f"{statistics.fmean(m.duplicates):>6.2f}" if m.duplicates else f"{'-':>6}"
         budget = f"{statistics.fmean(m.evaluations):>12.0f}" if m.evaluations else f"{'-':>12}"
         calls = f"{statistics.fmean(m.executor_calls):>9.0f}" if m.executor_calls else f"{'-':>9}"
         moved = f"{statistics.fmean(m.moved):>7.3f}" if m.moved else f"{'-':>7}"
         print(
             f"{name:<28}"
             + "".join(f"{c!s:>18}" for c in cells)
-            + f"{statistics.fmean(m.duplicates):>6.2f}{budget}{calls}{moved}"
+            + f"{duplicates}{budget}{calls}{moved}"
         )
     print("\nPaired differences (best-gain; one-step E[r]) on the training benchmarks' tasks:")
     comparisons = [
@@ -1072,14 +1130,18 @@ def print_tables(bench: Bench) -> None:
         ("gigpo", "random"),
         ("warm start", "random"),
         ("expected-greedy", "random"),
+        ("oracle", "random"),
     ]
     for a, b in comparisons:
         if a in bench.methods and b in bench.methods:
-            gain = bench.figure(a, "gain", bench.tasks, minus=b)
             onestep = bench.figure(a, "onestep", bench.tasks, minus=b)
-            print(
-                f"  {a} - {b}: {gain} ({gain.z:+.1f} SE); one-step {onestep} ({onestep.z:+.1f} SE)"
+            gain = (
+                f"{bench.figure(a, 'gain', bench.tasks, minus=b)} "
+                f"({bench.figure(a, 'gain', bench.tasks, minus=b).z:+.1f} SE)"
+                if bench.has(a, bench.tasks) and bench.has(b, bench.tasks)
+                else "-"
             )
+            print(f"  {a} - {b}: {gain}; one-step {onestep} ({onestep.z:+.1f} SE)")
     for name in ("gigpo", "grpo"):
         if name not in bench.methods or not bench.methods[name].updates:
             continue
@@ -1098,11 +1160,26 @@ def print_tables(bench: Bench) -> None:
             f"TV from the warm start after the iteration {span('policy/start_tv')}, "
             f"entropy {span('policy/entropy')}"
         )
+    for name in bench.methods:
+        if name.startswith("gigpo (V x") and bench.has("gigpo (ucb)", bench.tasks):
+            lead = bench.figure(name, "gain", bench.tasks, minus="gigpo (ucb)")
+            print(
+                f"  {name} - gigpo (ucb): {lead} ({lead.z:+.1f} SE); best-gain "
+                f"{bench.figure(name, 'gain', bench.tasks)}"
+            )
     if "gigpo" in bench.methods and "random" in bench.methods:
         transfer = bench.figure("gigpo", "gain", bench.transfer, minus="random")
         print(
             f"  on {', '.join(HELD_OUT)} (held out): gigpo - random: {transfer} "
             f"({transfer.z:+.1f} SE)"
+        )
+    greedy = getattr(bench, "greedy", None)
+    if greedy is not None and greedy.fits:
+        print(
+            f"expected-greedy fit: {len(greedy.fits)} states, {args.greedy_tasks} training-pool "
+            "tasks each; the chosen action's mean one-step reward has SE "
+            f"{statistics.fmean(se for se, _ in greedy.fits):.4f} over them (mean over states), "
+            f"its lead over the second best {statistics.fmean(d for _, d in greedy.fits):.4f}"
         )
     print_ceiling(bench)
     print_calibration(bench)
@@ -1169,9 +1246,9 @@ def final_line(bench: Bench) -> str:
     fused = bench.figure("gigpo", "gain", bench.tasks, minus="gigpo (ucb)")
     transfer = bench.figure("gigpo", "gain", bench.transfer, minus="random")
     share = learnable_share(
-        bench.figure("gigpo", "gain", bench.tasks).mean,
-        bench.figure("random", "gain", bench.tasks).mean,
-        bench.figure("oracle", "gain", bench.tasks).mean,
+        bench.figure("gigpo", "onestep", bench.tasks).mean,
+        bench.figure("random", "onestep", bench.tasks).mean,
+        bench.figure("oracle", "onestep", bench.tasks).mean,
     )
     content = statistics.fmean(c for c, _ in bench.shuffle)
     position = statistics.fmean(p for _, p in bench.shuffle)
@@ -1233,6 +1310,20 @@ def parser() -> argparse.ArgumentParser:
         help="held-out states: the first N states of one random episode per evaluation task",
     )
     p.add_argument("--ucb-c", type=float, default=0.1)
+    p.add_argument(
+        "--value-scale",
+        type=float,
+        default=1.0,
+        help="GiGPO's fused searches send V(s) times this (another search.fusedW: ScaledValues)",
+    )
+    p.add_argument(
+        "--try-value-scales",
+        type=float,
+        nargs="*",
+        default=[],
+        help="also play GiGPO's fused search at these value scales (with --split tuning: "
+        "how --value-scale is chosen)",
+    )
     p.add_argument(
         "--reward",
         default="improvement",

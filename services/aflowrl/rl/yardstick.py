@@ -71,7 +71,7 @@ def learnable_share(policy: float, random: float, ceiling: float) -> float:
     return (policy - random) / (ceiling - random)
 
 
-def distinct_outcomes(outcomes: Sequence[Sequence[float]]) -> int:
+def distinct_outcomes(outcomes: Sequence[Sequence[Hashable]]) -> int:
     """The number of distinct outcome vectors (one per listed action: its child's score on each
     problem and sample)."""
     return len({tuple(v) for v in outcomes})
