@@ -118,6 +118,7 @@ import itertools
 import json
 import math
 import os
+import pickle
 import statistics
 import sys
 import tempfile
@@ -256,9 +257,14 @@ def make_spec(args: argparse.Namespace, *, steps: int | None = None, **trainer: 
 
 
 def with_steps(spec: RunSpec, steps: int) -> RunSpec:
-    """``spec`` with episodes of ``steps`` edits."""
+    """``spec`` with episodes of ``steps`` edits (to play, not to train: the mini-batch is cut
+    to the rows of one iteration where the episodes got shorter)."""
     doc = spec.to_document()
     doc["environment"]["search"]["maxSteps"] = steps
+    loss = doc["learner"]["loss"]
+    rows = spec.trainer.tasks_per_iteration * spec.trainer.group_size * steps
+    loss["miniBatchSize"] = min(loss["miniBatchSize"], rows)
+    loss["microBatchSize"] = min(loss["microBatchSize"], loss["miniBatchSize"])
     return RunSpec.from_document(doc)
 
 
@@ -1369,6 +1375,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="torch threads per service")
     p.add_argument("--data-dir", default=os.environ.get("AFLOWRL_DATA_DIR"))
     p.add_argument("--keep", metavar="DIR", help="keep every run's directory under DIR")
+    p.add_argument(
+        "--dump", metavar="FILE", help="pickle every method's cells and the states to FILE"
+    )
     return p
 
 
@@ -1384,6 +1393,19 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="aflowrl-learning-") as tmp:
             bench = Bench(args, Path(tmp))
             asyncio.run(bench.run())
+    if args.dump:
+        with open(args.dump, "wb") as f:
+            pickle.dump(
+                {
+                    "methods": bench.methods,
+                    "states": bench.states,
+                    "tv": bench.tv,
+                    "shuffle": bench.shuffle,
+                    "phases": bench.phases,
+                    "greedy_fits": getattr(getattr(bench, "greedy", None), "fits", []),
+                },
+                f,
+            )
     print_tables(bench)
     print(f"({time.perf_counter() - started:.0f} s in all)")
     if "gigpo" in bench.methods and bench.shuffle and args.references:
