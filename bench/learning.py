@@ -91,8 +91,8 @@ the permuted distribution) at most half as far as it follows their positions.
 
 **Where the time goes** (printed as "time per phase"): one GiGPO iteration is about 14 s at 4
 steps on 2 cores (environment 4.4-6.9 s, learner 6.6 s, generation 1-2 s) and grows with the
-episode's length; the evaluation plays every method on 60 tasks per seed. Measured on a 2-core
-machine shared with other jobs (load 10-25): a 10-step GiGPO iteration over 3 minutes (hence
+episode's length; the evaluation plays every method on 60 tasks per seed. Measured on 2 cores
+that other processes were also using (load 10-25): a 10-step GiGPO iteration over 3 minutes (hence
 ``--train-steps`` 4), the held-out states' readings 108 s for 144 states, one seed of random
 on 20 tasks 142 s, expected-greedy on 16 tasks (3 fit tasks) 240 s, the oracle's own search
 159 s for 5 tasks. The defaults cut what no verdict reads (the ablations grpo and equal
