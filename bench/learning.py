@@ -12,47 +12,64 @@ of the problem id). Training tasks, the warm start's episodes and the expected-g
 the training pool; settings (the defaults below, ``--split tuning``) were chosen on tuning-pool
 tasks; every figure of the evaluation (``--split eval``, the default) comes from tasks on
 problems no training or tuning task sees: ``--eval-tasks`` (12) per training benchmark (48
-tasks) and as many of mbpp, each ``--problems`` (20) problems, ``--eval-episodes`` (2) episodes
-per task and seed (a (task, seed) cell's figure is their mean).
+tasks) and as many of mbpp, each ``--problems`` (20) problems, ``--eval-episodes`` (1) episode
+per task and seed (with more, a (task, seed) cell's figure is their mean).
 
-**Tasks are independent units** where the data allows. GSM8K, MATH, DROP and MBPP evaluation
-tasks play the ``test`` problem pool: task k takes chunk k of its benchmark's test split
-(1,055, 486, 400 and 341 problems, in 20-problem chunks; consecutive task seeds, so no problem
-is in two tasks, and none is in the validation split every training and tuning task draws
-from). A bootstrap over tasks then resamples disjoint sets of problems, and the SE counts
-problems (through tasks) and seeds as units. HotpotQA has no test split: its 12 tasks draw from
-the held-out validation pool and share problems, so its quarter of the training benchmarks'
-SE is still understated.
+**The units of the standard errors are problems and seeds.** GSM8K, MATH, DROP and MBPP
+evaluation tasks play the ``test`` problem pool: task k takes chunk k of its benchmark's test
+split (1,055, 486, 400 and 341 problems, in 20-problem chunks; consecutive task seeds, so no
+problem is in two tasks, and none is in the validation split every training and tuning task
+draws from): such a task is a unit of its own, a set of problems no other unit holds. HotpotQA
+has no test split: its 12 tasks draw 20 problems each from a held-out validation pool of about
+60, so they share problems, and the bootstrap draws them together as one unit (a cluster
+weighing 12 tasks): the SE then treats HotpotQA as one draw, never as 12 independent ones.
+Every figure is a mean over (task, seed) cells; every difference is paired by (task, seed); its
+standard error is a two-way cluster bootstrap (Davison & Hinkley's "pigeonhole" scheme:
+``--bootstrap`` 2000 resamples of the units and, independently, of the seeds, with
+replacement, :func:`aflowrl.rl.yardstick.two_way_bootstrap`), so unit-to-unit and
+seed-to-seed variance both enter it and a deterministic baseline does not get an SE of zero.
+"+X SE" is mean / SE of the paired difference. (With ``--split tuning`` every benchmark's tasks
+share its tuning pool: each benchmark is one unit, and the SEs are wide.)
 
-**The search and its reward**: 4 edits per episode from AFlow's seed workflow, 9 actions
-listed, none leading to a workflow the tree holds (``search.listDuplicates: false``), and the
-``improvement`` reward, max(0, child - best so far), so that an episode's return is its
+**The search and its reward**: ``--steps`` (10) edits per episode from AFlow's seed workflow
+(AFlow searches for up to 20 rounds; at 4 steps parent selection hardly matters), 9 actions
+listed, none leading to a workflow the tree holds (``search.listDuplicates: false``, so every
+step evaluates one new workflow and two searches of equal length spend equal evaluations), and
+the ``improvement`` reward, max(0, child - best so far), so that an episode's return is its
 best-gain, the figure this bench judges (``--reward``; the defaults below were chosen on tuning
-tasks, README "How the settings were chosen").
+tasks, docs/guides/presets.md).
 
-**Methods**, each trained and evaluated once per seed (``--seeds``, 5; a seed fixes the
+**Methods**, each trained and evaluated once per seed (``--seeds``, 3; a seed fixes the
 warm start's traces, training tasks and all sampling):
 
 - ``warm start``: the supervised warm start (``trainer.warmStart``) from the fresh policy;
 - ``gigpo``: the warm start, then ``--iterations`` of GiGPO (``mean_std_norm``, sibling step
-  groups, several PPO epochs, the exact KL to the warm start);
-- ``grpo``: the warm start, then the same iterations of GRPO (episode groups only);
-- ``warm start (equal budget)``: the warm start alone with as many more labelled episodes as
-  make its workflow evaluations match warm start + GiGPO's (budget: distinct (task, workflow)
-  evaluations, siblings included; the executor calls measured are printed too, but depend on
-  what the shared cache already held), trained for as many optimiser steps as the warm start
-  (fewer epochs over more states).
+  groups, several PPO epochs, the exact KL to the warm start); it searches as the product
+  does, ``fused`` selection on its own values;
+- ``gigpo (ucb)``: the same trained policy proposing, the parent chosen by UCB alone (every
+  V(s) the same): ``fused-ucb`` is gigpo - gigpo (ucb), paired by task and seed, at equal
+  evaluation budget (same tasks, steps and seeds; every step evaluates one new workflow);
+- ablations, off by default (``--methods gigpo grpo equal-budget``; they cost two thirds of
+  the time and no verdict reads them): ``grpo`` (the same iterations of GRPO, episode groups
+  only) and ``warm start (equal budget)`` (the warm start alone with as many more labelled
+  episodes as make its workflow evaluations match warm start + GiGPO's).
 
-**Reference rows** (no training): ``random`` (uniform over the listed actions); ``uniform
-new`` (uniform over the listed actions that do not lead to a workflow the tree holds: the same
-as random while the listing leaves those out, printed for runs with ``--list-duplicates``);
-``constant`` (always the k-th listed action, k chosen on tuning tasks); ``expected-greedy``
-(at each state, the listed action with the highest mean one-step reward over ``--greedy-tasks``
-training-pool tasks of the benchmark started from the same workflow: the best a policy that
-generalises across tasks can do one step at a time); ``oracle`` (at each state, every listed
-action is evaluated on the task itself and the best taken: the one-step-lookahead ceiling).
-Trained policies search as the product does (``fused`` selection on their own values); the
-references with UCB alone (same c).
+**Reference rows** (no training; UCB alone, the same c): ``random`` (uniform over the listed
+actions); ``uniform new`` (uniform over the listed actions that do not lead to a workflow the
+tree holds: the same as random while the listing leaves those out); ``constant`` (always the
+k-th listed action, k chosen on tuning tasks); ``expected-greedy`` (at each state, the listed
+action with the highest mean one-step reward over ``--greedy-tasks`` (8) training-pool tasks
+of the benchmark started from the same workflow: the best a policy that generalises across
+tasks can do one step at a time; its row has its own SE like every row); ``oracle``: the
+*cross-fitted* one-step oracle: at each state every listed action is evaluated on the task
+itself, and the action whose child scores best on executor sample 1 is taken, while the search
+pays its reward on sample 0 (the same problems and workflows, another run of the executor).
+Choosing and scoring on one sample (the earlier ceiling) counts the executor's noise as skill:
+bench/reward_noise.py measured that lead at +0.039 on GSM8K and +0.127 on MATH, cross-fitted
++0.011 and +0.022. The held-out-state table prints both, and the effective number of distinct
+actions per state: listed actions whose children score alike on every problem and sample
+(both samples) count once. ``learnable-share`` = (gigpo - random) / (oracle - random) in
+best-gain, the oracle cross-fitted.
 
 **Metrics.** *best-gain*: the best score among the workflows an episode added minus the seed
 workflow's. *one-step*: the exact expected one-step reward E_{a~pi} r(s, a) on held-out states
@@ -61,32 +78,40 @@ workflows random edits lead to; every listed child evaluated once and cached): a
 view of the same policies. *duplicates*: steps into a workflow the tree held. *moved*: mean
 total variation on those states between a trained policy and the one it started from, and, per
 GiGPO iteration, the range of approx_kl, the clip fraction and the exact KL of the update
-(``policy/update_kl``).
-
-**Standard errors.** Every figure is a mean over (task, seed) cells; every difference is paired
-by (task, seed). Its standard error is a two-way cluster bootstrap (Davison & Hinkley's
-"pigeonhole" scheme: ``--bootstrap`` 2000 resamples of the tasks and, independently, of the
-seeds, with replacement), so task-to-task and seed-to-seed variance both enter it, and a
-deterministic baseline does not get an SE of zero. "+X SE" is mean / SE of the paired
-difference.
+(``policy/update_kl``). *calibration*: Spearman's rank correlation between the V(s) the
+trained policy read at each step of its fused searches and the gain the search realised below
+s from that step on (max(0, best score added in s's subtree - s's score),
+:func:`aflowrl.rl.yardstick.gains_below`): pooled over all steps, and within episodes.
 
 **state-TV**: the mean total variation between the GiGPO policy's distributions at two held-out
-states that list the same candidates (e.g. the seed workflow on two tasks, or on gsm8k and
-math), averaged over seeds: 0 for a policy that reads only the candidate list. **shuffle**:
-every state's listing is permuted in the observation text together with the candidates; the
-check is ok when the distribution follows the actions' content (TV to the permuted
-distribution) at most half as far as it follows their positions (TV to the unpermuted one).
+states that list the same candidates, averaged over seeds: 0 for a policy that reads only the
+candidate list. **shuffle**: every state's listing is permuted in the observation text together
+with the candidates; the check is ok when the distribution follows the actions' content (TV to
+the permuted distribution) at most half as far as it follows their positions.
 
-The last line is::
+**Where the time goes** (printed as "time per phase"): one GiGPO iteration is about 14 s at 4
+steps on 2 cores (environment 4.4-6.9 s, learner 6.6 s, generation 1-2 s) and grows with the
+episode's length; the evaluation plays every method on 60 tasks per seed. Measured on 2 cores
+that other processes were also using (load 10-25): a 10-step GiGPO iteration over 3 minutes (hence
+``--train-steps`` 4), the held-out states' readings 108 s for 144 states, one seed of random
+on 20 tasks 142 s, expected-greedy on 16 tasks (3 fit tasks) 240 s, the oracle's own search
+159 s for 5 tasks. The defaults cut what no verdict reads (the ablations grpo and equal
+budget, the oracle's search, the constant and uniform-new rows), play one episode per (task,
+seed) cell and use 3 seeds, aiming at 45 minutes on 2 idle cores; the SE stays honest because
+its units are disjoint problem sets and seeds, whatever their number.
 
-    learning: gigpo-start=+X.X SE gigpo-greedy=+Y.Y SE oracle-share=0.NN state-TV=0.NNN shuffle=ok
+The last line is (one line)::
+
+    learning: gigpo-start=+X.X SE gigpo-greedy=+Y.Y SE fused-ucb=+Z.Z SE transfer=+W.W SE
+        learnable-share=0.NN shuffle=ok
 
 gigpo-start: GiGPO's paired best-gain lead over the warm start it started from; gigpo-greedy:
-its lead over expected-greedy; oracle-share: (gigpo - random) / (oracle - random) in best-gain;
-all on the 48 evaluation tasks of the training benchmarks.
+its lead over expected-greedy; fused-ucb: the same policy with fused selection against UCB;
+all on the 48 evaluation tasks of the training benchmarks; transfer: GiGPO against random on
+the held-out benchmark's tasks, paired; learnable-share as above.
 
-    python bench/learning.py [--seeds 0 1 2 3 4] [--iterations N] [--split eval|tuning] \\
-        [--data-dir DIR] [--keep DIR] [--methods gigpo grpo equal-budget]
+    python bench/learning.py [--seeds 0 1 2] [--iterations N] [--steps 10] \\
+        [--split eval|tuning] [--data-dir DIR] [--keep DIR] [--methods gigpo grpo equal-budget]
 """
 
 from __future__ import annotations
@@ -97,6 +122,7 @@ import itertools
 import json
 import math
 import os
+import pickle
 import statistics
 import sys
 import tempfile
@@ -109,9 +135,20 @@ from typing import Any
 import numpy as np
 
 from aflowrl._proto.v1 import environment_pb2, rollout_pb2
+from aflowrl.benchmarks import get_benchmark
 from aflowrl.config import RunSpec
+from aflowrl.envsvc.blob import StateCodec
+from aflowrl.executor.surrogate import SurrogateExecutor
 from aflowrl.local.launcher import local_services, local_spec
-from aflowrl.search import encoding
+from aflowrl.rl.yardstick import (
+    distinct_outcomes,
+    gains_below,
+    learnable_share,
+    spearman,
+    two_way_bootstrap,
+)
+from aflowrl.search import SearchContext, encoding
+from aflowrl.search.state import problems_digest
 from aflowrl.trainer import app
 from aflowrl.trainer.acting import (
     Actor,
@@ -123,14 +160,17 @@ from aflowrl.trainer.acting import (
 )
 from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutClient
 from aflowrl.trainer.collect import PROBLEM_POOLS
-from aflowrl.trainer.evaluate import EpisodeResult, evaluate_policy, policy_actor
-from aflowrl.trainer.rows import Decision, Observed
+from aflowrl.trainer.evaluate import evaluate_policy, play_episodes, policy_actor
+from aflowrl.trainer.rows import Decision, Episode, Observed
 from aflowrl.trainer.tasks import Task, held_out_tasks, test_pool_tasks
 from aflowrl.trainer.values import ValueTable
 from aflowrl.trainer.weight_sync import make_weight_sync
+from aflowrl.workflow import Evaluator
 
 TRAIN = ("gsm8k", "math", "hotpotqa", "drop")
 HELD_OUT = ("mbpp",)
+STATES_AT_ONCE = 8
+"""States whose every listed action the references evaluate at once."""
 STATES_SEED = 77
 """Seed of the uniform-random episodes whose states are the held-out states."""
 LISTED = 9
@@ -180,8 +220,9 @@ trainer:
 """
 
 
-def make_spec(args: argparse.Namespace, **trainer: Any) -> RunSpec:
-    """The bench's run spec (module docstring), ``trainer`` fields overridden."""
+def make_spec(args: argparse.Namespace, *, steps: int | None = None, **trainer: Any) -> RunSpec:
+    """The bench's run spec (module docstring): episodes of ``steps`` (default ``--steps``),
+    ``trainer`` fields overridden."""
     text = SPEC.format(
         preset=args.preset,
         value_coef=args.value_coef,
@@ -199,7 +240,7 @@ def make_spec(args: argparse.Namespace, **trainer: Any) -> RunSpec:
         problems=args.problems,
         held=POOLS["heldOut"],
         tuning=POOLS["tuning"],
-        steps=args.steps,
+        steps=steps or args.steps,
         listed=LISTED,
         obs_chars=args.observation_chars,
         failed=args.failed_examples,
@@ -218,6 +259,18 @@ def make_spec(args: argparse.Namespace, **trainer: Any) -> RunSpec:
     spec = RunSpec.from_yaml(text, source="bench/learning.py")
     doc = spec.to_document()
     doc["trainer"].update(trainer)
+    return RunSpec.from_document(doc)
+
+
+def with_steps(spec: RunSpec, steps: int) -> RunSpec:
+    """``spec`` with episodes of ``steps`` edits (to play, not to train: the mini-batch is cut
+    to the rows of one iteration where the episodes got shorter)."""
+    doc = spec.to_document()
+    doc["environment"]["search"]["maxSteps"] = steps
+    loss = doc["learner"]["loss"]
+    rows = spec.trainer.tasks_per_iteration * spec.trainer.group_size * steps
+    loss["miniBatchSize"] = min(loss["miniBatchSize"], rows)
+    loss["microBatchSize"] = min(loss["microBatchSize"], loss["miniBatchSize"])
     return RunSpec.from_document(doc)
 
 
@@ -241,18 +294,6 @@ class Cells:
         )
 
 
-def two_way_bootstrap(matrix: np.ndarray, resamples: int, seed: int = 0) -> float:
-    """SE of the mean of a [tasks, seeds] matrix, tasks and seeds resampled independently."""
-    tasks, seeds = matrix.shape
-    rng = np.random.default_rng(seed)
-    means = np.empty(resamples)
-    for b in range(resamples):
-        rows = rng.integers(tasks, size=tasks)
-        cols = rng.integers(seeds, size=seeds)
-        means[b] = matrix[np.ix_(rows, cols)].mean()
-    return float(means.std(ddof=1))
-
-
 @dataclass
 class Figure:
     mean: float
@@ -263,7 +304,9 @@ class Figure:
 
     @property
     def z(self) -> float:
-        return self.mean / self.se if self.se > 0 else math.copysign(math.inf, self.mean)
+        if self.se > 0:
+            return self.mean / self.se
+        return 0.0 if self.mean == 0 else math.copysign(math.inf, self.mean)
 
 
 # ---- reference actors (the bench's own: they look the state up) ---------------------------
@@ -294,17 +337,141 @@ class RecordingActor(UniformActor):
         return await super().act(observed, draws=draws)
 
 
-class OracleActor(Actor):
-    """Evaluates every listed action on the task itself and takes the best (ties: first)."""
+class SecondReading:
+    """Workflows scored on a task's problems on executor sample 1; the search reads sample 0
+    (the same workflow and problems, an independent run of the executor), so a choice made on
+    sample 1 and scored on sample 0 is cross-fitted. The task's problems are those the
+    environment draws (the same code, :meth:`SearchContext.episode_problems`, on the same
+    files), checked against the digest in the episode's state."""
 
-    def __init__(self, env: EnvironmentClient) -> None:
+    def __init__(self, env: EnvironmentClient, spec: RunSpec, data_dir: str) -> None:
         self.env = env
+        self.evaluation = spec.environment.evaluation
+        self.codec = StateCodec()
+        self.contexts: dict[str, SearchContext] = {}
+        for name in (*TRAIN, *HELD_OUT):
+            benchmark = get_benchmark(name)
+            pool = benchmark.load(self.evaluation.split, data_dir)
+            test = benchmark.load("test", data_dir) if name in TEST_SPLIT else []
+            self.contexts[name] = SearchContext(
+                Evaluator(SurrogateExecutor(pool), benchmark),
+                pool,
+                evaluation=self.evaluation,
+                test_problems=test,
+            )
+        self._problems: dict[tuple[str, int, str], list[str]] = {}
+        self.slots = asyncio.Semaphore(STATES_AT_ONCE)
+
+    def problem_ids(self, o: Observed) -> list[str]:
+        key = (o.benchmark, o.seed, o.pool)
+        if key not in self._problems:
+            problems = self.contexts[o.benchmark].episode_problems(
+                o.seed, self.evaluation.max_problems, o.pool
+            )
+            state = self.codec.decode(o.state, field="state")
+            if problems_digest(problems) != state.problems:
+                raise RuntimeError(f"the problems of {key} differ from the environment's")
+            self._problems[key] = [p.problem_id for p in problems]
+        return self._problems[key]
+
+    async def outcomes(
+        self, o: Observed, workflows: Sequence[str], keys: Sequence[str]
+    ) -> list[list[tuple[float, float]]]:
+        """Per workflow, its (sample 0, sample 1) score on each of the task's problems (routed
+        by ``keys``: a child's hash, where its Step left sample 0 in the cache)."""
+        ids = self.problem_ids(o)
+        split = "test" if o.pool == "test" else self.evaluation.split
+        replies = await asyncio.gather(
+            *(
+                self.env.evaluate(
+                    environment_pb2.EvaluateRequest(
+                        workflow_json=w,
+                        benchmark=o.benchmark,
+                        split=split,
+                        problem_ids=ids,
+                        repeats=2,
+                        seed=0,
+                    ),
+                    key=key,
+                )
+                for w, key in zip(workflows, keys, strict=True)
+            )
+        )
+        return [[(p.scores[0], p.scores[1]) for p in r.problems] for r in replies]
+
+
+@dataclass(frozen=True)
+class Readings:
+    """Every listed action of one state: its reward (sample 0, what the search pays), its
+    child's score on samples 0 and 1, and the child's outcome on each problem and sample."""
+
+    rewards: tuple[float, ...]
+    first: tuple[float, ...]
+    second: tuple[float, ...]
+    outcomes: tuple[tuple[tuple[float, float], ...], ...]
+
+    @property
+    def cross_fitted(self) -> int:
+        """The action whose child scores best on sample 1 (ties: the earliest)."""
+        return int(np.argmax(self.second))
+
+    @property
+    def distinct(self) -> int:
+        return distinct_outcomes(self.outcomes)
+
+
+async def readings(env: EnvironmentClient, second: SecondReading, o: Observed) -> Readings:
+    """Step every listed action of ``o`` and score each child on sample 1 too (a few states
+    at a time: a burst of thousands of calls outlasts the environment's 60 s Project deadline
+    on a busy machine)."""
+    async with second.slots:
+        return await _readings(env, second, o)
+
+
+async def _readings(env: EnvironmentClient, second: SecondReading, o: Observed) -> Readings:
+    replies = await asyncio.gather(
+        *(
+            env.step(
+                o.state,
+                encoding.action_reply(a),
+                episode_key=o.anchor,
+                values=environment_pb2.StateValues(),
+            )
+            for a in o.admissible
+        )
+    )
+    children = [reply.info.child_workflow_json or o.workflow_json for reply, _ in replies]
+    keys = [reply.info.child_hash or o.anchor for reply, _ in replies]
+    outcomes = await second.outcomes(o, children, keys)
+    first = [statistics.fmean(a for a, _ in v) for v in outcomes]
+    for (reply, _), score in zip(replies, first, strict=True):
+        if reply.info.child_workflow_json and abs(reply.info.child_score - score) > 1e-9:
+            raise RuntimeError(
+                f"sample 0 of a child scores {score} here and {reply.info.child_score} in the "
+                "search: not the episode's problems"
+            )
+    return Readings(
+        rewards=tuple(float(reply.reward) for reply, _ in replies),
+        first=tuple(first),
+        second=tuple(statistics.fmean(b for _, b in v) for v in outcomes),
+        outcomes=tuple(tuple(v) for v in outcomes),
+    )
+
+
+class OracleActor(Actor):
+    """The cross-fitted one-step oracle: evaluates every listed action on the task itself and
+    takes the one whose child scores best on executor sample 1, while the search pays its
+    reward on sample 0 (choosing and scoring on one sample would count the executor's noise
+    as skill: bench/reward_noise.py)."""
+
+    def __init__(self, env: EnvironmentClient, second: SecondReading) -> None:
+        self.env = env
+        self.second = second
 
     async def act(self, observed: Sequence[Observed], *, draws: Sequence[Draw]) -> list[Decision]:
         async def one(o: Observed) -> Decision:
-            rewards = await step_rewards(self.env, o.state, o.admissible, key=o.anchor)
-            k = int(np.argmax(rewards))
-            return Decision(action=encoding.action_reply(o.admissible[k]))
+            found = await readings(self.env, self.second, o)
+            return Decision(action=encoding.action_reply(o.admissible[found.cross_fitted]))
 
         return list(await asyncio.gather(*(one(o) for o in observed)))
 
@@ -321,6 +488,10 @@ class GreedyActor(Actor):
         self.spec = spec
         self.fit_tasks = fit_tasks
         self.table: dict[tuple[str, str], dict[str, float]] = {}
+        self.fits: list[tuple[float, float]] = []
+        self.slots = asyncio.Semaphore(STATES_AT_ONCE)
+        """Per fitted state: the SE of the best action's mean reward over the fit tasks, and
+        its lead over the second best."""
         self._fitting: dict[tuple[str, str], asyncio.Future[dict[str, float]]] = {}
 
     async def means(self, benchmark: str, anchor: str, workflow_json: str) -> dict[str, float]:
@@ -338,6 +509,10 @@ class GreedyActor(Actor):
         rewards: dict[str, list[float]] = {}
 
         async def one(task: Task) -> None:
+            async with self.slots:
+                await fit_one(task)
+
+        async def fit_one(task: Task) -> None:
             reply = await reset(self.env, self.spec, task, workflow_json, key=anchor)
             actions = list(reply.observation.admissible_actions)
             values = await step_rewards(self.env, reply.state, actions, key=task.benchmark)
@@ -345,7 +520,17 @@ class GreedyActor(Actor):
                 rewards.setdefault(action, []).append(value)
 
         await asyncio.gather(*(one(t) for t in self.fit_tasks[benchmark]))
-        return {a: statistics.fmean(v) for a, v in rewards.items()}
+        means = {a: statistics.fmean(v) for a, v in rewards.items()}
+        ranked = sorted(means, key=lambda a: -means[a])
+        if len(ranked) > 1 and len(rewards[ranked[0]]) > 1:
+            best = rewards[ranked[0]]
+            self.fits.append(
+                (
+                    statistics.stdev(best) / math.sqrt(len(best)),
+                    means[ranked[0]] - means[ranked[1]],
+                )
+            )
+        return means
 
     def choose(self, o: Observed, means: dict[str, float]) -> int:
         penalty = self.spec.environment.search.duplicate_penalty
@@ -363,6 +548,23 @@ class GreedyActor(Actor):
             return Decision(action=encoding.action_reply(o.admissible[self.choose(o, means)]))
 
         return list(await asyncio.gather(*(one(o) for o in observed)))
+
+
+class ScaledValues(ValueTable):
+    """The policy's values, sent multiplied by ``scale``: fused selection's score
+    (1 - w) UCB + w V then ranks as (1 - w') UCB + w' V with w' / (1 - w') = scale w / (1 - w),
+    another ``search.fusedW`` without restarting the environment (scale 0: UCB alone)."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__("policy")
+        self.scale = scale
+
+    def proto(self, own: Any = None) -> environment_pb2.StateValues:
+        sent = super().proto(own)
+        return environment_pb2.StateValues(
+            values={a: v * self.scale for a, v in sent.values.items()},
+            default_value=sent.default_value * self.scale,
+        )
 
 
 async def reset(
@@ -405,13 +607,17 @@ async def step_rewards(
 
 @dataclass(frozen=True)
 class State:
-    """A held-out state with the reward of every listed action."""
+    """A held-out state with the readings of every listed action."""
 
     task: Task
     text: str
     actions: tuple[str, ...]
-    rewards: tuple[float, ...]
+    readings: Readings
     observed: Observed
+
+    @property
+    def rewards(self) -> tuple[float, ...]:
+        return self.readings.rewards
 
     @property
     def benchmark(self) -> str:
@@ -454,6 +660,8 @@ class Method:
     updates: list[dict[str, float]] = field(default_factory=list)
     """GiGPO/GRPO: per iteration, the update's statistics (all seeds)."""
     seconds: float = 0.0
+    calibration: list[tuple[list[float], list[float]]] = field(default_factory=list)
+    """Per episode played with values: V(s) at each step and the gain realised below s."""
 
 
 def evaluation_tasks(
@@ -469,6 +677,12 @@ def evaluation_tasks(
         else:
             tasks += held_out_tasks([name], count, seed=namespace, pool=pool)
     return tasks
+
+
+def bootstrap_unit(task: Task) -> tuple[Any, ...]:
+    """The bootstrap's unit of ``task``: a test-split task alone (its problems are in no other
+    task), the tasks of a benchmark without a test split together (they share problems)."""
+    return (task.benchmark, task.seed) if task.pool == "test" else (task.benchmark,)
 
 
 class Bench:
@@ -487,9 +701,14 @@ class Bench:
         self.tv: list[float] = []
         self.shuffle: list[tuple[float, float]] = []
         self.start_distribution: dict[int, list[np.ndarray]] = {}
+        self.phases: dict[str, float] = {}
 
     def method(self, name: str) -> Method:
         return self.methods.setdefault(name, Method(name))
+
+    def phase(self, name: str, started: float) -> None:
+        """Add the seconds since ``started`` to phase ``name`` (printed at the end)."""
+        self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - started
 
     # ---- services ----
 
@@ -502,6 +721,7 @@ class Bench:
             self.learner = LearnerClient(targets.learner)
             self.rollout = RolloutClient(targets.rollout)
             self.env = EnvironmentClient(targets.env, step_timeout_s=1800.0)
+            self.second = SecondReading(self.env, self.base, self.args.data_dir)
             self.weights = make_weight_sync(self.base, targets.learner, targets.rollout)
             initial = self.root / "initial-policy"
             await self.learner.save(str(initial), b"")
@@ -543,15 +763,18 @@ class Bench:
         search meets), with the reward of every listed action from each."""
         started = time.perf_counter()
         recorder = RecordingActor()
-        tasks = [*self.tasks, *self.transfer]
         await evaluate_policy(
-            self.base, self.env, recorder, tasks, seed=STATES_SEED, values=ValueTable.empty()
+            with_steps(self.base, self.args.state_steps),
+            self.env,
+            recorder,
+            self.tasks,
+            seed=STATES_SEED,
+            values=ValueTable.empty(),
         )
 
         async def one(o: Observed) -> State:
-            rewards = await step_rewards(self.env, o.state, o.admissible, key=o.anchor)
-            task = Task(o.benchmark, o.seed, o.pool)
-            return State(task, o.text, o.admissible, tuple(rewards), o)
+            found = await readings(self.env, self.second, o)
+            return State(Task(o.benchmark, o.seed, o.pool), o.text, o.admissible, found, o)
 
         self.states = list(await asyncio.gather(*(one(o) for o in recorder.seen)))
         print(
@@ -570,24 +793,50 @@ class Bench:
             )
 
     async def _play(
-        self, method: Method, actor: Actor, seed: int, *, spec: RunSpec | None = None, ucb: bool
+        self,
+        method: Method,
+        actor: Actor,
+        seed: int,
+        *,
+        spec: RunSpec | None = None,
+        ucb: bool,
+        transfer: bool = True,
+        values: ValueTable | None = None,
     ) -> None:
-        spec = spec or self.base
-        tasks = [*self.tasks, *self.transfer]
-        played: list[EpisodeResult] = await evaluate_policy(
+        """Play ``actor`` on the evaluation tasks (``ucb``: selection by UCB alone, every V the
+        same; else ``fused`` on the values the actor reads) and record its best-gains and the
+        calibration of the values it read."""
+        spec = with_steps(spec or self.base, self.args.steps)
+        tasks = [*self.tasks, *(self.transfer if transfer else [])]
+        started = time.perf_counter()
+        played: list[Episode] = await play_episodes(
             spec,
             self.env,
             actor,
             tasks,
             episodes_per_task=self.args.eval_episodes,
             seed=seed,
-            values=ValueTable.empty() if ucb else None,
+            values=ValueTable.empty() if ucb else values,
         )
         repeated = [t for t in tasks for _ in range(self.args.eval_episodes)]
+        steps = duplicates = 0
         for task, episode in zip(repeated, played, strict=True):
             method.gain.add(task, seed, episode.best_gain)
-        steps = sum(e.steps for e in played)
-        method.duplicates.append(sum(e.duplicates for e in played) / max(1, steps))
+            steps += len(episode.rows)
+            duplicates += sum(1 for r in episode.rows if r.valid and r.duplicate)
+            rows = episode.rows
+            if not rows or any(r.decision.value is None for r in rows):
+                continue
+            gains = gains_below(
+                [r.anchor for r in rows],
+                [r.child_hash if r.valid and not r.duplicate else None for r in rows],
+                [r.child_score for r in rows],
+                [r.parent_score for r in rows],
+            )
+            read = [float(r.decision.value or 0.0) for r in rows]
+            method.calibration.append((read, gains))
+        method.duplicates.append(duplicates / max(1, steps))
+        self.phase(f"play {method.name}", started)
 
     async def _references(self) -> None:
         args = self.args
@@ -596,22 +845,29 @@ class Bench:
             for name in (*TRAIN, *HELD_OUT)
         }
         greedy = GreedyActor(self.env, self.base, greedy_fit)
-        constant = await self._constant()
-        references: list[tuple[str, Actor]] = [
-            ("random", UniformActor()),
-            ("uniform new", UniformNewActor()),
-            (f"constant (k={constant + 1})", IndexActor(constant)),
-            ("expected-greedy", greedy),
-            ("oracle", OracleActor(self.env)),
-        ]
+        references: list[tuple[str, Actor]] = [("random", UniformActor())]
+        constant = 0
+        if args.more_references:
+            constant = await self._constant()
+            self.constant = f"constant (k={constant + 1})"
+            references += [
+                ("uniform new", UniformNewActor()),
+                (self.constant, IndexActor(constant)),
+            ]
+        references.append(("expected-greedy", greedy))
+        if args.more_references:
+            references.append(("oracle", OracleActor(self.env, self.second)))
         for name, actor in references:
             method = self.method(name)
             started = time.perf_counter()
             for seed in args.seeds:
-                await self._play(method, actor, seed, ucb=True)
+                # Fitting expected-greedy at, and reading twice, every state of a code task
+                # (mbpp) would cost more than the rest of the references together; the
+                # verdicts read them on the training benchmarks only.
+                await self._play(method, actor, seed, ucb=True, transfer=name == "random")
             method.seconds = time.perf_counter() - started
             print(f"{name:>28}: played ({method.seconds:.0f} s)", flush=True)
-        self.constant = f"constant (k={constant + 1})"
+        self.greedy = greedy
         choice: dict[int, int] = {}
         for state in self.states:
             state_means = await greedy.means(
@@ -626,11 +882,14 @@ class Bench:
 
         rules: dict[str, Callable[[State], np.ndarray]] = {
             "random": lambda s: np.full(len(s.actions), 1.0 / len(s.actions)),
-            "uniform new": lambda s: np.full(len(s.actions), 1.0 / len(s.actions)),
-            self.constant: lambda s: one_hot(min(constant, len(s.actions) - 1), len(s.actions)),
             "expected-greedy": lambda s: one_hot(choice[id(s)], len(s.actions)),
-            "oracle": lambda s: one_hot(int(np.argmax(s.rewards)), len(s.actions)),
+            "oracle": lambda s: one_hot(s.readings.cross_fitted, len(s.actions)),
         }
+        if args.more_references:
+            rules["uniform new"] = rules["random"]
+            rules[self.constant] = lambda s: one_hot(
+                min(constant, len(s.actions) - 1), len(s.actions)
+            )
         for name, rule in rules.items():
             for seed in args.seeds:
                 self._record_states(self.method(name), seed, rule)
@@ -687,10 +946,35 @@ class Bench:
         """Play the served policy on the evaluation tasks and record its figures."""
         method = self.method(name)
         started = time.perf_counter()
-        await self._play(method, policy_actor(spec, self.rollout), seed, spec=spec, ucb=False)
+        actor = policy_actor(spec, self.rollout)
+        scale = self.args.value_scale
+        await self._play(
+            method,
+            actor,
+            seed,
+            spec=spec,
+            ucb=False,
+            values=ScaledValues(scale) if name == "gigpo" and scale != 1.0 else None,
+        )
+        if name == "gigpo":
+            await self._play(self.method("gigpo (ucb)"), actor, seed, spec=spec, ucb=True)
+            for other in self.args.try_value_scales:
+                await self._play(
+                    self.method(f"gigpo (V x {other:g})"),
+                    actor,
+                    seed,
+                    spec=spec,
+                    ucb=False,
+                    values=ScaledValues(other),
+                    transfer=False,
+                )
         pis = await self._distributions(self.states)
         for state, pi in zip(self.states, pis, strict=True):
             method.onestep.add(state.task, seed, float(np.dot(pi, state.rewards)))
+            if name == "gigpo":  # the same policy: the same one-step figure
+                self.method("gigpo (ucb)").onestep.add(
+                    state.task, seed, float(np.dot(pi, state.rewards))
+                )
         if start is not None:
             method.moved.append(
                 statistics.fmean(total_variation(a, b) for a, b in zip(pis, start, strict=True))
@@ -704,7 +988,9 @@ class Bench:
         await self._load(initial)
         started = time.perf_counter()
         warm_dir = self.root / f"warm-{seed}"
-        warm_spec = make_spec(args, seed=seed, iterations=0, checkpointDir=str(warm_dir))
+        warm_spec = make_spec(
+            args, steps=args.train_steps, seed=seed, iterations=0, checkpointDir=str(warm_dir)
+        )
         await self._train(warm_spec, warm_dir)
         warm_summary = json.loads((warm_dir / "warmstart" / "summary.json").read_text())
         warm = self.method("warm start")
@@ -723,7 +1009,7 @@ class Bench:
             await self._load(warm_ckpt)
             started = time.perf_counter()
             run_dir = self.root / f"{method_name}-{seed}"
-            spec = make_spec(args, seed=seed, checkpointDir=str(run_dir))
+            spec = make_spec(args, steps=args.train_steps, seed=seed, checkpointDir=str(run_dir))
             doc = spec.to_document()
             doc["trainer"]["warmStart"]["episodes"] = 0  # already warm
             if algorithm == "grpo":
@@ -753,7 +1039,9 @@ class Bench:
             started = time.perf_counter()
             episodes = round(args.warm_episodes * (1.0 + rl_budget / warm.evaluations[-1]))
             run_dir = self.root / f"warm-equal-{seed}"
-            spec = make_spec(args, seed=seed, iterations=0, checkpointDir=str(run_dir))
+            spec = make_spec(
+                args, steps=args.train_steps, seed=seed, iterations=0, checkpointDir=str(run_dir)
+            )
             doc = spec.to_document()
             doc["trainer"]["warmStart"]["episodes"] = episodes
             doc["trainer"]["warmStart"]["epochs"] = max(
@@ -792,6 +1080,13 @@ class Bench:
 
     # ---- figures ----
 
+    def has(self, name: str, tasks: Sequence[Task]) -> bool:
+        """Whether method ``name`` played every (task, seed) cell of ``tasks``."""
+        method = self.methods.get(name)
+        return method is not None and all(
+            (t, s) in method.gain.values for t in tasks for s in self.args.seeds
+        )
+
     def figure(
         self, name: str, metric: str, tasks: Sequence[Task], minus: str | None = None
     ) -> Figure:
@@ -799,7 +1094,8 @@ class Bench:
         a = getattr(self.methods[name], metric).matrix(tasks, seeds)
         if minus is not None:
             a = a - getattr(self.methods[minus], metric).matrix(tasks, seeds)
-        return Figure(float(a.mean()), two_way_bootstrap(a, self.args.bootstrap))
+        clusters = [bootstrap_unit(t) for t in tasks]
+        return Figure(float(a.mean()), two_way_bootstrap(a, self.args.bootstrap, clusters=clusters))
 
 
 def report(name: str, method: Method, seed: int) -> None:
@@ -823,6 +1119,7 @@ def print_tables(bench: Bench) -> None:
         "warm start",
         "warm start (equal budget)",
         "gigpo",
+        "gigpo (ucb)",
         "grpo",
     ]
     names = [n for n in order if n in bench.methods]
@@ -839,35 +1136,41 @@ def print_tables(bench: Bench) -> None:
     for name in names:
         m = bench.methods[name]
         cells = [
-            bench.figure(name, "gain", bench.tasks),
+            bench.figure(name, "gain", bench.tasks) if bench.has(name, bench.tasks) else "-",
             bench.figure(name, "onestep", bench.tasks),
-            bench.figure(name, "gain", bench.transfer),
+            bench.figure(name, "gain", bench.transfer) if bench.has(name, bench.transfer) else "-",
         ]
+        duplicates = f"{statistics.fmean(m.duplicates):>6.2f}" if m.duplicates else f"{'-':>6}"
         budget = f"{statistics.fmean(m.evaluations):>12.0f}" if m.evaluations else f"{'-':>12}"
         calls = f"{statistics.fmean(m.executor_calls):>9.0f}" if m.executor_calls else f"{'-':>9}"
         moved = f"{statistics.fmean(m.moved):>7.3f}" if m.moved else f"{'-':>7}"
         print(
             f"{name:<28}"
             + "".join(f"{c!s:>18}" for c in cells)
-            + f"{statistics.fmean(m.duplicates):>6.2f}{budget}{calls}{moved}"
+            + f"{duplicates}{budget}{calls}{moved}"
         )
     print("\nPaired differences (best-gain; one-step E[r]) on the training benchmarks' tasks:")
     comparisons = [
         ("gigpo", "warm start"),
         ("gigpo", "expected-greedy"),
+        ("gigpo", "gigpo (ucb)"),
         ("gigpo", "warm start (equal budget)"),
         ("gigpo", "grpo"),
         ("gigpo", "random"),
         ("warm start", "random"),
         ("expected-greedy", "random"),
+        ("oracle", "random"),
     ]
     for a, b in comparisons:
         if a in bench.methods and b in bench.methods:
-            gain = bench.figure(a, "gain", bench.tasks, minus=b)
             onestep = bench.figure(a, "onestep", bench.tasks, minus=b)
-            print(
-                f"  {a} - {b}: {gain} ({gain.z:+.1f} SE); one-step {onestep} ({onestep.z:+.1f} SE)"
+            gain = (
+                f"{bench.figure(a, 'gain', bench.tasks, minus=b)} "
+                f"({bench.figure(a, 'gain', bench.tasks, minus=b).z:+.1f} SE)"
+                if bench.has(a, bench.tasks) and bench.has(b, bench.tasks)
+                else "-"
             )
+            print(f"  {a} - {b}: {gain}; one-step {onestep} ({onestep.z:+.1f} SE)")
     for name in ("gigpo", "grpo"):
         if name not in bench.methods or not bench.methods[name].updates:
             continue
@@ -886,6 +1189,29 @@ def print_tables(bench: Bench) -> None:
             f"TV from the warm start after the iteration {span('policy/start_tv')}, "
             f"entropy {span('policy/entropy')}"
         )
+    for name in bench.methods:
+        if name.startswith("gigpo (V x") and bench.has("gigpo (ucb)", bench.tasks):
+            lead = bench.figure(name, "gain", bench.tasks, minus="gigpo (ucb)")
+            print(
+                f"  {name} - gigpo (ucb): {lead} ({lead.z:+.1f} SE); best-gain "
+                f"{bench.figure(name, 'gain', bench.tasks)}"
+            )
+    if "gigpo" in bench.methods and "random" in bench.methods:
+        transfer = bench.figure("gigpo", "gain", bench.transfer, minus="random")
+        print(
+            f"  on {', '.join(HELD_OUT)} (held out): gigpo - random: {transfer} "
+            f"({transfer.z:+.1f} SE)"
+        )
+    greedy = getattr(bench, "greedy", None)
+    if greedy is not None and greedy.fits:
+        print(
+            f"expected-greedy fit: {len(greedy.fits)} states, {args.greedy_tasks} training-pool "
+            "tasks each; the chosen action's mean one-step reward has SE "
+            f"{statistics.fmean(se for se, _ in greedy.fits):.4f} over them (mean over states), "
+            f"its lead over the second best {statistics.fmean(d for _, d in greedy.fits):.4f}"
+        )
+    print_ceiling(bench)
+    print_calibration(bench)
     if bench.shuffle:
         content = statistics.fmean(c for c, _ in bench.shuffle)
         position = statistics.fmean(p for _, p in bench.shuffle)
@@ -894,28 +1220,90 @@ def print_tables(bench: Bench) -> None:
             f"{position:.3f}; state-TV between states listing the same candidates "
             f"{statistics.fmean(bench.tv):.3f}"
         )
+    print(
+        "time per phase: "
+        + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in bench.phases.items())
+    )
+
+
+def print_ceiling(bench: Bench) -> None:
+    """The one-step ceiling chosen and scored on one executor sample against the cross-fitted
+    one, and the effective number of distinct actions per state, per benchmark."""
+    print("\nOne-step ceiling and effective actions on the held-out states (mean over states):")
+    for name in (*TRAIN, *HELD_OUT):
+        states = [s for s in bench.states if s.benchmark == name]
+        if not states:
+            continue
+        mean_r = [statistics.fmean(s.rewards) for s in states]
+        same = [max(s.rewards) - m for s, m in zip(states, mean_r, strict=True)]
+        cross = [
+            s.rewards[s.readings.cross_fitted] - m for s, m in zip(states, mean_r, strict=True)
+        ]
+        distinct = [s.readings.distinct for s in states]
+        print(
+            f"  {name:<9} {len(states):>4} states: oracle lead over random, same sample "
+            f"{statistics.fmean(same):+.4f}, cross-fitted {statistics.fmean(cross):+.4f}; "
+            f"distinct actions {statistics.fmean(distinct):.1f} of "
+            f"{statistics.fmean(len(s.actions) for s in states):.1f} listed"
+        )
+
+
+def calibration(method: Method) -> tuple[float, float, int]:
+    """(pooled Spearman of V(s) and the gain realised below s, the mean of the per-episode
+    ones, episodes with a defined one)."""
+    values = [v for vs, _ in method.calibration for v in vs]
+    gains = [g for _, gs in method.calibration for g in gs]
+    per_episode = [spearman(vs, gs) for vs, gs in method.calibration]
+    defined = [r for r in per_episode if math.isfinite(r)]
+    pooled = spearman(values, gains) if values else math.nan
+    return pooled, statistics.fmean(defined) if defined else math.nan, len(defined)
+
+
+def print_calibration(bench: Bench) -> None:
+    for name in ("gigpo", "warm start"):
+        if name in bench.methods and bench.methods[name].calibration:
+            pooled, per_episode, count = calibration(bench.methods[name])
+            episodes = bench.methods[name].calibration
+            spread = statistics.fmean(max(vs) - min(vs) for vs, _ in episodes)
+            realised = statistics.fmean(max(gs) - min(gs) for _, gs in episodes)
+            print(
+                f"{name} values' calibration: Spearman(V(s), gain realised below s) pooled "
+                f"{pooled:+.3f}, within episodes {per_episode:+.3f} (mean of {count}); "
+                f"V(s) spans {spread:.4f} within an episode (mean), the gains realised "
+                f"{realised:.4f}"
+            )
 
 
 def final_line(bench: Bench) -> str:
     start = bench.figure("gigpo", "gain", bench.tasks, minus="warm start")
     greedy = bench.figure("gigpo", "gain", bench.tasks, minus="expected-greedy")
-    gigpo = bench.figure("gigpo", "gain", bench.tasks).mean
-    random = bench.figure("random", "gain", bench.tasks).mean
-    oracle = bench.figure("oracle", "gain", bench.tasks).mean
-    share = (gigpo - random) / (oracle - random) if oracle != random else math.nan
+    fused = bench.figure("gigpo", "gain", bench.tasks, minus="gigpo (ucb)")
+    transfer = bench.figure("gigpo", "gain", bench.transfer, minus="random")
+    share = learnable_share(
+        bench.figure("gigpo", "onestep", bench.tasks).mean,
+        bench.figure("random", "onestep", bench.tasks).mean,
+        bench.figure("oracle", "onestep", bench.tasks).mean,
+    )
     content = statistics.fmean(c for c, _ in bench.shuffle)
     position = statistics.fmean(p for _, p in bench.shuffle)
     shuffle = "ok" if content <= 0.5 * position else "FAIL"
     return (
         f"learning: gigpo-start={start.z:+.1f} SE gigpo-greedy={greedy.z:+.1f} SE "
-        f"oracle-share={share:.2f} state-TV={statistics.fmean(bench.tv):.3f} shuffle={shuffle}"
+        f"fused-ucb={fused.z:+.1f} SE transfer={transfer.z:+.1f} SE "
+        f"learnable-share={share:.2f} shuffle={shuffle}"
     )
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    p.add_argument("--methods", nargs="+", default=["gigpo", "grpo", "equal-budget"])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=["gigpo"],
+        choices=["gigpo", "grpo", "equal-budget"],
+        help="trained methods besides the warm start (grpo and equal-budget: ablations)",
+    )
     p.add_argument("--split", choices=sorted(SPLIT_POOL), default="eval")
     p.add_argument("--preset", default="tiny", choices=["tiny", "small", "base"])
     # RL (chosen on tuning tasks: README, "How the defaults were chosen")
@@ -938,8 +1326,38 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warm-value-coef", type=float, default=0.5)
     # The environment and the evaluation
     p.add_argument("--problems", type=int, default=20, help="validation problems per task")
-    p.add_argument("--steps", type=int, default=4, help="edits per episode")
+    p.add_argument(
+        "--steps", type=int, default=10, help="edits per evaluation episode (the searches judged)"
+    )
+    p.add_argument(
+        "--train-steps",
+        type=int,
+        default=4,
+        help="edits per training and warm-start episode (the policy proposes one edit at a time; "
+        "sibling groups evaluate every listed action at each step, so training cost grows "
+        "with this)",
+    )
+    p.add_argument(
+        "--state-steps",
+        type=int,
+        default=3,
+        help="held-out states: the first N states of one random episode per evaluation task",
+    )
     p.add_argument("--ucb-c", type=float, default=0.1)
+    p.add_argument(
+        "--value-scale",
+        type=float,
+        default=1.0,
+        help="GiGPO's fused searches send V(s) times this (another search.fusedW: ScaledValues)",
+    )
+    p.add_argument(
+        "--try-value-scales",
+        type=float,
+        nargs="*",
+        default=[],
+        help="also play GiGPO's fused search at these value scales (with --split tuning: "
+        "how --value-scale is chosen)",
+    )
     p.add_argument(
         "--reward",
         default="improvement",
@@ -964,12 +1382,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--eval-episodes",
         type=int,
-        default=2,
+        default=1,
         help="per task and seed (a cell's figure is their mean; the cell stays the unit)",
     )
-    p.add_argument("--greedy-tasks", type=int, default=6, help="per benchmark")
+    p.add_argument("--greedy-tasks", type=int, default=8, help="per benchmark")
     p.add_argument("--selection-tasks", type=int, default=3, help="per training benchmark")
     p.add_argument("--bootstrap", type=int, default=2000)
+    p.add_argument(
+        "--more-references",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also the rows no verdict reads: uniform new, and constant (k chosen on tuning tasks)",
+    )
     p.add_argument(
         "--references",
         action=argparse.BooleanOptionalAction,
@@ -979,7 +1403,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="torch threads per service")
     p.add_argument("--data-dir", default=os.environ.get("AFLOWRL_DATA_DIR"))
     p.add_argument("--keep", metavar="DIR", help="keep every run's directory under DIR")
+    p.add_argument(
+        "--dump", metavar="FILE", help="pickle every method's cells and the states to FILE"
+    )
+    p.add_argument(
+        "--from-dump",
+        metavar="FILE",
+        help="print the tables of a --dump FILE (run with the same arguments) instead of running",
+    )
     return p
+
+
+@dataclass
+class GreedyFits:
+    """What the tables read of expected-greedy (a run printed from its dump)."""
+
+    fits: list[tuple[float, float]]
 
 
 def main() -> None:
@@ -987,13 +1426,33 @@ def main() -> None:
     if not args.data_dir:
         sys.exit("bench/learning.py needs the AFlow splits: --data-dir DIR or $AFLOWRL_DATA_DIR")
     started = time.perf_counter()
-    if args.keep:
+    if args.from_dump:
+        with open(args.from_dump, "rb") as f:
+            data = pickle.load(f)  # the file --dump wrote
+        bench = Bench(args, Path(tempfile.gettempdir()))
+        bench.methods, bench.states = data["methods"], data["states"]
+        bench.tv, bench.shuffle, bench.phases = data["tv"], data["shuffle"], data["phases"]
+        bench.greedy = GreedyFits(data["greedy_fits"])
+    elif args.keep:
         bench = Bench(args, Path(args.keep))
         asyncio.run(bench.run())
     else:
         with tempfile.TemporaryDirectory(prefix="aflowrl-learning-") as tmp:
             bench = Bench(args, Path(tmp))
             asyncio.run(bench.run())
+    if args.dump:
+        with open(args.dump, "wb") as f:
+            pickle.dump(
+                {
+                    "methods": bench.methods,
+                    "states": bench.states,
+                    "tv": bench.tv,
+                    "shuffle": bench.shuffle,
+                    "phases": bench.phases,
+                    "greedy_fits": getattr(getattr(bench, "greedy", None), "fits", []),
+                },
+                f,
+            )
     print_tables(bench)
     print(f"({time.perf_counter() - started:.0f} s in all)")
     if "gigpo" in bench.methods and bench.shuffle and args.references:

@@ -45,6 +45,7 @@ from collections.abc import Sequence
 
 from aflowrl.benchmarks import get_benchmark
 from aflowrl.executor.surrogate import SurrogateExecutor
+from aflowrl.rl.yardstick import distinct_outcomes, oracle_leads
 from aflowrl.search import admissible_actions
 from aflowrl.workflow import EvaluationResult, EvaluationSettings, Evaluator, library
 
@@ -95,7 +96,7 @@ async def measure(
         f"signal sd {signal:.4f} (actions' pool-wide rewards {min(full):+.3f}..{max(full):+.3f}); "
         f"among the better half of the edits {upper_signal:.4f}"
     )
-    distinct = len({tuple(e) for e in edits})
+    distinct = distinct_outcomes(edits)
     as_seed = sum(1 for e in edits if e == base)
     print(
         f"effective actions: {distinct} distinct outcome vectors among {len(edits)} listed edits "
@@ -125,9 +126,9 @@ async def measure(
                 offsets.append((r0 + r1) / 2 - whole)
                 first.append(r0)
                 second.append(r1)
-            best = max(range(len(first)), key=first.__getitem__)
-            same.append(first[best] - statistics.fmean(first))
-            cross.append(second[best] - statistics.fmean(second))
+            lead_same, lead_cross = oracle_leads(first, second)
+            same.append(lead_same)
+            cross.append(lead_cross)
         noise_sd = _rms(diffs) / math.sqrt(2)
         subset_sd = _rms(offsets)
         snr[size] = signal / noise_sd if noise_sd > 0 else math.inf

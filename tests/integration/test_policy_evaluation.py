@@ -23,7 +23,13 @@ from aflowrl.errors import InvalidInputError
 from aflowrl.search import encoding
 from aflowrl.trainer.acting import Actor, Draw, IndexActor, Observed, UniformActor
 from aflowrl.trainer.clients import EnvironmentClient
-from aflowrl.trainer.evaluate import evaluate_policy, policy_table, summarize
+from aflowrl.trainer.evaluate import (
+    EpisodeResult,
+    evaluate_policy,
+    play_episodes,
+    policy_table,
+    summarize,
+)
 from aflowrl.trainer.rows import Decision
 from aflowrl.trainer.tasks import Task, held_out_tasks
 from aflowrl.workflow import library
@@ -118,6 +124,26 @@ async def test_episodes_of_a_fixed_policy_match_a_replay_by_hand(aflow_data):
             assert invalid[0].episode_return == 0.0
         finally:
             await env.close()
+
+
+async def test_played_episodes_keep_every_steps_row_and_summarise_as_the_evaluation(aflow_data):
+    spec = _spec(aflow_data)
+    async with running_server(spec, host="127.0.0.1", port=0, metrics_port=None) as server:
+        env = EnvironmentClient([f"127.0.0.1:{server.port}"])
+        try:
+            tasks = [Task("gsm8k", 7), Task("drop", 11)]
+            episodes = await play_episodes(spec, env, IndexActor(2), tasks, seed=4)
+            results = await evaluate_policy(spec, env, IndexActor(2), tasks, seed=4)
+        finally:
+            await env.close()
+    assert [EpisodeResult.of(e) for e in episodes] == results
+    for episode in episodes:
+        assert [r.step for r in episode.rows] == list(range(MAX_STEPS))
+        # Each step modifies the workflow its anchor names and says what it added.
+        assert all(r.anchor and (r.duplicate or r.child_hash) for r in episode.rows if r.valid)
+        added = [r.child_score for r in episode.rows if r.valid and not r.duplicate]
+        expected = max(added) - episode.seed_score if added else 0.0
+        assert episode.best_gain == pytest.approx(expected)
 
 
 async def test_a_seeded_evaluation_repeats_and_refuses_unserved_tasks(aflow_data):

@@ -3,7 +3,8 @@
 Import the modules by name (``from aflowrl.rl import gigpo``): the advantage estimators
 (:mod:`gigpo`, :mod:`grpo`, :mod:`gae`, :mod:`rewards`), :mod:`candidates` (the choice
 distribution and value bins) and :mod:`kl` need only numpy, so the torch-free trainer imports
-them; :mod:`ppo` and :mod:`choice` need torch (the learner's side).
+them; :mod:`ppo` and :mod:`choice` need torch (the learner's side); :mod:`yardstick` holds the
+statistics of the learning benches (bootstrap SE, cross-fitted oracle, rank calibration).
 Every function follows verl / verl-agent numerically and has an oracle test in tests/unit/rl/.
 """
 
@@ -19,4 +20,5 @@ __all__ = [
     "kl",
     "ppo",
     "rewards",
+    "yardstick",
 ]

@@ -131,7 +131,34 @@ async def evaluate_policy(
     values: ValueTable | None = None,
     timeline: Timeline | None = None,
 ) -> list[EpisodeResult]:
-    """Play ``episodes_per_task`` episodes of ``actor`` on each task; nothing is trained.
+    """Play ``episodes_per_task`` episodes of ``actor`` on each task; nothing is trained
+    (:func:`play_episodes`, each episode summarised)."""
+    episodes = await play_episodes(
+        spec,
+        env,
+        actor,
+        tasks,
+        episodes_per_task=episodes_per_task,
+        seed=seed,
+        values=values,
+        timeline=timeline,
+    )
+    return [EpisodeResult.of(episode) for episode in episodes]
+
+
+async def play_episodes(
+    spec: RunSpec,
+    env: EnvironmentClient,
+    actor: Actor,
+    tasks: Sequence[Task],
+    *,
+    episodes_per_task: int = 1,
+    seed: int = 0,
+    values: ValueTable | None = None,
+    timeline: Timeline | None = None,
+) -> list[Episode]:
+    """Play ``episodes_per_task`` episodes of ``actor`` on each task; nothing is trained; the
+    episodes whole, their step rows included (the policy's V(s) of each step among them).
 
     ``spec`` gives the search settings (episode length, action mode) and the benchmarks the
     environment serves; a task on another benchmark is refused before anything starts.
@@ -166,7 +193,7 @@ async def evaluate_policy(
     collector = Collector(seeded, env, actor, seed_workflows(benchmarks), values=values)
     episodes = group_episodes(tasks, episodes_per_task, f"eval{seed}")
     batch = await collector.play(episodes, 0, timeline or Timeline())
-    return [EpisodeResult.of(episode) for episode in batch.episodes]
+    return list(batch.episodes)
 
 
 async def held_out_evaluation(
