@@ -137,6 +137,7 @@ import numpy as np
 from aflowrl._proto.v1 import environment_pb2, rollout_pb2
 from aflowrl.benchmarks import get_benchmark
 from aflowrl.config import RunSpec
+from aflowrl.config.environment import WITH_TEST_SPLIT
 from aflowrl.envsvc.blob import StateCodec
 from aflowrl.executor.surrogate import SurrogateExecutor
 from aflowrl.local.launcher import local_services, local_spec
@@ -177,9 +178,6 @@ LISTED = 9
 """Admissible actions listed per observation."""
 POOLS = {"heldOut": 0.3, "tuning": 0.2}
 SPLIT_POOL = {"eval": "held_out", "tuning": "tuning"}
-TEST_SPLIT = frozenset({"gsm8k", "math", "drop", "mbpp"})
-"""Benchmarks whose evaluation tasks are disjoint chunks of their test split (the ``test``
-problem pool); HotpotQA has none and keeps its held-out validation pool."""
 SPLIT_SEED = {"eval": 10_007, "tuning": 20_011}
 """Task-seed namespaces of the evaluation tasks of each split."""
 
@@ -352,7 +350,7 @@ class SecondReading:
         for name in (*TRAIN, *HELD_OUT):
             benchmark = get_benchmark(name)
             pool = benchmark.load(self.evaluation.split, data_dir)
-            test = benchmark.load("test", data_dir) if name in TEST_SPLIT else []
+            test = benchmark.load("test", data_dir) if name in WITH_TEST_SPLIT else []
             self.contexts[name] = SearchContext(
                 Evaluator(SurrogateExecutor(pool), benchmark),
                 pool,
@@ -669,10 +667,12 @@ def evaluation_tasks(
 ) -> list[Task]:
     """``count`` tasks per benchmark: with ``--split eval``, consecutive task seeds in the test
     pool (disjoint chunks of the test split: no problem in two tasks, none in a training or
-    tuning task) for the benchmarks of :data:`TEST_SPLIT`; otherwise tasks of ``pool``."""
+    tuning task) for the benchmarks with a test split
+    (:data:`~aflowrl.config.environment.WITH_TEST_SPLIT`; HotpotQA has none); otherwise tasks
+    of ``pool``."""
     tasks: list[Task] = []
     for name in benchmarks:
-        if split == "eval" and name in TEST_SPLIT:
+        if split == "eval" and name in WITH_TEST_SPLIT:
             tasks += test_pool_tasks(name, count, start=namespace)
         else:
             tasks += held_out_tasks([name], count, seed=namespace, pool=pool)
