@@ -126,9 +126,12 @@ kind-load:
 	kind load docker-image --name $(KIND_CLUSTER) $(foreach image,$(IMAGES),$(REGISTRY)/aflow-rl-$(image):$(TAG))
 
 # The embedded default run: every service a local process (tiny policy, surrogate executor,
-# HumanEval); ends with the best workflow against the seed and the classic baselines on test.
+# MATH); ends with the best workflow against the seed and the classic baselines on test.
+# AFlow's splits are fetched first into $AFLOWRL_DATA_DIR (else ~/.cache/aflowrl/data),
+# checksums verified; once they are there, nothing is downloaded again.
 DEMO_ARGS ?=
 demo: install
+	$(VENV)/bin/aflowrl data download
 	$(VENV)/bin/aflowrl train $(DEMO_ARGS)
 
 clean:

@@ -33,6 +33,8 @@ learner:
   fsdp: {mixedPrecision: none}
   loss: {miniBatchSize: 4, microBatchSize: 4}
 environment:
+  benchmarks: [math]
+  executor: {type: surrogate}
   replicas: {min: 1, max: 1}
   evaluation: {maxProblems: 4, repeats: 1}
   search: {maxSteps: 2, maxAdmissibleActions: 6, maxObservationChars: 1500}
@@ -56,12 +58,14 @@ def test_the_readme_quick_start_names_the_demo_and_what_it_writes():
         assert f"`{name}" in section, f"the quick start no longer says it writes {name}"
 
 
-def test_the_readme_local_quick_start_runs_as_written(tmp_path):
+def test_the_readme_local_quick_start_runs_as_written(tmp_path, aflow_data):
     spec = tmp_path / "short-run.yaml"
     spec.write_text(SHORT_RUN)
     run_dir = tmp_path / "run"
     venv = Path(sys.prefix)
-    env = {**os.environ, "AFLOWRL_LOG_LEVEL": "WARNING"}
+    # `make demo` first runs `aflowrl data download`; with every file already in the data
+    # directory and verified it downloads nothing, so the test needs no network.
+    env = {**os.environ, "AFLOWRL_LOG_LEVEL": "WARNING", "AFLOWRL_DATA_DIR": str(aflow_data)}
     for command in _readme_commands():
         if command == "make demo":
             demo_args = f"-f {spec} --run-dir {run_dir} --no-progress"
@@ -71,6 +75,7 @@ def test_the_readme_local_quick_start_runs_as_written(tmp_path):
             )
             assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
             assert f"run directory {run_dir}" in done.stdout + done.stderr
+            assert f"already in {aflow_data}, verified" in done.stdout + done.stderr
             missing = [name for name in WRITTEN if not (run_dir / name).exists()]
             assert not missing, f"make demo did not write {missing} in {run_dir}"
             assert (run_dir / "metrics.jsonl").read_text().count("\n") == 1

@@ -129,6 +129,16 @@ def test_optimize_writes_its_run_directory_and_resumes(oracle, data_dir, tmp_pat
     assert all((run_dir / "rounds" / f"round_{r['round']}.json").is_file() for r in new)
     tree = json.loads((run_dir / "tree.json").read_text())
     assert tree["best_score"] >= tree["seed_score"] and tree["rounds"] == 6
+    # The best workflow's files call it what it is: the seed's name only for the seed itself.
+    nodes = json.loads((run_dir / "state.json").read_text())["nodes"]
+    node = max(nodes, key=lambda n: n["score"])  # the best (ties: the earliest)
+    best = json.loads((run_dir / "best/workflow.json").read_text())
+    if node.get("action") is None:
+        assert best["name"] == "seed"
+    else:
+        assert best["name"] == f"gsm8k-{node['hash'][:12]}"
+        assert node["action"] in best["description"] and "edited from 'seed'" in best["description"]
+        assert f"Workflow 'gsm8k-{node['hash'][:12]}'" in (run_dir / "best/graph.py").read_text()
     final = json.loads((run_dir / "final.json").read_text())
     assert final["split"] == "test" and final["problems"] == 10
     assert {r["workflow"] for r in final["rows"]} >= {"seed", "cot_sc", "self_refine"}

@@ -6,7 +6,7 @@ Two modes (CONTRACTS.md):
   run's inputs, starts every service here as a child process (:mod:`aflowrl.local`), trains with
   a live progress bar, prints the final comparison table and stops the services. Without ``-f``
   it runs ``--preset NAME``, by default the embedded default run (the ``default`` preset, what
-  ``aflowrl spec default`` prints: the tiny policy, the surrogate executor, HumanEval).
+  ``aflowrl spec default`` prints: the tiny policy, the surrogate executor, MATH).
 - **against running services** (what the trainer Job runs): ``aflowrl train -f FILE --env T
   --rollout T --learner T --run-dir DIR``; status goes to the TrainingRun, metrics to /metrics.
 
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "RunSpec file (bare spec or TrainingRun); default $AFLOWRL_SPEC_FILE, else --preset, "
         "else the embedded default run (what 'aflowrl spec default' prints: tiny policy, "
-        "surrogate executor, HumanEval)",
+        "surrogate executor, MATH)",
     )
     add_preset_argument(parser)
     for name, flag in _TARGETS:

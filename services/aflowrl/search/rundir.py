@@ -162,6 +162,17 @@ class RunDirectory:
         best = self.path / "best"
         best.mkdir(exist_ok=True)
         graph = graph_at(state, state.best)
+        edits: list[str] = []
+        index: int | None = state.best
+        while index is not None and (action := state.nodes[index].action) is not None:
+            edits.append(action)
+            index = state.nodes[index].parent
+        if edits:
+            graph = graph.found_as(
+                f"{state.benchmark}-{state.nodes[state.best].hash[:12]}",
+                f"Found by aflow-rl's workflow search on {state.benchmark} with "
+                f"{len(edits)} edit{'s' if len(edits) > 1 else ''} ({'; '.join(reversed(edits))})",
+            )
         _write_atomic(best / "workflow.json", graph.to_json() + "\n")
         dataset = AFLOW_DATASETS.get(state.benchmark)
         for name, text in export_aflow(

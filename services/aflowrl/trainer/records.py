@@ -225,6 +225,12 @@ class RunDirectory:
             folder.mkdir(exist_ok=True)
             if entry.workflow_json is not None and not (folder / "workflow.png").is_file():
                 graph = Graph.from_json(entry.workflow_json, source=f"best workflow {entry.hash}")
+                if entry.episode != "seed":
+                    graph = graph.found_as(
+                        f"{benchmark}-{entry.hash[:12]}",
+                        f"Found by aflow-rl's workflow search on {benchmark} (iteration "
+                        f"{entry.iteration}, episode {entry.episode})",
+                    )
                 _atomic_write(folder / "workflow.json", graph.to_json() + "\n")
                 for file, text in export_aflow(graph, dataset=benchmark).items():
                     _atomic_write(folder / file, text)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Final, cast, get_args
 
@@ -377,6 +377,16 @@ class Graph:
         except documents.DocumentError as exc:
             raise WorkflowValidationError([(source, exc.reason)]) from None
         return Graph.from_dict(doc, source=source)
+
+    def found_as(self, name: str, how: str) -> Graph:
+        """This workflow called ``name`` and described by ``how`` (a sentence), followed by
+        where it came from. Edits keep the seed's name and description (neither is part of the
+        content hash), so the files written for a workflow the search found say what it is
+        with this."""
+        origin = f"'{self.name}'" + (
+            f" ({self.description.rstrip('.')})" if self.description else ""
+        )
+        return replace(self, name=name, description=f"{how.rstrip('.')}, edited from {origin}.")
 
     # ------------------------------------------------------------------ edits
     def draft(self) -> Draft:

@@ -20,9 +20,20 @@ def _spec(**doc) -> RunSpec:
     return RunSpec.from_document(doc)
 
 
-def test_the_embedded_default_and_runspecs_defaults_pass():
+def test_the_embedded_default_and_runspecs_defaults_pass(aflow_data, monkeypatch):
+    monkeypatch.setenv("AFLOWRL_DATA_DIR", str(aflow_data))  # what 'make demo' downloads first
     preflight.check_local_run(presets.load())
     preflight.check_local_run(RunSpec())
+
+
+def test_the_embedded_default_without_its_data_says_to_download_it(monkeypatch, tmp_path):
+    monkeypatch.delenv("AFLOWRL_DATA_DIR", raising=False)
+    monkeypatch.setenv("AFLOWRL_CACHE_DIR", str(tmp_path))  # no 'aflowrl data download' yet
+    with pytest.raises(PreflightError) as info:
+        preflight.check_local_run(presets.load())
+    assert info.value.field == "spec.environment.data.dir"
+    assert "math_validate.jsonl" in str(info.value)
+    assert "aflowrl data download" in str(info.value)
 
 
 def test_a_benchmark_without_a_packaged_copy_needs_a_data_dir(monkeypatch):
@@ -133,9 +144,10 @@ def test_service_commands_start_learner_ranks_under_torchrun():
     assert env_1[env_1.index("--metrics-port") + 1] == "12"
 
 
-def test_the_embedded_default_run_is_the_tiny_surrogate_humaneval_run():
+def test_the_embedded_default_run_is_the_tiny_surrogate_math_run(aflow_data, monkeypatch):
+    monkeypatch.setenv("AFLOWRL_DATA_DIR", str(aflow_data))
     spec = presets.load()
-    assert spec.policy.model == "tiny" and spec.environment.benchmarks == ["humaneval"]
+    assert spec.policy.model == "tiny" and spec.environment.benchmarks == ["math"]
     assert spec.environment.executor.type == "surrogate"
     assert spec.environment.replicas.min == 2 and spec.rollout.engine == "hf"
     assert spec.environment.search.max_admissible_actions <= 9  # short lists: fast on a CPU

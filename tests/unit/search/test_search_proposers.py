@@ -136,3 +136,21 @@ async def test_rounds_past_the_saved_state_are_dropped_on_resume(make_context, t
     state = run_dir.load_state()
     assert state is not None and state.step == 2
     assert [r["round"] for r in run_dir.rounds()] == [0, 1, 2]
+
+
+async def test_the_best_workflows_files_name_it_and_the_edits_that_made_it(make_context, tmp_path):
+    run_dir = RunDirectory(tmp_path)
+    state = await run_search(make_context(), RandomProposer(0), run_dir, rounds=3, seed=0)
+    edited = max(i for i, n in enumerate(state.nodes) if n.action is not None)
+    nodes = list(state.nodes)
+    nodes[edited] = nodes[edited].model_copy(update={"score": 1.0})  # the best, for this test
+    state = state.model_copy(update={"nodes": tuple(nodes)})
+    chain, index = [], edited
+    while state.nodes[index].action is not None:
+        chain.append(state.nodes[index].action)
+        index = state.nodes[index].parent
+    best = json.loads((run_dir.write_best(state) / "workflow.json").read_text())
+    assert best["name"] == f"{state.benchmark}-{state.nodes[edited].hash[:12]}"
+    assert "; ".join(reversed(chain)) in best["description"]
+    seed = state.nodes[0].graph
+    assert f"edited from '{seed['name']}'" in best["description"]

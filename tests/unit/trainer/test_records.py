@@ -67,6 +67,14 @@ def test_best_workflows_as_json_aflow_code_and_picture(tmp_path):
     assert sorted(index[0]["files"]) == ["graph.py", "prompt.py", "workflow.json", "workflow.png"]
     assert (first / "workflow.png").read_bytes().startswith(PNG)
     assert "HumanEval" in (first / "graph.py").read_text()
+    # A found workflow is called what it is, not by the seed's name it kept through the edits.
+    found = json.loads((first / "workflow.json").read_text())
+    assert found["name"] == f"humaneval-{good.content_hash[:12]}"
+    assert "iteration 4, episode it4-g0-e1" in found["description"]
+    assert f"edited from '{good.name}' ({good.description.rstrip('.')})." in found["description"]
+    assert f"'humaneval-{good.content_hash[:12]}'" in (first / "prompt.py").read_text()
+    kept = json.loads((root / f"2-{seed.content_hash[:12]}" / "workflow.json").read_text())
+    assert (kept["name"], kept.get("description", "")) == (seed.name, seed.description)
     assert index[2]["files"] == []
     picture = root / f"2-{seed.content_hash[:12]}" / "workflow.png"
     drawn = picture.stat().st_mtime_ns
