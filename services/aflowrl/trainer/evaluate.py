@@ -355,36 +355,58 @@ def comparison_table(
     return "\n".join(lines)
 
 
+def _paired_lead(
+    trained: Sequence[EpisodeResult], other: Sequence[EpisodeResult]
+) -> tuple[float, str]:
+    """The mean best-gain difference of paired episodes and its size in standard errors
+    (``", +1.9 SE"``; empty when the standard error is 0 or undefined)."""
+    leads = [a.best_gain - b.best_gain for a, b in zip(trained, other, strict=True)]
+    lead, se = mean(leads), _standard_error(leads)
+    return lead, "" if math.isnan(se) or se == 0 else f", {lead / se:+.1f} SE"
+
+
 def lead_sentence(
-    trained: Sequence[EpisodeResult], start: Sequence[EpisodeResult], *, name: str = "policy"
+    trained: Sequence[EpisodeResult],
+    start: Sequence[EpisodeResult],
+    *,
+    random: Sequence[EpisodeResult] = (),
+    name: str = "policy",
 ) -> str | None:
     """One sentence on the trained policy's best-gain lead over the policy RL started from on the
     same held-out tasks (with its size in standard errors of the paired differences); without
     a lead, the room the seed workflow left there (1 - its mean score), the most any proposer
-    could gain, and how much of it the policy RL started from already gained. None when the two
-    were not played alike."""
+    could gain, and how much of it the policy RL started from already gained. With the random
+    proposer's episodes on the same tasks, a second sentence on the lead over it. None when the
+    trained policy and the policy it started from were not played alike."""
     if not trained or len(trained) != len(start):
         return None
-    leads = [a.best_gain - b.best_gain for a, b in zip(trained, start, strict=True)]
-    lead, se = mean(leads), _standard_error(leads)
-    margin = "" if math.isnan(se) or se == 0 else f", {lead / se:+.1f} SE"
+    lead, margin = _paired_lead(trained, start)
     if lead > 0:
-        return (
+        sentence = (
             f"The trained {name} leads the {name} it started from by {lead:+.4f} best-gain "
             f"({len(trained)} held-out tasks{margin})."
         )
-    seed_score = mean([r.seed_score for r in trained])
-    room = (
-        f"the seed workflow already scores {seed_score:.3f} on their problems, leaving at most "
-        f"{1.0 - seed_score:.3f} to gain"
-    )
-    started = mean([r.best_gain for r in start])
-    if started > 0:
-        room += f", of which the {name} it started from already gains {started:+.4f}"
-    return (
-        f"The trained {name} has no lead ({lead:+.4f}{margin}) over the {name} it started "
-        f"from on {len(trained)} held-out tasks: {room}."
-    )
+    else:
+        seed_score = mean([r.seed_score for r in trained])
+        room = (
+            f"the seed workflow already scores {seed_score:.3f} on their problems, leaving at "
+            f"most {1.0 - seed_score:.3f} to gain"
+        )
+        started = mean([r.best_gain for r in start])
+        if started > 0:
+            room += f", of which the {name} it started from already gains {started:+.4f}"
+        sentence = (
+            f"The trained {name} has no lead ({lead:+.4f}{margin}) over the {name} it started "
+            f"from on {len(trained)} held-out tasks: {room}."
+        )
+    if len(random) == len(trained):
+        over, margin = _paired_lead(trained, random)
+        if over > 0:
+            size = f" ({margin.removeprefix(', ')})" if margin else ""
+            sentence += f" Over the random proposer it leads by {over:+.4f}{size}."
+        else:
+            sentence += f" It has no lead over the random proposer ({over:+.4f}{margin})."
+    return sentence
 
 
 def _se_text(values: Sequence[float]) -> str:

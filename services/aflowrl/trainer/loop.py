@@ -751,7 +751,7 @@ class Trainer:
             sentence
             for sentence in (
                 *(best_against_baselines(rows) for rows in by_benchmark.values()),
-                lead_sentence(result.held_out, self.start_held_out),
+                lead_sentence(result.held_out, self.start_held_out, random=random),
             )
             if sentence
         ]

@@ -78,5 +78,18 @@ def test_a_lead_is_reported_and_no_lead_names_the_room_the_seed_left():
     assert noisy is not None and "+0.1167 best-gain (3 held-out tasks, +1.6 SE)" in noisy
 
 
+def test_the_lead_over_the_random_proposer_follows_when_it_was_played_alike():
+    start = [_episode(0.5, 0.0), _episode(0.5, 0.05)]
+    trained = [_episode(0.5, 0.1), _episode(0.5, 0.1)]
+    ahead = lead_sentence(trained, start, random=[_episode(0.5, 0.0), _episode(0.5, 0.1)])
+    assert ahead is not None and ahead.endswith(
+        "Over the random proposer it leads by +0.0500 (+1.0 SE)."
+    )
+    level = lead_sentence(trained, start, random=[_episode(0.5, 0.1), _episode(0.5, 0.15)])
+    assert level is not None
+    assert level.endswith("It has no lead over the random proposer (-0.0250, -1.0 SE).")
+    assert "random" not in (lead_sentence(trained, start, random=trained[:1]) or "")
+
+
 def test_policies_not_played_alike_get_no_sentence():
     assert lead_sentence([_episode(0.5, 0.1)], []) is None
