@@ -346,23 +346,19 @@ def comparison_table(
     for name, results in others:
         if len(results) != len(policy) or not policy:
             continue
-        leads = [a.best_gain - b.best_gain for a, b in zip(policy, results, strict=True)]
-        se = _standard_error(leads)
-        margin = "-" if math.isnan(se) or se == 0 else f"{mean(leads) / se:+.1f} SE"
-        lines.append(
-            f"best-gain lead of the {first} over the {name}: {mean(leads):+.4f} ({margin})"
-        )
+        lead, size = _paired_lead(policy, results)
+        lines.append(f"best-gain lead of the {first} over the {name}: {lead:+.4f} ({size or '-'})")
     return "\n".join(lines)
 
 
 def _paired_lead(
     trained: Sequence[EpisodeResult], other: Sequence[EpisodeResult]
 ) -> tuple[float, str]:
-    """The mean best-gain difference of paired episodes and its size in standard errors
-    (``", +1.9 SE"``; empty when the standard error is 0 or undefined)."""
+    """The mean best-gain difference of paired episodes and its size in standard errors of
+    the differences (``"+1.9 SE"``; empty when the standard error is 0 or undefined)."""
     leads = [a.best_gain - b.best_gain for a, b in zip(trained, other, strict=True)]
     lead, se = mean(leads), _standard_error(leads)
-    return lead, "" if math.isnan(se) or se == 0 else f", {lead / se:+.1f} SE"
+    return lead, "" if math.isnan(se) or se == 0 else f"{lead / se:+.1f} SE"
 
 
 def lead_sentence(
@@ -380,7 +376,8 @@ def lead_sentence(
     trained policy and the policy it started from were not played alike."""
     if not trained or len(trained) != len(start):
         return None
-    lead, margin = _paired_lead(trained, start)
+    lead, size = _paired_lead(trained, start)
+    margin = f", {size}" if size else ""
     if lead > 0:
         sentence = (
             f"The trained {name} leads the {name} it started from by {lead:+.4f} best-gain "
@@ -400,11 +397,12 @@ def lead_sentence(
             f"from on {len(trained)} held-out tasks: {room}."
         )
     if len(random) == len(trained):
-        over, margin = _paired_lead(trained, random)
+        over, size = _paired_lead(trained, random)
         if over > 0:
-            size = f" ({margin.removeprefix(', ')})" if margin else ""
-            sentence += f" Over the random proposer it leads by {over:+.4f}{size}."
+            sentence += f" Over the random proposer it leads by {over:+.4f}"
+            sentence += f" ({size})." if size else "."
         else:
+            margin = f", {size}" if size else ""
             sentence += f" It has no lead over the random proposer ({over:+.4f}{margin})."
     return sentence
 
