@@ -639,6 +639,39 @@ def total_variation(p: np.ndarray, q: np.ndarray) -> float:
     return 0.5 * float(np.abs(p - q).sum())
 
 
+def tree_cpu_seconds(root: int | None = None) -> float:
+    """CPU seconds (user + system) of process ``root`` (this one by default) and every live
+    process below it, with the children they have reaped (the services, their sandbox and
+    sympy workers); NaN where ``/proc`` cannot be read (not Linux)."""
+    root = os.getpid() if root is None else root
+    ticks = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    used: dict[int, int] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return math.nan
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                text = f.read()
+        except OSError:  # ended meanwhile
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        # after the name: state ppid ... utime(14) stime cutime cstime (1-based in proc(5))
+        parent[int(entry)] = int(fields[1])
+        used[int(entry)] = sum(int(v) for v in fields[11:15])
+    below = {root}
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parent.items():
+            if ppid in below and pid not in below:
+                below.add(pid)
+                grew = True
+    return sum(used.get(pid, 0) for pid in below) / ticks
+
+
 # ---- the bench ------------------------------------------------------------------------------
 
 
@@ -702,17 +735,28 @@ class Bench:
         self.shuffle: list[tuple[float, float]] = []
         self.start_distribution: dict[int, list[np.ndarray]] = {}
         self.phases: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        """Per phase: CPU seconds of the bench and its services (:func:`tree_cpu_seconds`)."""
 
     def method(self, name: str) -> Method:
         return self.methods.setdefault(name, Method(name))
 
-    def phase(self, name: str, started: float) -> None:
-        """Add the seconds since ``started`` to phase ``name`` (printed at the end)."""
-        self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - started
+    @staticmethod
+    def clock() -> tuple[float, float]:
+        """(wall, CPU of the process tree) now: where a phase starts."""
+        return time.perf_counter(), tree_cpu_seconds()
+
+    def phase(self, name: str, started: tuple[float, float]) -> None:
+        """Add the wall and CPU seconds since ``started`` (:meth:`clock`) to phase ``name``
+        (printed at the end)."""
+        wall, cpu = self.clock()
+        self.phases[name] = self.phases.get(name, 0.0) + wall - started[0]
+        self.cpu[name] = self.cpu.get(name, 0.0) + cpu - started[1]
 
     # ---- services ----
 
     async def run(self) -> None:
+        started = self.clock()
         async with local_services(self.base, self.root, threads_per_service=self.args.threads) as (
             targets,
             _group,
@@ -725,6 +769,7 @@ class Bench:
             self.weights = make_weight_sync(self.base, targets.learner, targets.rollout)
             initial = self.root / "initial-policy"
             await self.learner.save(str(initial), b"")
+            self.phase("start services", started)
             try:
                 await self._states()
                 if self.args.references:
@@ -761,7 +806,7 @@ class Bench:
         """The held-out states: every state one uniform-random episode visits on each
         evaluation task (the seed workflow first, then what random edits lead to: the states a
         search meets), with the reward of every listed action from each."""
-        started = time.perf_counter()
+        started = self.clock()
         recorder = RecordingActor()
         await evaluate_policy(
             with_steps(self.base, self.args.state_steps),
@@ -777,8 +822,9 @@ class Bench:
             return State(Task(o.benchmark, o.seed, o.pool), o.text, o.admissible, found, o)
 
         self.states = list(await asyncio.gather(*(one(o) for o in recorder.seen)))
+        self.phase("held-out states", started)
         print(
-            f"held-out states: {len(self.states)} ({time.perf_counter() - started:.0f} s)",
+            f"held-out states: {len(self.states)} ({self.phases['held-out states']:.0f} s)",
             flush=True,
         )
 
@@ -808,7 +854,7 @@ class Bench:
         calibration of the values it read."""
         spec = with_steps(spec or self.base, self.args.steps)
         tasks = [*self.tasks, *(self.transfer if transfer else [])]
-        started = time.perf_counter()
+        started = self.clock()
         played: list[Episode] = await play_episodes(
             spec,
             self.env,
@@ -868,12 +914,14 @@ class Bench:
             method.seconds = time.perf_counter() - started
             print(f"{name:>28}: played ({method.seconds:.0f} s)", flush=True)
         self.greedy = greedy
+        started = self.clock()
         choice: dict[int, int] = {}
         for state in self.states:
             state_means = await greedy.means(
                 state.benchmark, state.observed.anchor, state.observed.workflow_json
             )
             choice[id(state)] = greedy.choose(state.observed, state_means)
+        self.phase("fit expected-greedy at the held-out states", started)
 
         def one_hot(k: int, n: int) -> np.ndarray:
             out = np.zeros(n)
@@ -987,11 +1035,13 @@ class Bench:
         # The warm start alone.
         await self._load(initial)
         started = time.perf_counter()
+        clock = self.clock()
         warm_dir = self.root / f"warm-{seed}"
         warm_spec = make_spec(
             args, steps=args.train_steps, seed=seed, iterations=0, checkpointDir=str(warm_dir)
         )
         await self._train(warm_spec, warm_dir)
+        self.phase("train warm start", clock)
         warm_summary = json.loads((warm_dir / "warmstart" / "summary.json").read_text())
         warm = self.method("warm start")
         warm.seconds += time.perf_counter() - started
@@ -1015,7 +1065,9 @@ class Bench:
             if algorithm == "grpo":
                 doc["learner"]["algorithm"] = {"type": "grpo"}
             spec = RunSpec.from_document(doc)
+            clock = self.clock()
             records = await self._train(spec, run_dir)
+            self.phase(f"train {method_name}", clock)
             method = self.method(method_name)
             method.seconds += time.perf_counter() - started
             evaluations = sum(r.get("env/workflow_evaluations", 0.0) for r in records)
@@ -1048,7 +1100,9 @@ class Bench:
                 1, round(args.warm_epochs * args.warm_episodes / episodes)
             )
             spec = RunSpec.from_document(doc)
+            clock = self.clock()
             await self._train(spec, run_dir)
+            self.phase("train warm start (equal budget)", clock)
             summary = json.loads((run_dir / "warmstart" / "summary.json").read_text())
             method = self.method("warm start (equal budget)")
             method.seconds += time.perf_counter() - started
@@ -1221,8 +1275,11 @@ def print_tables(bench: Bench) -> None:
             f"{statistics.fmean(bench.tv):.3f}"
         )
     print(
-        "time per phase: "
-        + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in bench.phases.items())
+        "time per phase (wall, CPU of the bench and its services): "
+        + ", ".join(
+            f"{name} {seconds:.0f} s ({bench.cpu.get(name, math.nan):.0f} s CPU)"
+            for name, seconds in bench.phases.items()
+        )
     )
 
 
@@ -1432,6 +1489,7 @@ def main() -> None:
         bench = Bench(args, Path(tempfile.gettempdir()))
         bench.methods, bench.states = data["methods"], data["states"]
         bench.tv, bench.shuffle, bench.phases = data["tv"], data["shuffle"], data["phases"]
+        bench.cpu = data.get("cpu", {})
         bench.greedy = GreedyFits(data["greedy_fits"])
     elif args.keep:
         bench = Bench(args, Path(args.keep))
@@ -1449,12 +1507,13 @@ def main() -> None:
                     "tv": bench.tv,
                     "shuffle": bench.shuffle,
                     "phases": bench.phases,
+                    "cpu": bench.cpu,
                     "greedy_fits": getattr(getattr(bench, "greedy", None), "fits", []),
                 },
                 f,
             )
     print_tables(bench)
-    print(f"({time.perf_counter() - started:.0f} s in all)")
+    print(f"({time.perf_counter() - started:.0f} s in all, {tree_cpu_seconds():.0f} s CPU)")
     if "gigpo" in bench.methods and bench.shuffle and args.references:
         print(final_line(bench))
 
