@@ -11,7 +11,7 @@ training benchmark shows, so its row measures transfer to an unseen action list.
 of the problem id). Training tasks, the warm start's episodes and the expected-greedy table use
 the training pool; settings (the defaults below, ``--split tuning``) were chosen on tuning-pool
 tasks; every figure of the evaluation (``--split eval``, the default) comes from tasks on
-problems no training or tuning task sees: ``--eval-tasks`` (12) per training benchmark (48
+problems no training or tuning task sees: ``--eval-tasks`` (6) per training benchmark (24
 tasks) and as many of mbpp, each ``--problems`` (20) problems, ``--eval-episodes`` (1) episode
 per task and seed (with more, a (task, seed) cell's figure is their mean).
 
@@ -20,9 +20,9 @@ evaluation tasks play the ``test`` problem pool: task k takes chunk k of its ben
 split (1,055, 486, 400 and 341 problems, in 20-problem chunks; consecutive task seeds, so no
 problem is in two tasks, and none is in the validation split every training and tuning task
 draws from): such a task is a unit of its own, a set of problems no other unit holds. HotpotQA
-has no test split: its 12 tasks draw 20 problems each from a held-out validation pool of about
+has no test split: its 6 tasks draw 20 problems each from a held-out validation pool of about
 60, so they share problems, and the bootstrap draws them together as one unit (a cluster
-weighing 12 tasks): the SE then treats HotpotQA as one draw, never as 12 independent ones.
+weighing 6 tasks): the SE then treats HotpotQA as one draw, never as 6 independent ones.
 Every figure is a mean over (task, seed) cells; every difference is paired by (task, seed); its
 standard error is a two-way cluster bootstrap (Davison & Hinkley's "pigeonhole" scheme:
 ``--bootstrap`` 2000 resamples of the units and, independently, of the seeds, with
@@ -39,7 +39,7 @@ the ``improvement`` reward, max(0, child - best so far), so that an episode's re
 best-gain, the figure this bench judges (``--reward``; the defaults below were chosen on tuning
 tasks, docs/guides/presets.md).
 
-**Methods**, each trained and evaluated once per seed (``--seeds``, 3; a seed fixes the
+**Methods**, each trained and evaluated once per seed (``--seeds``, 0 1; a seed fixes the
 warm start's traces, training tasks and all sampling):
 
 - ``warm start``: the supervised warm start (``trainer.warmStart``) from the fresh policy;
@@ -58,7 +58,7 @@ warm start's traces, training tasks and all sampling):
 actions); ``uniform new`` (uniform over the listed actions that do not lead to a workflow the
 tree holds: the same as random while the listing leaves those out); ``constant`` (always the
 k-th listed action, k chosen on tuning tasks); ``expected-greedy`` (at each state, the listed
-action with the highest mean one-step reward over ``--greedy-tasks`` (8) training-pool tasks
+action with the highest mean one-step reward over ``--greedy-tasks`` (6) training-pool tasks
 of the benchmark started from the same workflow: the best a policy that generalises across
 tasks can do one step at a time; its row has its own SE like every row); ``oracle``: the
 *cross-fitted* one-step oracle: at each state every listed action is evaluated on the task
@@ -89,16 +89,34 @@ candidate list. **shuffle**: every state's listing is permuted in the observatio
 with the candidates; the check is ok when the distribution follows the actions' content (TV to
 the permuted distribution) at most half as far as it follows their positions.
 
-**Where the time goes** (printed as "time per phase"): one GiGPO iteration is about 14 s at 4
-steps on 2 cores (environment 4.4-6.9 s, learner 6.6 s, generation 1-2 s) and grows with the
-episode's length; the evaluation plays every method on 60 tasks per seed. Measured on 2 cores
-that other processes were also using (load 10-25): a 10-step GiGPO iteration over 3 minutes (hence
-``--train-steps`` 4), the held-out states' readings 108 s for 144 states, one seed of random
-on 20 tasks 142 s, expected-greedy on 16 tasks (3 fit tasks) 240 s, the oracle's own search
-159 s for 5 tasks. The defaults cut what no verdict reads (the ablations grpo and equal
-budget, the oracle's search, the constant and uniform-new rows), play one episode per (task,
-seed) cell and use 3 seeds, aiming at 45 minutes on 2 idle cores; the SE stays honest because
-its units are disjoint problem sets and seeds, whatever their number.
+**Where the time goes** (printed as "time per phase", wall and CPU seconds of the bench and all
+its services, :func:`tree_cpu_seconds`). The environment replicas take about 72 % of the CPU
+(the surrogate executor and the workflow runtime evaluating new workflows, spread over many
+small functions and asyncio's scheduling), the rollout 14 % (the policy scoring each state's
+prompt with its 9 actions and 10 value replies), the learner 11 %, the bench itself 2-3 %.
+Playing a trained policy is the dearest unit: its searches reach workflows nobody evaluated
+before, and those the policies prefer (ensembles, fan-outs) make more executor calls.
+Measured per unit (``--seeds 0 1 --eval-tasks 3 --iterations 2 --warm-episodes 8
+--greedy-tasks 2 --state-steps 1``: 997 s wall, 999 s CPU on 2 cores shared with other runs),
+in CPU seconds: starting the services 12; a held-out state 0.75; one (task, seed) cell of
+random 1.7, of the warm start 9.5, of GiGPO 8.9 and of GiGPO with UCB 2.2 (most of its
+workflows already cached); expected-greedy 3.4 per evaluation task and fit task (a
+deterministic policy: its later seeds replay cached episodes); a warm-start episode 4.9; a
+GiGPO iteration 35. With S seeds, E evaluation tasks per benchmark (5E tasks with mbpp's),
+G greedy fit tasks, I iterations, W warm-start episodes and t state steps, the CPU is about::
+
+    20 + 3 E t + 111 S E + 13.6 E G + S (4.9 W + 35 I)  seconds
+
+The defaults before (S 3, E 12, G 8, I 8, W 40, t 3) come to about 6,900 s of CPU: 88 minutes
+on 2 idle cores at the 1.3 cores' worth of work the services keep busy there (the presets'
+default run: 321 s of CPU in 245 s). **What was cut to fit 45 minutes**: the evaluation, not
+the training (I 8 and W 40 were chosen on tuning tasks): 2 seeds instead of 3, 6 evaluation
+tasks per benchmark instead of 12 and 6 greedy fit tasks instead of 8, so 20 + 54 + 1,332 +
+490 + 952 = about 2,850 s of CPU, 37 minutes at 1.3 cores (43 at 1.1). The ablations (grpo,
+equal budget), the oracle's own search and the constant and uniform-new rows stay off (they
+cost more than the rest together and no verdict reads them), one episode per (task, seed).
+The SE stays honest with fewer units because its units are disjoint problem sets and seeds,
+whatever their number: it only gets wider (about 1.7 times the 3-seed, 12-task one).
 
 The last line is (one line)::
 
@@ -107,10 +125,10 @@ The last line is (one line)::
 
 gigpo-start: GiGPO's paired best-gain lead over the warm start it started from; gigpo-greedy:
 its lead over expected-greedy; fused-ucb: the same policy with fused selection against UCB;
-all on the 48 evaluation tasks of the training benchmarks; transfer: GiGPO against random on
+all on the 24 evaluation tasks of the training benchmarks; transfer: GiGPO against random on
 the held-out benchmark's tasks, paired; learnable-share as above.
 
-    python bench/learning.py [--seeds 0 1 2] [--iterations N] [--steps 10] \\
+    python bench/learning.py [--seeds 0 1] [--iterations N] [--steps 10] \\
         [--split eval|tuning] [--data-dir DIR] [--keep DIR] [--methods gigpo grpo equal-budget]
 """
 
@@ -1353,7 +1371,7 @@ def final_line(bench: Bench) -> str:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument(
         "--methods",
         nargs="+",
@@ -1435,14 +1453,14 @@ def parser() -> argparse.ArgumentParser:
         help="search.failedExamples (the tiny policy does not read them; they triple the "
         "prompt and the learner's attention cost)",
     )
-    p.add_argument("--eval-tasks", type=int, default=12, help="per benchmark")
+    p.add_argument("--eval-tasks", type=int, default=6, help="per benchmark")
     p.add_argument(
         "--eval-episodes",
         type=int,
         default=1,
         help="per task and seed (a cell's figure is their mean; the cell stays the unit)",
     )
-    p.add_argument("--greedy-tasks", type=int, default=8, help="per benchmark")
+    p.add_argument("--greedy-tasks", type=int, default=6, help="per benchmark")
     p.add_argument("--selection-tasks", type=int, default=3, help="per training benchmark")
     p.add_argument("--bootstrap", type=int, default=2000)
     p.add_argument(
