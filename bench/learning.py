@@ -932,14 +932,14 @@ class Bench:
             method.seconds = time.perf_counter() - started
             print(f"{name:>28}: played ({method.seconds:.0f} s)", flush=True)
         self.greedy = greedy
-        started = self.clock()
+        clock = self.clock()
         choice: dict[int, int] = {}
         for state in self.states:
             state_means = await greedy.means(
                 state.benchmark, state.observed.anchor, state.observed.workflow_json
             )
             choice[id(state)] = greedy.choose(state.observed, state_means)
-        self.phase("fit expected-greedy at the held-out states", started)
+        self.phase("fit expected-greedy at the held-out states", clock)
 
         def one_hot(k: int, n: int) -> np.ndarray:
             out = np.zeros(n)
