@@ -11,7 +11,7 @@ training benchmark shows, so its row measures transfer to an unseen action list.
 of the problem id). Training tasks, the warm start's episodes and the expected-greedy table use
 the training pool; settings (the defaults below, ``--split tuning``) were chosen on tuning-pool
 tasks; every figure of the evaluation (``--split eval``, the default) comes from tasks on
-problems no training or tuning task sees: ``--eval-tasks`` (6) per training benchmark (24
+problems no training or tuning task sees: ``--eval-tasks`` (7) per training benchmark (28
 tasks) and as many of mbpp, each ``--problems`` (20) problems, ``--eval-episodes`` (1) episode
 per task and seed (with more, a (task, seed) cell's figure is their mean).
 
@@ -20,9 +20,9 @@ evaluation tasks play the ``test`` problem pool: task k takes chunk k of its ben
 split (1,055, 486, 400 and 341 problems, in 20-problem chunks; consecutive task seeds, so no
 problem is in two tasks, and none is in the validation split every training and tuning task
 draws from): such a task is a unit of its own, a set of problems no other unit holds. HotpotQA
-has no test split: its 6 tasks draw 20 problems each from a held-out validation pool of about
+has no test split: its 7 tasks draw 20 problems each from a held-out validation pool of about
 60, so they share problems, and the bootstrap draws them together as one unit (a cluster
-weighing 6 tasks): the SE then treats HotpotQA as one draw, never as 6 independent ones.
+weighing 7 tasks): the SE then treats HotpotQA as one draw, never as 7 independent ones.
 Every figure is a mean over (task, seed) cells; every difference is paired by (task, seed); its
 standard error is a two-way cluster bootstrap (Davison & Hinkley's "pigeonhole" scheme:
 ``--bootstrap`` 2000 resamples of the units and, independently, of the seeds, with
@@ -111,16 +111,17 @@ Checked on another size (``--seeds 0 --eval-tasks 4 --iterations 2 --warm-episod
 --greedy-tasks 3 --state-steps 2``): the formula says 760 s, the run took 795 s of CPU in 662 s
 (1.2 cores busy on the shared machine): one seed's plays miss the cache a second seed would
 find (the warm start 11.3 s a cell, GiGPO with UCB 3.6), expected-greedy grows slower than E G.
-The defaults before (S 3, E 12, G 8, I 8, W 40, t 3) come to about 6,900 s of CPU: 88 minutes
-on 2 idle cores at the 1.3 cores' worth of work the services keep busy there (the presets'
-default run: 321 s of CPU in 245 s). **What was cut to fit 45 minutes**: the evaluation, not
-the training (I 8 and W 40 were chosen on tuning tasks): 2 seeds instead of 3, 6 evaluation
-tasks per benchmark instead of 12 and 6 greedy fit tasks instead of 8, so 20 + 54 + 1,332 +
-490 + 952 = about 2,850 s of CPU, 37 minutes at 1.3 cores (43 at 1.1). The ablations (grpo,
-equal budget), the oracle's own search and the constant and uniform-new rows stay off (they
-cost more than the rest together and no verdict reads them), one episode per (task, seed).
-The SE stays honest with fewer units because its units are disjoint problem sets and seeds,
-whatever their number: it only gets wider (about 1.7 times the 3-seed, 12-task one).
+The defaults before (S 3, E 12, G 8, I 8, W 40, t 3) come to about 6,900 s of CPU: 68 minutes
+on 2 idle cores at the 1.7 cores the services kept busy in the small profile run on a quiet
+machine (366 s of CPU in 218 s), 88 at 1.3. **What was cut to fit 45 minutes**: the
+evaluation, not the training (I 8 and W 40 were chosen on tuning tasks): 2 seeds instead of 3,
+7 evaluation tasks per benchmark instead of 12 and 6 greedy fit tasks instead of 8, so 20 + 63
++ 1,554 + 571 + 952 = about 3,150 s of CPU: 31 minutes at 1.7 cores, 35 at 1.5, 40 at 1.3.
+The ablations (grpo, equal budget), the oracle's own search and the constant and uniform-new
+rows stay off (they cost more than the rest together and no verdict reads them), one episode
+per (task, seed). The SE stays honest with fewer units because its units are disjoint problem
+sets and seeds, whatever their number: it only gets wider (about 1.6 times the 3-seed,
+12-task one).
 
 The last line is (one line)::
 
@@ -129,7 +130,7 @@ The last line is (one line)::
 
 gigpo-start: GiGPO's paired best-gain lead over the warm start it started from; gigpo-greedy:
 its lead over expected-greedy; fused-ucb: the same policy with fused selection against UCB;
-all on the 24 evaluation tasks of the training benchmarks; transfer: GiGPO against random on
+all on the 28 evaluation tasks of the training benchmarks; transfer: GiGPO against random on
 the held-out benchmark's tasks, paired; learnable-share as above.
 
     python bench/learning.py [--seeds 0 1] [--iterations N] [--steps 10] \\
@@ -1457,7 +1458,7 @@ def parser() -> argparse.ArgumentParser:
         help="search.failedExamples (the tiny policy does not read them; they triple the "
         "prompt and the learner's attention cost)",
     )
-    p.add_argument("--eval-tasks", type=int, default=6, help="per benchmark")
+    p.add_argument("--eval-tasks", type=int, default=7, help="per benchmark")
     p.add_argument(
         "--eval-episodes",
         type=int,
