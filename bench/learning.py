@@ -11,7 +11,7 @@ training benchmark shows, so its row measures transfer to an unseen action list.
 of the problem id). Training tasks, the warm start's episodes and the expected-greedy table use
 the training pool; settings (the defaults below, ``--split tuning``) were chosen on tuning-pool
 tasks; every figure of the evaluation (``--split eval``, the default) comes from tasks on
-problems no training or tuning task sees: ``--eval-tasks`` (12) per training benchmark (48
+problems no training or tuning task sees: ``--eval-tasks`` (7) per training benchmark (28
 tasks) and as many of mbpp, each ``--problems`` (20) problems, ``--eval-episodes`` (1) episode
 per task and seed (with more, a (task, seed) cell's figure is their mean).
 
@@ -20,9 +20,9 @@ evaluation tasks play the ``test`` problem pool: task k takes chunk k of its ben
 split (1,055, 486, 400 and 341 problems, in 20-problem chunks; consecutive task seeds, so no
 problem is in two tasks, and none is in the validation split every training and tuning task
 draws from): such a task is a unit of its own, a set of problems no other unit holds. HotpotQA
-has no test split: its 12 tasks draw 20 problems each from a held-out validation pool of about
+has no test split: its 7 tasks draw 20 problems each from a held-out validation pool of about
 60, so they share problems, and the bootstrap draws them together as one unit (a cluster
-weighing 12 tasks): the SE then treats HotpotQA as one draw, never as 12 independent ones.
+weighing 7 tasks): the SE then treats HotpotQA as one draw, never as 7 independent ones.
 Every figure is a mean over (task, seed) cells; every difference is paired by (task, seed); its
 standard error is a two-way cluster bootstrap (Davison & Hinkley's "pigeonhole" scheme:
 ``--bootstrap`` 2000 resamples of the units and, independently, of the seeds, with
@@ -39,7 +39,7 @@ the ``improvement`` reward, max(0, child - best so far), so that an episode's re
 best-gain, the figure this bench judges (``--reward``; the defaults below were chosen on tuning
 tasks, docs/guides/presets.md).
 
-**Methods**, each trained and evaluated once per seed (``--seeds``, 3; a seed fixes the
+**Methods**, each trained and evaluated once per seed (``--seeds``, 0 1; a seed fixes the
 warm start's traces, training tasks and all sampling):
 
 - ``warm start``: the supervised warm start (``trainer.warmStart``) from the fresh policy;
@@ -58,7 +58,7 @@ warm start's traces, training tasks and all sampling):
 actions); ``uniform new`` (uniform over the listed actions that do not lead to a workflow the
 tree holds: the same as random while the listing leaves those out); ``constant`` (always the
 k-th listed action, k chosen on tuning tasks); ``expected-greedy`` (at each state, the listed
-action with the highest mean one-step reward over ``--greedy-tasks`` (8) training-pool tasks
+action with the highest mean one-step reward over ``--greedy-tasks`` (6) training-pool tasks
 of the benchmark started from the same workflow: the best a policy that generalises across
 tasks can do one step at a time; its row has its own SE like every row); ``oracle``: the
 *cross-fitted* one-step oracle: at each state every listed action is evaluated on the task
@@ -89,16 +89,39 @@ candidate list. **shuffle**: every state's listing is permuted in the observatio
 with the candidates; the check is ok when the distribution follows the actions' content (TV to
 the permuted distribution) at most half as far as it follows their positions.
 
-**Where the time goes** (printed as "time per phase"): one GiGPO iteration is about 14 s at 4
-steps on 2 cores (environment 4.4-6.9 s, learner 6.6 s, generation 1-2 s) and grows with the
-episode's length; the evaluation plays every method on 60 tasks per seed. Measured on 2 cores
-that other processes were also using (load 10-25): a 10-step GiGPO iteration over 3 minutes (hence
-``--train-steps`` 4), the held-out states' readings 108 s for 144 states, one seed of random
-on 20 tasks 142 s, expected-greedy on 16 tasks (3 fit tasks) 240 s, the oracle's own search
-159 s for 5 tasks. The defaults cut what no verdict reads (the ablations grpo and equal
-budget, the oracle's search, the constant and uniform-new rows), play one episode per (task,
-seed) cell and use 3 seeds, aiming at 45 minutes on 2 idle cores; the SE stays honest because
-its units are disjoint problem sets and seeds, whatever their number.
+**Where the time goes** (printed as "time per phase", wall and CPU seconds of the bench and all
+its services, :func:`tree_cpu_seconds`). The environment replicas take about 72 % of the CPU
+(the surrogate executor and the workflow runtime evaluating new workflows, spread over many
+small functions and asyncio's scheduling), the rollout 14 % (the policy scoring each state's
+prompt with its 9 actions and 10 value replies), the learner 11 %, the bench itself 2-3 %.
+Playing a trained policy is the dearest unit: its searches reach workflows nobody evaluated
+before, and those the policies prefer (ensembles, fan-outs) make more executor calls.
+Measured per unit (``--seeds 0 1 --eval-tasks 3 --iterations 2 --warm-episodes 8
+--greedy-tasks 2 --state-steps 1``: 997 s wall, 999 s CPU on 2 cores shared with other runs),
+in CPU seconds: starting the services 12; a held-out state 0.75; one (task, seed) cell of
+random 1.7, of the warm start 9.5, of GiGPO 8.9 and of GiGPO with UCB 2.2 (most of its
+workflows already cached); expected-greedy 3.4 per evaluation task and fit task (a
+deterministic policy: its later seeds replay cached episodes); a warm-start episode 4.9; a
+GiGPO iteration 35. With S seeds, E evaluation tasks per benchmark (5E tasks with mbpp's),
+G greedy fit tasks, I iterations, W warm-start episodes and t state steps, the CPU is about::
+
+    20 + 3 E t + 111 S E + 13.6 E G + S (4.9 W + 35 I)  seconds
+
+Checked on another size (``--seeds 0 --eval-tasks 4 --iterations 2 --warm-episodes 8
+--greedy-tasks 3 --state-steps 2``): the formula says 760 s, the run took 795 s of CPU in 662 s
+(1.2 cores busy on the shared machine): one seed's plays miss the cache a second seed would
+find (the warm start 11.3 s a cell, GiGPO with UCB 3.6), expected-greedy grows slower than E G.
+The defaults before (S 3, E 12, G 8, I 8, W 40, t 3) come to about 6,900 s of CPU: 68 minutes
+on 2 idle cores at the 1.7 cores the services kept busy in the small profile run on a quiet
+machine (366 s of CPU in 218 s), 88 at 1.3. **What was cut to fit 45 minutes**: the
+evaluation, not the training (I 8 and W 40 were chosen on tuning tasks): 2 seeds instead of 3,
+7 evaluation tasks per benchmark instead of 12 and 6 greedy fit tasks instead of 8, so 20 + 63
++ 1,554 + 571 + 952 = about 3,150 s of CPU: 31 minutes at 1.7 cores, 35 at 1.5, 40 at 1.3.
+The ablations (grpo, equal budget), the oracle's own search and the constant and uniform-new
+rows stay off (they cost more than the rest together and no verdict reads them), one episode
+per (task, seed). The SE stays honest with fewer units because its units are disjoint problem
+sets and seeds, whatever their number: it only gets wider (about 1.6 times the 3-seed,
+12-task one).
 
 The last line is (one line)::
 
@@ -107,10 +130,10 @@ The last line is (one line)::
 
 gigpo-start: GiGPO's paired best-gain lead over the warm start it started from; gigpo-greedy:
 its lead over expected-greedy; fused-ucb: the same policy with fused selection against UCB;
-all on the 48 evaluation tasks of the training benchmarks; transfer: GiGPO against random on
+all on the 28 evaluation tasks of the training benchmarks; transfer: GiGPO against random on
 the held-out benchmark's tasks, paired; learnable-share as above.
 
-    python bench/learning.py [--seeds 0 1 2] [--iterations N] [--steps 10] \\
+    python bench/learning.py [--seeds 0 1] [--iterations N] [--steps 10] \\
         [--split eval|tuning] [--data-dir DIR] [--keep DIR] [--methods gigpo grpo equal-budget]
 """
 
@@ -639,6 +662,39 @@ def total_variation(p: np.ndarray, q: np.ndarray) -> float:
     return 0.5 * float(np.abs(p - q).sum())
 
 
+def tree_cpu_seconds(root: int | None = None) -> float:
+    """CPU seconds (user + system) of process ``root`` (this one by default) and every live
+    process below it, with the children they have reaped (the services, their sandbox and
+    sympy workers); NaN where ``/proc`` cannot be read (not Linux)."""
+    root = os.getpid() if root is None else root
+    ticks = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    used: dict[int, int] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return math.nan
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                text = f.read()
+        except OSError:  # ended meanwhile
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        # after the name: state ppid ... utime(14) stime cutime cstime (1-based in proc(5))
+        parent[int(entry)] = int(fields[1])
+        used[int(entry)] = sum(int(v) for v in fields[11:15])
+    below = {root}
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parent.items():
+            if ppid in below and pid not in below:
+                below.add(pid)
+                grew = True
+    return sum(used.get(pid, 0) for pid in below) / ticks
+
+
 # ---- the bench ------------------------------------------------------------------------------
 
 
@@ -702,17 +758,28 @@ class Bench:
         self.shuffle: list[tuple[float, float]] = []
         self.start_distribution: dict[int, list[np.ndarray]] = {}
         self.phases: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        """Per phase: CPU seconds of the bench and its services (:func:`tree_cpu_seconds`)."""
 
     def method(self, name: str) -> Method:
         return self.methods.setdefault(name, Method(name))
 
-    def phase(self, name: str, started: float) -> None:
-        """Add the seconds since ``started`` to phase ``name`` (printed at the end)."""
-        self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - started
+    @staticmethod
+    def clock() -> tuple[float, float]:
+        """(wall, CPU of the process tree) now: where a phase starts."""
+        return time.perf_counter(), tree_cpu_seconds()
+
+    def phase(self, name: str, started: tuple[float, float]) -> None:
+        """Add the wall and CPU seconds since ``started`` (:meth:`clock`) to phase ``name``
+        (printed at the end)."""
+        wall, cpu = self.clock()
+        self.phases[name] = self.phases.get(name, 0.0) + wall - started[0]
+        self.cpu[name] = self.cpu.get(name, 0.0) + cpu - started[1]
 
     # ---- services ----
 
     async def run(self) -> None:
+        started = self.clock()
         async with local_services(self.base, self.root, threads_per_service=self.args.threads) as (
             targets,
             _group,
@@ -725,6 +792,7 @@ class Bench:
             self.weights = make_weight_sync(self.base, targets.learner, targets.rollout)
             initial = self.root / "initial-policy"
             await self.learner.save(str(initial), b"")
+            self.phase("start services", started)
             try:
                 await self._states()
                 if self.args.references:
@@ -761,7 +829,7 @@ class Bench:
         """The held-out states: every state one uniform-random episode visits on each
         evaluation task (the seed workflow first, then what random edits lead to: the states a
         search meets), with the reward of every listed action from each."""
-        started = time.perf_counter()
+        started = self.clock()
         recorder = RecordingActor()
         await evaluate_policy(
             with_steps(self.base, self.args.state_steps),
@@ -777,8 +845,9 @@ class Bench:
             return State(Task(o.benchmark, o.seed, o.pool), o.text, o.admissible, found, o)
 
         self.states = list(await asyncio.gather(*(one(o) for o in recorder.seen)))
+        self.phase("held-out states", started)
         print(
-            f"held-out states: {len(self.states)} ({time.perf_counter() - started:.0f} s)",
+            f"held-out states: {len(self.states)} ({self.phases['held-out states']:.0f} s)",
             flush=True,
         )
 
@@ -808,7 +877,7 @@ class Bench:
         calibration of the values it read."""
         spec = with_steps(spec or self.base, self.args.steps)
         tasks = [*self.tasks, *(self.transfer if transfer else [])]
-        started = time.perf_counter()
+        started = self.clock()
         played: list[Episode] = await play_episodes(
             spec,
             self.env,
@@ -868,12 +937,14 @@ class Bench:
             method.seconds = time.perf_counter() - started
             print(f"{name:>28}: played ({method.seconds:.0f} s)", flush=True)
         self.greedy = greedy
+        clock = self.clock()
         choice: dict[int, int] = {}
         for state in self.states:
             state_means = await greedy.means(
                 state.benchmark, state.observed.anchor, state.observed.workflow_json
             )
             choice[id(state)] = greedy.choose(state.observed, state_means)
+        self.phase("fit expected-greedy at the held-out states", clock)
 
         def one_hot(k: int, n: int) -> np.ndarray:
             out = np.zeros(n)
@@ -987,11 +1058,13 @@ class Bench:
         # The warm start alone.
         await self._load(initial)
         started = time.perf_counter()
+        clock = self.clock()
         warm_dir = self.root / f"warm-{seed}"
         warm_spec = make_spec(
             args, steps=args.train_steps, seed=seed, iterations=0, checkpointDir=str(warm_dir)
         )
         await self._train(warm_spec, warm_dir)
+        self.phase("train warm start", clock)
         warm_summary = json.loads((warm_dir / "warmstart" / "summary.json").read_text())
         warm = self.method("warm start")
         warm.seconds += time.perf_counter() - started
@@ -1015,7 +1088,9 @@ class Bench:
             if algorithm == "grpo":
                 doc["learner"]["algorithm"] = {"type": "grpo"}
             spec = RunSpec.from_document(doc)
+            clock = self.clock()
             records = await self._train(spec, run_dir)
+            self.phase(f"train {method_name}", clock)
             method = self.method(method_name)
             method.seconds += time.perf_counter() - started
             evaluations = sum(r.get("env/workflow_evaluations", 0.0) for r in records)
@@ -1048,7 +1123,9 @@ class Bench:
                 1, round(args.warm_epochs * args.warm_episodes / episodes)
             )
             spec = RunSpec.from_document(doc)
+            clock = self.clock()
             await self._train(spec, run_dir)
+            self.phase("train warm start (equal budget)", clock)
             summary = json.loads((run_dir / "warmstart" / "summary.json").read_text())
             method = self.method("warm start (equal budget)")
             method.seconds += time.perf_counter() - started
@@ -1221,8 +1298,11 @@ def print_tables(bench: Bench) -> None:
             f"{statistics.fmean(bench.tv):.3f}"
         )
     print(
-        "time per phase: "
-        + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in bench.phases.items())
+        "time per phase (wall, CPU of the bench and its services): "
+        + ", ".join(
+            f"{name} {seconds:.0f} s ({bench.cpu.get(name, math.nan):.0f} s CPU)"
+            for name, seconds in bench.phases.items()
+        )
     )
 
 
@@ -1296,7 +1376,7 @@ def final_line(bench: Bench) -> str:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument(
         "--methods",
         nargs="+",
@@ -1378,14 +1458,14 @@ def parser() -> argparse.ArgumentParser:
         help="search.failedExamples (the tiny policy does not read them; they triple the "
         "prompt and the learner's attention cost)",
     )
-    p.add_argument("--eval-tasks", type=int, default=12, help="per benchmark")
+    p.add_argument("--eval-tasks", type=int, default=7, help="per benchmark")
     p.add_argument(
         "--eval-episodes",
         type=int,
         default=1,
         help="per task and seed (a cell's figure is their mean; the cell stays the unit)",
     )
-    p.add_argument("--greedy-tasks", type=int, default=8, help="per benchmark")
+    p.add_argument("--greedy-tasks", type=int, default=6, help="per benchmark")
     p.add_argument("--selection-tasks", type=int, default=3, help="per training benchmark")
     p.add_argument("--bootstrap", type=int, default=2000)
     p.add_argument(
@@ -1432,6 +1512,7 @@ def main() -> None:
         bench = Bench(args, Path(tempfile.gettempdir()))
         bench.methods, bench.states = data["methods"], data["states"]
         bench.tv, bench.shuffle, bench.phases = data["tv"], data["shuffle"], data["phases"]
+        bench.cpu = data.get("cpu", {})
         bench.greedy = GreedyFits(data["greedy_fits"])
     elif args.keep:
         bench = Bench(args, Path(args.keep))
@@ -1449,12 +1530,13 @@ def main() -> None:
                     "tv": bench.tv,
                     "shuffle": bench.shuffle,
                     "phases": bench.phases,
+                    "cpu": bench.cpu,
                     "greedy_fits": getattr(getattr(bench, "greedy", None), "fits", []),
                 },
                 f,
             )
     print_tables(bench)
-    print(f"({time.perf_counter() - started:.0f} s in all)")
+    print(f"({time.perf_counter() - started:.0f} s in all, {tree_cpu_seconds():.0f} s CPU)")
     if "gigpo" in bench.methods and bench.shuffle and args.references:
         print(final_line(bench))
 

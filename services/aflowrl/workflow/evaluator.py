@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import math
 import random
@@ -323,6 +324,24 @@ POOLS = ("all", "training", "tuning", "held_out")
 episode of the ``test`` pool takes a :func:`disjoint_chunk` of the test split instead.)"""
 
 
+def _ranked(problems: Sequence[Problem], salt: str, benchmark: str) -> list[Problem]:
+    """``problems`` sorted by ``stable_hash(salt, benchmark, problem_id)`` (a stable sort)."""
+    order = _ranking(salt, benchmark, tuple(p.problem_id for p in problems))
+    return [problems[i] for i in order]
+
+
+@functools.lru_cache(maxsize=256)
+def _ranking(salt: str, benchmark: str, ids: tuple[str, ...]) -> tuple[int, ...]:
+    """The positions of ``ids`` in the order of their stable hashes (ties: the earlier first).
+
+    Memoised: every Step of an episode derives its problems again (:func:`disjoint_chunk`,
+    :func:`pool_problems`), and hashing a 1,000-problem split each time cost a few percent of
+    an environment replica's CPU; the ranking is a pure function of its arguments.
+    """
+    keys = [stable_hash(salt, benchmark, problem_id) for problem_id in ids]
+    return tuple(sorted(range(len(ids)), key=keys.__getitem__))
+
+
 def disjoint_chunk(
     problems: Sequence[Problem], size: int | None, seed: int, *, benchmark: str
 ) -> list[Problem]:
@@ -334,7 +353,7 @@ def disjoint_chunk(
     """
     if size is None or size >= len(problems):
         return list(problems)
-    ranked = sorted(problems, key=lambda p: stable_hash("chunk", benchmark, p.problem_id))
+    ranked = _ranked(problems, "chunk", benchmark)
     start = (seed % (len(ranked) // size)) * size
     ids = {p.problem_id for p in ranked[start : start + size]}
     return [p for p in problems if p.problem_id in ids]
@@ -358,7 +377,7 @@ def pool_problems(
         raise InvalidInputError(f"{pool!r} is not one of {list(POOLS)}", field="problem_pool")
     if pool == "all":
         return list(problems)
-    ranked = sorted(problems, key=lambda p: stable_hash("pool", benchmark, p.problem_id))
+    ranked = _ranked(problems, "pool", benchmark)
     held, tune = pool_size(held_out, len(ranked)), pool_size(tuning, len(ranked))
     if held + tune >= len(ranked):
         raise InvalidInputError(

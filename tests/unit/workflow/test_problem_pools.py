@@ -70,3 +70,32 @@ def test_consecutive_task_seeds_take_disjoint_chunks_of_the_test_split():
     again = disjoint_chunk(list(reversed(problems)), 20, 2**31 + 3, benchmark="math")
     assert {p.problem_id for p in again} == ids[3]  # stable whatever the load order
     assert disjoint_chunk(problems, None, 5, benchmark="math") == problems
+
+
+def test_an_episodes_problems_are_ranked_once_and_the_same_as_ranked_afresh(monkeypatch):
+    """Every Step derives its episode's problems again: the ranking of a split by stable hash
+    is computed once per (split, benchmark) and gives exactly what hashing afresh gives."""
+    from aflowrl import seeding
+    from aflowrl.workflow import evaluator
+
+    problems = _problems(1055)  # GSM8K's test split
+    problems.insert(500, Problem("gsm8k", "p7", "again", "7"))  # a repeated id keeps its place
+    fresh_chunk = sorted(problems, key=lambda p: seeding.stable_hash("chunk", "g2", p.problem_id))
+    fresh_pool = sorted(problems, key=lambda p: seeding.stable_hash("pool", "g2", p.problem_id))
+    calls = []
+
+    def counted(*parts):
+        calls.append(parts)
+        return seeding.stable_hash(*parts)
+
+    monkeypatch.setattr(evaluator, "stable_hash", counted)
+    for seed in (0, 1, 0, 52):
+        chunk = evaluator.disjoint_chunk(problems, 20, seed, benchmark="g2")
+        start = (seed % (len(problems) // 20)) * 20
+        ids = {p.problem_id for p in fresh_chunk[start : start + 20]}
+        assert chunk == [p for p in problems if p.problem_id in ids]
+    for _ in range(3):
+        held = pool_problems(problems, "held_out", benchmark="g2", held_out=0.3, tuning=0.2)
+        chosen = {id(p) for p in fresh_pool[: pool_size(0.3, len(problems))]}
+        assert held == [p for p in problems if id(p) in chosen]
+    assert len(calls) == 2 * len(problems)  # one ranking per salt, whatever the calls
