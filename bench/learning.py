@@ -123,6 +123,21 @@ per (task, seed). The SE stays honest with fewer units because its units are dis
 sets and seeds, whatever their number: it only gets wider (about 1.6 times the 3-seed,
 12-task one).
 
+**What values could add (``--value-ceiling``, off by default; it replaces the bench's run)**:
+the random proposer on the evaluation tasks of the training benchmarks, once with UCB
+selection and once per kind and scale with ``fused`` selection on *oracle* values V*(s)
+(:class:`OracleValuer`): every workflow s of a search is reset as a search of its own, every
+listed action's child scored on executor sample 1 (as the cross-fitted oracle), and V*(s) sent
+for s and for the child the next step makes before that step's parent selection
+(``--ceiling-kinds``: ``expected``, the proposer's mean max(0, child - s); ``best``, the best
+such gain; ``greedy``, the proposer's mean gain over the tree's best score, which is what a
+one-step-greedy selection maximises; ``greedy-same``, the same on sample 0, the scores the
+search is paid on: not cross-fitted, a bound no value can reach). ``--ceiling-scales`` (1, 4,
+1000) send V* times that, V's weight 0.5, 0.8 and 0.999 at ``fusedW`` 0.5. Each row is paired
+with UCB by (task, seed), with the same draws, and the table gives the leads, their SE and z,
+the Spearman calibration of V* against the gain realised below s (the trained policy's values:
++0.24) and, for the largest lead short of +2 SE, how many more units +2 SE would need.
+
 The last line is (one line)::
 
     learning: gigpo-start=+X.X SE gigpo-greedy=+Y.Y SE fused-ucb=+Z.Z SE transfer=+W.W SE
@@ -135,6 +150,7 @@ the held-out benchmark's tasks, paired; learnable-share as above.
 
     python bench/learning.py [--seeds 0 1] [--iterations N] [--steps 10] \\
         [--split eval|tuning] [--data-dir DIR] [--keep DIR] [--methods gigpo grpo equal-budget]
+    python bench/learning.py --value-ceiling [--seeds 0 1] [--eval-tasks 6] [--data-dir DIR]
 """
 
 from __future__ import annotations
