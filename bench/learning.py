@@ -123,6 +123,21 @@ per (task, seed). The SE stays honest with fewer units because its units are dis
 sets and seeds, whatever their number: it only gets wider (about 1.6 times the 3-seed,
 12-task one).
 
+**What values could add (``--value-ceiling``, off by default; it replaces the bench's run)**:
+the random proposer on the evaluation tasks of the training benchmarks, once with UCB
+selection and once per kind and scale with ``fused`` selection on *oracle* values V*(s)
+(:class:`OracleValuer`): every workflow s of a search is reset as a search of its own, every
+listed action's child scored on executor sample 1 (as the cross-fitted oracle), and V*(s) sent
+for s and for the child the next step makes before that step's parent selection
+(``--ceiling-kinds``: ``expected``, the proposer's mean max(0, child - s); ``best``, the best
+such gain; ``greedy``, the proposer's mean gain over the tree's best score, which is what a
+one-step-greedy selection maximises; ``greedy-same``, the same on sample 0, the scores the
+search is paid on: not cross-fitted, a bound no value can reach). ``--ceiling-scales`` (1, 4,
+1000) send V* times that, V's weight 0.5, 0.8 and 0.999 at ``fusedW`` 0.5. Each row is paired
+with UCB by (task, seed), with the same draws, and the table gives the leads, their SE and z,
+the Spearman calibration of V* against the gain realised below s (the trained policy's values:
++0.24) and, for the largest lead short of +2 SE, how many more units +2 SE would need.
+
 The last line is (one line)::
 
     learning: gigpo-start=+X.X SE gigpo-greedy=+Y.Y SE fused-ucb=+Z.Z SE transfer=+W.W SE
@@ -135,12 +150,14 @@ the held-out benchmark's tasks, paired; learnable-share as above.
 
     python bench/learning.py [--seeds 0 1] [--iterations N] [--steps 10] \\
         [--split eval|tuning] [--data-dir DIR] [--keep DIR] [--methods gigpo grpo equal-budget]
+    python bench/learning.py --value-ceiling [--seeds 0 1] [--eval-tasks 6] [--data-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import math
@@ -588,6 +605,195 @@ class ScaledValues(ValueTable):
         )
 
 
+# ---- oracle values (--value-ceiling) -------------------------------------------------------
+
+
+def one_step_values(
+    parent: float, children: Sequence[float], pi: Sequence[float]
+) -> tuple[float, float]:
+    """Oracle values of a workflow s from one executor sample: ``parent`` is s's score on it,
+    ``children`` the scores of the children its listed actions make, ``pi`` the proposer's
+    probabilities of those actions. Returns (the proposer's expected one-step gain
+    sum_a pi(a) max(0, child_a - parent), the best one-step gain max_a max(0, child_a - parent)):
+    the improvement reward of a search that holds s alone; (0, 0) when nothing is listed."""
+    if len(children) != len(pi):
+        raise ValueError(f"{len(pi)} probabilities for {len(children)} children")
+    if not children:
+        return 0.0, 0.0
+    gains = [max(0.0, child - parent) for child in children]
+    return math.fsum(p * g for p, g in zip(pi, gains, strict=True)), max(gains)
+
+
+ORACLE_KINDS = ("expected", "best", "greedy", "greedy-same")
+"""The oracle values --value-ceiling can send (:meth:`OracleValue.of`)."""
+
+
+@dataclass(frozen=True)
+class OracleValue:
+    """What a one-step oracle knows of one workflow s of one task: its score and its listed
+    children's on executor sample 1 (and on sample 0, the scores the search reads)."""
+
+    parent: float
+    children: tuple[float, ...]
+    parent_same: float = 0.0
+    children_same: tuple[float, ...] = ()
+
+    def of(self, kind: str, best_so_far: float = -math.inf) -> float:
+        """V*(s) of ``kind`` (:func:`one_step_values`, pi uniform: the random proposer):
+        "expected", the proposer's expected one-step gain over s; "best", the best one-step
+        gain over s; "greedy", the proposer's expected one-step gain over the best score
+        ``best_so_far`` of the tree (on sample 1): how much expanding s is expected to raise
+        the search's best, what a one-step-greedy parent selection maximises; "greedy-same",
+        the same on sample 0, the scores the search itself reads (not cross-fitted: it knows
+        the executor's noise in the search's own scores, a bound no value can reach;
+        ``best_so_far`` then on sample 0)."""
+        pi = [1.0 / len(self.children)] * len(self.children) if self.children else []
+        if kind == "greedy":
+            return one_step_values(max(self.parent, best_so_far), self.children, pi)[0]
+        if kind == "greedy-same":
+            bar = max(self.parent_same, best_so_far)
+            return one_step_values(bar, self.children_same, pi)[0]
+        expected, best = one_step_values(self.parent, self.children, pi)
+        return {"expected": expected, "best": best}[kind]
+
+
+class OracleValuer:
+    """V*(s) of a task's workflow s, cross-fitted: s is reset as a search of the task of its
+    own (listing every action but those leading back to s), every listed child is scored on
+    executor sample 1 (:func:`readings`) and so is s (:class:`OracleValue`). The search pays
+    on sample 0: V* knows what expanding s is worth on the task's problems, nothing of the
+    noise of the scores the search reads. Cached per (task, workflow)."""
+
+    def __init__(self, env: EnvironmentClient, spec: RunSpec, second: SecondReading) -> None:
+        self.env = env
+        self.spec = spec
+        self.second = second
+        self.known: dict[tuple[str, int, str, str], asyncio.Future[OracleValue]] = {}
+
+    async def value(self, o: Observed, anchor: str, workflow_json: str) -> OracleValue:
+        """V* of workflow ``anchor`` (``workflow_json``) on the task of ``o``."""
+        key = (o.benchmark, o.seed, o.pool, anchor)
+        if key not in self.known:
+            task = Task(o.benchmark, o.seed, o.pool)  # type: ignore[arg-type]
+            self.known[key] = asyncio.ensure_future(self._value(task, anchor, workflow_json))
+        return await self.known[key]
+
+    def cached(self, task: Task, anchor: str) -> OracleValue:
+        """V* of ``anchor`` on ``task``, already computed."""
+        return self.known[task.benchmark, task.seed, task.pool, anchor].result()
+
+    async def _value(self, task: Task, anchor: str, workflow_json: str) -> OracleValue:
+        reply = await reset(self.env, self.spec, task, workflow_json, key=anchor)
+        if reply.observation.anchor != anchor:
+            raise RuntimeError(f"workflow {anchor[:12]} resets as {reply.observation.anchor[:12]}")
+        root = Observed(
+            reply.observation.text,
+            tuple(reply.observation.admissible_actions),
+            benchmark=task.benchmark,
+            anchor=anchor,
+            workflow_json=workflow_json,
+            state=reply.state,
+            seed=task.seed,
+            pool=task.pool,
+        )
+        found, (own,) = await asyncio.gather(
+            readings(self.env, self.second, root),
+            self.second.outcomes(root, [workflow_json], [anchor]),
+        )
+        return OracleValue(
+            statistics.fmean(b for _, b in own),
+            found.second,
+            statistics.fmean(a for a, _ in own),
+            found.first,
+        )
+
+
+class OracleTable(ValueTable):
+    """One search's oracle values: V*(s) of ``kind`` per anchor, sent times ``scale`` (another
+    ``search.fusedW``, as :class:`ScaledValues`). The collector sends the live table, not a
+    snapshot, so what :class:`OracleValuedActor` adds before a Step reaches that Step's parent
+    selection; "greedy" values are computed at each request against the best sample-1 score
+    of the workflows added so far (on sample 0 for "greedy-same")."""
+
+    def __init__(self, kind: str, scale: float) -> None:
+        super().__init__("policy")
+        self.kind = kind
+        self.scale = scale
+        self.known: dict[str, OracleValue] = {}
+
+    def add(self, anchor: str, value: OracleValue) -> None:
+        self.known[anchor] = value
+
+    @property
+    def best_so_far(self) -> float:
+        """The best score of the workflows added so far, on the sample ``kind`` reads."""
+        same = self.kind == "greedy-same"
+        return max(
+            (v.parent_same if same else v.parent for v in self.known.values()), default=-math.inf
+        )
+
+    def value(self, anchor: str) -> float:
+        return self.known[anchor].of(self.kind, self.best_so_far)
+
+    def snapshot(self) -> ValueTable:
+        return self
+
+    def proto(self, own: Any = None) -> environment_pb2.StateValues:
+        best = self.best_so_far
+        return environment_pb2.StateValues(
+            values={a: v.of(self.kind, best) * self.scale for a, v in self.known.items()},
+            default_value=0.0,
+        )
+
+
+class OracleValuedActor(Actor):
+    """``proposer``'s decisions, each carrying V*(s) (``kind``) of the workflow it modifies as
+    its value (read by the calibration); with ``table`` (one search's), V* of that workflow
+    and of the child the action makes go into the table before the Step, so fused selection
+    reads an oracle value at every node of the tree (a child the table lacked would take its
+    parent's)."""
+
+    def __init__(
+        self, proposer: Actor, valuer: OracleValuer, kind: str, table: OracleTable | None
+    ) -> None:
+        self.proposer = proposer
+        self.valuer = valuer
+        self.kind = kind
+        self.table = table
+
+    async def act(self, observed: Sequence[Observed], *, draws: Sequence[Draw]) -> list[Decision]:
+        decisions = await self.proposer.act(observed, draws=draws)
+        return list(
+            await asyncio.gather(
+                *(self._valued(o, d) for o, d in zip(observed, decisions, strict=True))
+            )
+        )
+
+    async def _valued(self, o: Observed, decision: Decision) -> Decision:
+        own = await self.valuer.value(o, o.anchor, o.workflow_json)
+        if self.table is None:
+            return dataclasses.replace(decision, value=own.of(self.kind))
+        self.table.add(o.anchor, own)
+        read = self.table.value(o.anchor)
+        reply, _ = await self.valuer.env.step(
+            o.state, decision.action, episode_key=o.anchor, values=environment_pb2.StateValues()
+        )
+        info = reply.info
+        if info.valid_action and info.child_hash and not info.duplicate:
+            child = await self.valuer.value(o, info.child_hash, info.child_workflow_json)
+            self.table.add(info.child_hash, child)
+        return dataclasses.replace(decision, value=read)
+
+
+def effective_weight(w: float, scale: float) -> float:
+    """The weight of V in the fused score when values are sent times ``scale`` at
+    ``search.fusedW`` ``w`` (:class:`ScaledValues`)."""
+    if w >= 1.0:
+        return 1.0
+    ratio = scale * w / (1.0 - w)
+    return ratio / (1.0 + ratio)
+
+
 async def reset(
     env: EnvironmentClient, spec: RunSpec, task: Task, workflow_json: str, *, key: str
 ) -> environment_pb2.ResetResponse:
@@ -741,6 +947,27 @@ def bootstrap_unit(task: Task) -> tuple[Any, ...]:
     return (task.benchmark, task.seed) if task.pool == "test" else (task.benchmark,)
 
 
+def realised_below(episode: Episode) -> list[float]:
+    """Per step of ``episode``, the gain its search realised below the workflow the step
+    modified (:func:`aflowrl.rl.yardstick.gains_below`)."""
+    rows = episode.rows
+    return gains_below(
+        [r.anchor for r in rows],
+        [r.child_hash if r.valid and not r.duplicate else None for r in rows],
+        [r.child_score for r in rows],
+        [r.parent_score for r in rows],
+    )
+
+
+CEILING_UCB = "random (ucb)"
+"""The --value-ceiling row every oracle-valued search is paired with."""
+
+
+def ceiling_name(kind: str, scale: float, w: float) -> str:
+    """The --value-ceiling row of fused selection on V* ``kind`` sent times ``scale``."""
+    return f"random (fused, V* {kind} x{scale:g}, w {effective_weight(w, scale):.3f})"
+
+
 class Bench:
     """The services, the tasks and every method's figures (module docstring)."""
 
@@ -757,6 +984,14 @@ class Bench:
         self.tv: list[float] = []
         self.shuffle: list[tuple[float, float]] = []
         self.start_distribution: dict[int, list[np.ndarray]] = {}
+        self.ceiling_calibration: dict[str, list[tuple[list[float], list[float]]]] = {}
+        """--value-ceiling: per V* kind, V*(s) and the gain realised below s at each step of
+        the UCB searches."""
+        self.ceiling_shape: dict[str, tuple[float, float]] = {}
+        """--value-ceiling: per row, the workflows its searches modified (mean per search) and
+        the share of steps that modified the seed workflow."""
+        self.ceiling_values: list[tuple[float, float]] = []
+        """--value-ceiling: V* expected and best of every workflow valued."""
         self.phases: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
         """Per phase: CPU seconds of the bench and its services (:func:`tree_cpu_seconds`)."""
@@ -794,6 +1029,9 @@ class Bench:
             await self.learner.save(str(initial), b"")
             self.phase("start services", started)
             try:
+                if self.args.value_ceiling:
+                    await self._value_ceiling()
+                    return
                 await self._states()
                 if self.args.references:
                     await self._references()
@@ -887,6 +1125,14 @@ class Bench:
             seed=seed,
             values=ValueTable.empty() if ucb else values,
         )
+        self._record(method, seed, tasks, played)
+        self.phase(f"play {method.name}", started)
+
+    def _record(
+        self, method: Method, seed: int, tasks: Sequence[Task], played: Sequence[Episode]
+    ) -> None:
+        """The best-gains of the episodes ``played`` on ``tasks`` (``--eval-episodes`` each, in
+        task order) and the calibration of the values their decisions read."""
         repeated = [t for t in tasks for _ in range(self.args.eval_episodes)]
         steps = duplicates = 0
         for task, episode in zip(repeated, played, strict=True):
@@ -896,16 +1142,9 @@ class Bench:
             rows = episode.rows
             if not rows or any(r.decision.value is None for r in rows):
                 continue
-            gains = gains_below(
-                [r.anchor for r in rows],
-                [r.child_hash if r.valid and not r.duplicate else None for r in rows],
-                [r.child_score for r in rows],
-                [r.parent_score for r in rows],
-            )
             read = [float(r.decision.value or 0.0) for r in rows]
-            method.calibration.append((read, gains))
+            method.calibration.append((read, realised_below(episode)))
         method.duplicates.append(duplicates / max(1, steps))
-        self.phase(f"play {method.name}", started)
 
     async def _references(self) -> None:
         args = self.args
@@ -964,6 +1203,84 @@ class Bench:
         for name, rule in rules.items():
             for seed in args.seeds:
                 self._record_states(self.method(name), seed, rule)
+
+    async def _value_ceiling(self) -> None:
+        """--value-ceiling: the random proposer on the evaluation tasks of the training
+        benchmarks, with UCB selection and with fused selection on oracle values V*(s)
+        (:class:`OracleValuer`) at each kind and scale. Every (task, seed) cell is played by
+        its own collector (each task its own value table; V* depends on the task's problems),
+        with the same draws in every row, so each pairing starts from the same first edit."""
+        args = self.args
+        if args.eval_episodes != 1:
+            raise ValueError("--value-ceiling plays one episode per (task, seed)")
+        spec = with_steps(self.base, args.steps)
+        w = spec.environment.search.fused_w
+        self.ceiling = OracleValuer(self.env, self.base, self.second)
+        self.ceiling_played: dict[str, list[tuple[Task, Episode]]] = {}
+        rows: list[tuple[str, str, float | None]] = [(CEILING_UCB, "expected", None)] + [
+            (ceiling_name(kind, scale, w), kind, scale)
+            for kind in args.ceiling_kinds
+            for scale in args.ceiling_scales
+        ]
+        for seed in args.seeds:
+            for name, kind, scale in rows:
+                started = self.clock()
+
+                async def one(
+                    index: int,
+                    task: Task,
+                    kind: str = kind,
+                    scale: float | None = scale,
+                    seed: int = seed,
+                ) -> list[Episode]:
+                    table = None if scale is None else OracleTable(kind, scale)
+                    actor = OracleValuedActor(UniformActor(), self.ceiling, kind, table)
+                    return await play_episodes(
+                        spec,
+                        self.env,
+                        actor,
+                        [task],
+                        episodes_per_task=args.eval_episodes,
+                        seed=seed * 100_003 + index,
+                        values=ValueTable.empty() if table is None else table,
+                    )
+
+                played = await asyncio.gather(*(one(i, t) for i, t in enumerate(self.tasks)))
+                episodes = [e for cell in played for e in cell]
+                self._record(self.method(name), seed, self.tasks, episodes)
+                repeated = [t for t in self.tasks for _ in range(args.eval_episodes)]
+                self.ceiling_played.setdefault(name, []).extend(
+                    zip(repeated, episodes, strict=True)
+                )
+                self.phase(f"play {name}", started)
+                gains = [e.best_gain for e in episodes]
+                print(
+                    f"{name:>44} seed {seed}: best-gain {statistics.fmean(gains):+.4f} "
+                    f"({self.phases[f'play {name}']:.0f} s so far; "
+                    f"{len(self.ceiling.known)} workflows valued)",
+                    flush=True,
+                )
+        for kind in ("expected", "best"):
+            self.ceiling_calibration[kind] = [
+                (
+                    [self.ceiling.cached(t, r.anchor).of(kind) for r in e.rows],
+                    realised_below(e),
+                )
+                for t, e in self.ceiling_played[CEILING_UCB]
+                if e.rows
+            ]
+        for name, played in self.ceiling_played.items():
+            shaped = [e for _, e in played if e.rows]
+            self.ceiling_shape[name] = (
+                statistics.fmean(len({r.anchor for r in e.rows}) for e in shaped),
+                statistics.fmean(
+                    statistics.fmean(r.anchor == e.rows[0].anchor for r in e.rows) for e in shaped
+                ),
+            )
+        self.ceiling_values = [
+            (v.of("expected"), v.of("best"))
+            for v in (f.result() for f in self.ceiling.known.values())
+        ]
 
     async def _constant(self) -> int:
         """The best position k, chosen on tuning-pool tasks of the training benchmarks."""
@@ -1297,6 +1614,75 @@ def print_tables(bench: Bench) -> None:
             f"{position:.3f}; state-TV between states listing the same candidates "
             f"{statistics.fmean(bench.tv):.3f}"
         )
+    print_phases(bench)
+
+
+def print_value_ceiling(bench: Bench) -> None:
+    """--value-ceiling: UCB against fused selection on oracle values, paired by (task, seed)."""
+    args = bench.args
+    tasks = bench.tasks
+    units = len({bootstrap_unit(t) for t in tasks})
+    print(
+        f"\nValue ceiling, split {args.split}: the random proposer on {len(tasks)} tasks of "
+        f"{', '.join(TRAIN)} ({units} bootstrap units) x {len(args.seeds)} seeds, "
+        f"{args.steps}-step searches; fused selection on oracle V*(s) (cross-fitted: executor "
+        "sample 1) against UCB alone; mean ± two-way cluster-bootstrap SE over (task, seed)"
+    )
+    print(
+        f"{'search':<46}{'best-gain':>18}{'minus ucb':>18}{'z':>7}{'Spearman':>10}"
+        f"{'within':>8}{'parents':>9}{'root':>6}"
+    )
+    names = [n for n in bench.methods if n == CEILING_UCB or n.startswith("random (fused")]
+    leads: list[tuple[str, Figure]] = []
+    for name in names:
+        gain = bench.figure(name, "gain", tasks)
+        parents, root = bench.ceiling_shape.get(name, (math.nan, math.nan))
+        shape = f"{parents:>9.1f}{root:>6.2f}"
+        if name == CEILING_UCB:
+            print(f"{name:<46}{gain!s:>18}{'-':>18}{'-':>7}{'-':>10}{'-':>8}{shape}")
+            continue
+        lead = bench.figure(name, "gain", tasks, minus=CEILING_UCB)
+        leads.append((name, lead))
+        pooled, within, _ = calibration(bench.methods[name])
+        print(
+            f"{name:<46}{gain!s:>18}{lead!s:>18}{lead.z:>+7.1f}{pooled:>+10.3f}{within:>+8.3f}"
+            f"{shape}"
+        )
+    print(
+        "(Spearman: V*(s) read at each step against the gain realised below s, in that row's "
+        "own searches, pooled over steps and the mean within episodes; parents: workflows a "
+        "search modified, mean; root: share of steps that modified the seed workflow)"
+    )
+    for kind, pairs in bench.ceiling_calibration.items():
+        pooled, within, count = calibration(Method(kind, calibration=pairs))
+        print(
+            f"V* {kind} in the UCB searches: Spearman(V*(s), gain realised below s) pooled "
+            f"{pooled:+.3f}, within episodes {within:+.3f} (mean of {count})"
+        )
+    if bench.ceiling_values:
+        values = bench.ceiling_values
+        print(
+            f"V* over the {len(values)} workflows valued: expected gain mean "
+            f"{statistics.fmean(e for e, _ in values):.4f} (zero at "
+            f"{statistics.fmean(e == 0.0 for e, _ in values):.0%}), best gain mean "
+            f"{statistics.fmean(b for _, b in values):.4f} (zero at "
+            f"{statistics.fmean(b == 0.0 for _, b in values):.0%})"
+        )
+    if leads:
+        name, lead = max(leads, key=lambda item: item[1].z)
+        cells = units * len(args.seeds)
+        if lead.mean > 0 and lead.z < 2.0:
+            factor = (2.0 / lead.z) ** 2
+            print(
+                f"largest lead: {name} {lead} ({lead.z:+.1f} SE); at that effect, +2 SE needs "
+                f"about {factor:.1f} times the {units} units x {len(args.seeds)} seeds "
+                f"({factor * cells:.0f} (unit, seed) cells)"
+            )
+        else:
+            print(f"largest lead: {name} {lead} ({lead.z:+.1f} SE)")
+
+
+def print_phases(bench: Bench) -> None:
     print(
         "time per phase (wall, CPU of the bench and its services): "
         + ", ".join(
@@ -1439,6 +1825,29 @@ def parser() -> argparse.ArgumentParser:
         "how --value-scale is chosen)",
     )
     p.add_argument(
+        "--value-ceiling",
+        action="store_true",
+        help="instead of the bench: the random proposer with UCB selection against fused "
+        "selection on oracle values V*(s) (a ceiling of what values add to parent selection)",
+    )
+    p.add_argument(
+        "--ceiling-kinds",
+        nargs="+",
+        default=list(ORACLE_KINDS),
+        choices=ORACLE_KINDS,
+        help="--value-ceiling: V*(s) the random proposer's expected one-step gain over s, the "
+        "best one-step gain over s, the proposer's expected gain over the tree's best "
+        "(greedy), all cross-fitted, or greedy on the search's own sample (greedy-same: not "
+        "cross-fitted, a bound no value reaches) (OracleValue.of)",
+    )
+    p.add_argument(
+        "--ceiling-scales",
+        type=float,
+        nargs="+",
+        default=[1.0, 4.0, 1000.0],
+        help="--value-ceiling: V* sent times these (at fusedW 0.5: V's weight 0.5, 0.8, 0.999)",
+    )
+    p.add_argument(
         "--reward",
         default="improvement",
         choices=["delta-parent", "delta-best", "improvement"],
@@ -1514,6 +1923,9 @@ def main() -> None:
         bench.tv, bench.shuffle, bench.phases = data["tv"], data["shuffle"], data["phases"]
         bench.cpu = data.get("cpu", {})
         bench.greedy = GreedyFits(data["greedy_fits"])
+        bench.ceiling_calibration = data.get("ceiling_calibration", {})
+        bench.ceiling_values = data.get("ceiling_values", [])
+        bench.ceiling_shape = data.get("ceiling_shape", {})
     elif args.keep:
         bench = Bench(args, Path(args.keep))
         asyncio.run(bench.run())
@@ -1532,10 +1944,17 @@ def main() -> None:
                     "phases": bench.phases,
                     "cpu": bench.cpu,
                     "greedy_fits": getattr(getattr(bench, "greedy", None), "fits", []),
+                    "ceiling_calibration": bench.ceiling_calibration,
+                    "ceiling_values": bench.ceiling_values,
+                    "ceiling_shape": bench.ceiling_shape,
                 },
                 f,
             )
-    print_tables(bench)
+    if args.value_ceiling:
+        print_value_ceiling(bench)
+        print_phases(bench)
+    else:
+        print_tables(bench)
     print(f"({time.perf_counter() - started:.0f} s in all, {tree_cpu_seconds():.0f} s CPU)")
     if "gigpo" in bench.methods and bench.shuffle and args.references:
         print(final_line(bench))

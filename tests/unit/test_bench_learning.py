@@ -1,0 +1,104 @@
+"""bench/learning.py's oracle values (--value-ceiling) against hand-computed figures."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "learning.py"
+
+
+def _bench() -> ModuleType:
+    name = "bench_learning_under_test"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, BENCH)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while it loads
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def test_one_step_values_are_the_proposers_expected_gain_and_the_best_gain() -> None:
+    bench = _bench()
+    # Parent 0.5; children 0.6 (+0.1), 0.4 (no gain: the improvement reward is never
+    # negative), 0.8 (+0.3) and 0.5 (none).
+    expected, best = bench.one_step_values(0.5, [0.6, 0.4, 0.8, 0.5], [0.25] * 4)
+    assert expected == pytest.approx((0.1 + 0.3) / 4)
+    assert best == pytest.approx(0.3)
+    # A policy that puts its mass on the losing child expects less than uniform.
+    expected, best = bench.one_step_values(0.5, [0.6, 0.4, 0.8, 0.5], [0.0, 0.7, 0.1, 0.2])
+    assert expected == pytest.approx(0.1 * 0.3)
+    assert best == pytest.approx(0.3)
+
+
+def test_one_step_values_of_a_workflow_no_child_improves_are_zero() -> None:
+    bench = _bench()
+    assert bench.one_step_values(0.9, [0.2, 0.9], [0.5, 0.5]) == (0.0, 0.0)
+    assert bench.one_step_values(0.4, [], []) == (0.0, 0.0)
+
+
+def test_one_step_values_refuse_probabilities_that_do_not_match_the_children() -> None:
+    with pytest.raises(ValueError, match="2 probabilities for 3 children"):
+        _bench().one_step_values(0.5, [0.1, 0.2, 0.3], [0.5, 0.5])
+
+
+def test_effective_weight_of_scaled_values_at_fused_w_one_half() -> None:
+    bench = _bench()
+    # (1 - w) UCB + w (k V) ranks as (1 - w') UCB + w' V with w' / (1 - w') = k w / (1 - w).
+    assert bench.effective_weight(0.5, 1.0) == pytest.approx(0.5)
+    assert bench.effective_weight(0.5, 4.0) == pytest.approx(0.8)
+    assert bench.effective_weight(0.5, 0.0) == 0.0
+    assert bench.effective_weight(0.2, 4.0) == pytest.approx(0.5)
+    assert bench.effective_weight(1.0, 3.0) == 1.0
+
+
+def test_oracle_values_of_each_kind_from_the_sample_one_scores() -> None:
+    bench = _bench()
+    value = bench.OracleValue(0.5, (0.6, 0.4, 0.8, 0.5))
+    assert value.of("expected") == pytest.approx(0.1)
+    assert value.of("best") == pytest.approx(0.3)
+    # Greedy: the gain over the tree's best (0.7), not over s: only the 0.8 child raises it.
+    assert value.of("greedy", 0.7) == pytest.approx(0.1 / 4)
+    # The tree's best is never below s's own score (s is in the tree).
+    assert value.of("greedy", 0.2) == pytest.approx(value.of("expected"))
+    assert bench.OracleValue(0.5, ()).of("greedy", 0.1) == 0.0
+
+
+def test_same_sample_greedy_value_reads_sample_zero_and_its_own_best_so_far() -> None:
+    bench = _bench()
+    value = bench.OracleValue(0.5, (0.6, 0.4), parent_same=0.45, children_same=(0.7, 0.3))
+    assert value.of("greedy-same", 0.5) == pytest.approx(0.2 / 2)
+    table = bench.OracleTable("greedy-same", 2.0)
+    table.add("a" * 64, value)
+    table.add("c" * 64, bench.OracleValue(0.9, (0.9,), parent_same=0.65, children_same=(0.66,)))
+    # The bar is the best sample-0 score added (0.65), not sample 1's 0.9.
+    assert table.best_so_far == pytest.approx(0.65)
+    assert dict(table.proto().values) == pytest.approx(
+        {"a" * 64: 2.0 * 0.05 / 2, "c" * 64: 2.0 * 0.01}
+    )
+
+
+def test_oracle_table_sends_its_live_values_scaled() -> None:
+    bench = _bench()
+    table = bench.OracleTable("expected", 4.0)
+    snapshot = table.snapshot()
+    table.add("a" * 64, bench.OracleValue(0.5, (0.6, 0.5)))  # after the collector's snapshot
+    sent = snapshot.proto({"b" * 64: 9.0})  # the proposer's own values are not sent
+    assert dict(sent.values) == pytest.approx({"a" * 64: 4.0 * 0.05})
+    assert sent.default_value == 0.0
+
+
+def test_greedy_oracle_table_values_every_node_against_the_best_added_so_far() -> None:
+    bench = _bench()
+    table = bench.OracleTable("greedy", 1.0)
+    table.add("a" * 64, bench.OracleValue(0.5, (0.6, 0.9)))
+    assert table.value("a" * 64) == pytest.approx((0.1 + 0.4) / 2)
+    # A child scoring 0.7 raises the bar for its parent too.
+    table.add("c" * 64, bench.OracleValue(0.7, (0.75, 0.6)))
+    sent = dict(table.proto().values)
+    assert sent == pytest.approx({"a" * 64: 0.2 / 2, "c" * 64: 0.05 / 2})
