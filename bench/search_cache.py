@@ -304,7 +304,7 @@ if __name__ == "__main__":
         help="in-process surrogate (default) or the loopback test server",
     )
     options = parser.parse_args()
-    if options.data_dir is None:  # this workplace keeps AFlow's splits in ../shared/datasets
+    if options.data_dir is None:  # a checkout beside a shared/datasets/aflow directory
         found = [p / "shared/datasets/aflow" for p in ROOT.parents]
         options.data_dir = next((str(p) for p in found if p.is_dir()), None)
     asyncio.run(main(options))
