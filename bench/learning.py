@@ -138,6 +138,15 @@ with UCB by (task, seed), with the same draws, and the table gives the leads, th
 the Spearman calibration of V* against the gain realised below s (the trained policy's values:
 +0.24) and, for the largest lead short of +2 SE, how many more units +2 SE would need.
 
+**What transfer could reach (``--transfer-ceiling``, off by default; it replaces the bench's
+run)**: on the held-out benchmark's evaluation tasks (the test-split chunks of the transfer
+figure; same steps, seeds and UCB selection), ``random`` against policies that know more of
+that benchmark than a policy trained elsewhere can: ``expected-greedy (mbpp)``, fitted on
+``--greedy-tasks`` of its own training-pool tasks, and ``oracle (mbpp)``, the cross-fitted
+one-step oracle (``--transfer-rows`` picks them). Each lead over random is paired by (task,
+seed) with the bench's bootstrap, with the (unit, seed) cells +2 SE would need at that lead
+(:func:`cells_for`).
+
 The last line is (one line)::
 
     learning: gigpo-start=+X.X SE gigpo-greedy=+Y.Y SE fused-ucb=+Z.Z SE transfer=+W.W SE
@@ -151,6 +160,7 @@ the held-out benchmark's tasks, paired; learnable-share as above.
     python bench/learning.py [--seeds 0 1] [--iterations N] [--steps 10] \\
         [--split eval|tuning] [--data-dir DIR] [--keep DIR] [--methods gigpo grpo equal-budget]
     python bench/learning.py --value-ceiling [--seeds 0 1] [--eval-tasks 6] [--data-dir DIR]
+    python bench/learning.py --transfer-ceiling [--seeds 0 1] [--eval-tasks 14] [--data-dir DIR]
 """
 
 from __future__ import annotations
