@@ -138,6 +138,15 @@ with UCB by (task, seed), with the same draws, and the table gives the leads, th
 the Spearman calibration of V* against the gain realised below s (the trained policy's values:
 +0.24) and, for the largest lead short of +2 SE, how many more units +2 SE would need.
 
+**What transfer could reach (``--transfer-ceiling``, off by default; it replaces the bench's
+run)**: on the held-out benchmark's evaluation tasks (the test-split chunks of the transfer
+figure; same steps, seeds and UCB selection), ``random`` against policies that know more of
+that benchmark than a policy trained elsewhere can: ``expected-greedy (mbpp)``, fitted on
+``--greedy-tasks`` of its own training-pool tasks, and ``oracle (mbpp)``, the cross-fitted
+one-step oracle (``--transfer-rows`` picks them). Each lead over random is paired by (task,
+seed) with the bench's bootstrap, with the (unit, seed) cells +2 SE would need at that lead
+(:func:`cells_for`).
+
 The last line is (one line)::
 
     learning: gigpo-start=+X.X SE gigpo-greedy=+Y.Y SE fused-ucb=+Z.Z SE transfer=+W.W SE
@@ -151,6 +160,7 @@ the held-out benchmark's tasks, paired; learnable-share as above.
     python bench/learning.py [--seeds 0 1] [--iterations N] [--steps 10] \\
         [--split eval|tuning] [--data-dir DIR] [--keep DIR] [--methods gigpo grpo equal-budget]
     python bench/learning.py --value-ceiling [--seeds 0 1] [--eval-tasks 6] [--data-dir DIR]
+    python bench/learning.py --transfer-ceiling [--seeds 0 1] [--eval-tasks 14] [--data-dir DIR]
 """
 
 from __future__ import annotations
@@ -959,6 +969,11 @@ def realised_below(episode: Episode) -> list[float]:
     )
 
 
+TRANSFER_GREEDY = "expected-greedy (mbpp)"
+TRANSFER_ORACLE = "oracle (mbpp)"
+"""The --transfer-ceiling rows paired with random: expected-greedy fitted on the held-out
+benchmark's own training-pool tasks, and the cross-fitted one-step oracle."""
+
 CEILING_UCB = "random (ucb)"
 """The --value-ceiling row every oracle-valued search is paired with."""
 
@@ -1031,6 +1046,9 @@ class Bench:
             try:
                 if self.args.value_ceiling:
                     await self._value_ceiling()
+                    return
+                if self.args.transfer_ceiling:
+                    await self._transfer_ceiling()
                     return
                 await self._states()
                 if self.args.references:
@@ -1109,12 +1127,14 @@ class Bench:
         ucb: bool,
         transfer: bool = True,
         values: ValueTable | None = None,
+        tasks: Sequence[Task] | None = None,
     ) -> None:
         """Play ``actor`` on the evaluation tasks (``ucb``: selection by UCB alone, every V the
         same; else ``fused`` on the values the actor reads) and record its best-gains and the
-        calibration of the values it read."""
+        calibration of the values it read (``tasks``: these instead)."""
         spec = with_steps(spec or self.base, self.args.steps)
-        tasks = [*self.tasks, *(self.transfer if transfer else [])]
+        if tasks is None:
+            tasks = [*self.tasks, *(self.transfer if transfer else [])]
         started = self.clock()
         played: list[Episode] = await play_episodes(
             spec,
@@ -1281,6 +1301,35 @@ class Bench:
             (v.of("expected"), v.of("best"))
             for v in (f.result() for f in self.ceiling.known.values())
         ]
+
+    async def _transfer_ceiling(self) -> None:
+        """--transfer-ceiling: on the held-out benchmark's evaluation tasks, the random proposer
+        against policies that know more of it than a transferred policy can (UCB selection
+        alone, every row): expected-greedy fitted on its own training-pool tasks and, unless
+        left out (``--transfer-rows``), the cross-fitted one-step oracle."""
+        args = self.args
+        rows: list[tuple[str, Actor]] = [("random", UniformActor())]
+        if "greedy" in args.transfer_rows:
+            fit = {
+                name: [Task(name, 3_000 + k, "training") for k in range(args.greedy_tasks)]
+                for name in HELD_OUT
+            }
+            self.greedy = GreedyActor(self.env, self.base, fit)
+            rows.append((TRANSFER_GREEDY, self.greedy))
+        if "oracle" in args.transfer_rows:
+            rows.append((TRANSFER_ORACLE, OracleActor(self.env, self.second)))
+        for name, actor in rows:
+            method = self.method(name)
+            started = time.perf_counter()
+            for seed in args.seeds:
+                await self._play(method, actor, seed, ucb=True, tasks=self.transfer)
+                gains = [method.gain.values[t, seed][0] for t in self.transfer]
+                print(
+                    f"{name:>28} seed {seed}: best-gain {statistics.fmean(gains):+.4f} "
+                    f"({time.perf_counter() - started:.0f} s so far)",
+                    flush=True,
+                )
+            method.seconds = time.perf_counter() - started
 
     async def _constant(self) -> int:
         """The best position k, chosen on tuning-pool tasks of the training benchmarks."""
@@ -1672,7 +1721,7 @@ def print_value_ceiling(bench: Bench) -> None:
         name, lead = max(leads, key=lambda item: item[1].z)
         cells = units * len(args.seeds)
         if lead.mean > 0 and lead.z < 2.0:
-            factor = (2.0 / lead.z) ** 2
+            factor = cells_for(2.0, lead, cells) / cells
             print(
                 f"largest lead: {name} {lead} ({lead.z:+.1f} SE); at that effect, +2 SE needs "
                 f"about {factor:.1f} times the {units} units x {len(args.seeds)} seeds "
@@ -1680,6 +1729,56 @@ def print_value_ceiling(bench: Bench) -> None:
             )
         else:
             print(f"largest lead: {name} {lead} ({lead.z:+.1f} SE)")
+
+
+def cells_for(target: float, lead: Figure, cells: int) -> float:
+    """The (unit, seed) cells a paired lead measured at ``lead`` on ``cells`` cells would need
+    for ``target`` SE, the effect held and the SE shrinking as one over the root of the cells:
+    cells (target / z)^2; infinite for a lead that is not positive."""
+    if lead.mean <= 0:
+        return math.inf
+    return cells * (target / lead.z) ** 2 if math.isfinite(lead.z) else 0.0
+
+
+def print_transfer_ceiling(bench: Bench) -> None:
+    """--transfer-ceiling: each row's best-gain on the held-out benchmark and its paired lead
+    over random, with the cells +2 SE would need at that lead."""
+    args = bench.args
+    tasks = bench.transfer
+    units = len({bootstrap_unit(t) for t in tasks})
+    cells = units * len(args.seeds)
+    print(
+        f"\nTransfer ceiling, split {args.split}: {len(tasks)} tasks of {', '.join(HELD_OUT)} "
+        f"(held out; {units} bootstrap units) x {len(args.seeds)} seeds, {args.steps}-step "
+        "searches, UCB selection; mean ± two-way cluster-bootstrap SE over (task, seed)"
+    )
+    print(
+        f"{'proposer':<26}{'best-gain':>18}{'minus random':>18}{'z':>7}"
+        f"{'cells for +2 SE':>17}{'seconds':>9}"
+    )
+    for name in ("random", TRANSFER_GREEDY, TRANSFER_ORACLE):
+        if name not in bench.methods:
+            continue
+        gain = bench.figure(name, "gain", tasks)
+        seconds = f"{bench.methods[name].seconds:>9.0f}"
+        if name == "random":
+            print(f"{name:<26}{gain!s:>18}{'-':>18}{'-':>7}{'-':>17}{seconds}")
+            continue
+        lead = bench.figure(name, "gain", tasks, minus="random")
+        needed = cells_for(2.0, lead, cells)
+        print(f"{name:<26}{gain!s:>18}{lead!s:>18}{lead.z:>+7.1f}{needed:>17.0f}{seconds}")
+    greedy = getattr(bench, "greedy", None)
+    if greedy is not None and greedy.fits:
+        print(
+            f"expected-greedy (mbpp) fit: {len(greedy.fits)} states, {args.greedy_tasks} "
+            "training-pool tasks each; the chosen action's mean one-step reward has SE "
+            f"{statistics.fmean(se for se, _ in greedy.fits):.4f} over them (mean over states), "
+            f"its lead over the second best {statistics.fmean(d for _, d in greedy.fits):.4f}"
+        )
+    print(
+        f"(cells for +2 SE: (unit, seed) cells at which the lead, held, would reach +2 SE; "
+        f"this run has {cells})"
+    )
 
 
 def print_phases(bench: Bench) -> None:
@@ -1831,6 +1930,20 @@ def parser() -> argparse.ArgumentParser:
         "selection on oracle values V*(s) (a ceiling of what values add to parent selection)",
     )
     p.add_argument(
+        "--transfer-ceiling",
+        action="store_true",
+        help="instead of the bench: on the held-out benchmark's evaluation tasks, the random "
+        "proposer against expected-greedy fitted on that benchmark's own training-pool tasks "
+        "and the cross-fitted one-step oracle (a ceiling of transfer)",
+    )
+    p.add_argument(
+        "--transfer-rows",
+        nargs="*",
+        default=["greedy", "oracle"],
+        choices=["greedy", "oracle"],
+        help="--transfer-ceiling: the rows played besides random",
+    )
+    p.add_argument(
         "--ceiling-kinds",
         nargs="+",
         default=list(ORACLE_KINDS),
@@ -1952,6 +2065,9 @@ def main() -> None:
             )
     if args.value_ceiling:
         print_value_ceiling(bench)
+        print_phases(bench)
+    elif args.transfer_ceiling:
+        print_transfer_ceiling(bench)
         print_phases(bench)
     else:
         print_tables(bench)

@@ -1,4 +1,5 @@
-"""bench/learning.py's oracle values (--value-ceiling) against hand-computed figures."""
+"""bench/learning.py's oracle values (--value-ceiling) and the --transfer-ceiling arithmetic against
+hand-computed figures."""
 
 from __future__ import annotations
 
@@ -102,3 +103,16 @@ def test_greedy_oracle_table_values_every_node_against_the_best_added_so_far() -
     table.add("c" * 64, bench.OracleValue(0.7, (0.75, 0.6)))
     sent = dict(table.proto().values)
     assert sent == pytest.approx({"a" * 64: 0.2 / 2, "c" * 64: 0.05 / 2})
+
+
+def test_cells_for_two_se_grow_as_the_square_of_the_missing_z() -> None:
+    bench = _bench()
+    # A lead at +1.0 SE on 14 cells: +2 SE needs (2 / 1)^2 = 4 times the cells, the effect held.
+    assert bench.cells_for(2.0, bench.Figure(0.03, 0.03), 14) == pytest.approx(56.0)
+    # Already at +4 SE: a quarter of the cells would do.
+    assert bench.cells_for(2.0, bench.Figure(0.04, 0.01), 14) == pytest.approx(3.5)
+    # A lead that is not positive gets there at no size.
+    assert bench.cells_for(2.0, bench.Figure(-0.01, 0.02), 14) == float("inf")
+    assert bench.cells_for(2.0, bench.Figure(0.0, 0.02), 14) == float("inf")
+    # A deterministic lead (SE zero) needs no cells beyond the ones it has shown.
+    assert bench.cells_for(2.0, bench.Figure(0.01, 0.0), 14) == 0.0
