@@ -1645,14 +1645,7 @@ def print_tables(bench: Bench) -> None:
             f"  on {', '.join(HELD_OUT)} (held out): gigpo - random: {transfer} "
             f"({transfer.z:+.1f} SE)"
         )
-    greedy = getattr(bench, "greedy", None)
-    if greedy is not None and greedy.fits:
-        print(
-            f"expected-greedy fit: {len(greedy.fits)} states, {args.greedy_tasks} training-pool "
-            "tasks each; the chosen action's mean one-step reward has SE "
-            f"{statistics.fmean(se for se, _ in greedy.fits):.4f} over them (mean over states), "
-            f"its lead over the second best {statistics.fmean(d for _, d in greedy.fits):.4f}"
-        )
+    print_greedy_fit(bench, "expected-greedy")
     print_ceiling(bench)
     print_calibration(bench)
     if bench.shuffle:
@@ -1740,6 +1733,20 @@ def cells_for(target: float, lead: Figure, cells: int) -> float:
     return cells * (target / lead.z) ** 2 if math.isfinite(lead.z) else 0.0
 
 
+def print_greedy_fit(bench: Bench, name: str) -> None:
+    """How well expected-greedy's table was fitted (if it was): states, tasks per state, the SE
+    of the chosen action's mean one-step reward and its lead over the second best."""
+    greedy = getattr(bench, "greedy", None)
+    if greedy is None or not greedy.fits:
+        return
+    print(
+        f"{name} fit: {len(greedy.fits)} states, {bench.args.greedy_tasks} training-pool "
+        "tasks each; the chosen action's mean one-step reward has SE "
+        f"{statistics.fmean(se for se, _ in greedy.fits):.4f} over them (mean over states), "
+        f"its lead over the second best {statistics.fmean(d for _, d in greedy.fits):.4f}"
+    )
+
+
 def print_transfer_ceiling(bench: Bench) -> None:
     """--transfer-ceiling: each row's best-gain on the held-out benchmark and its paired lead
     over random, with the cells +2 SE would need at that lead."""
@@ -1767,14 +1774,7 @@ def print_transfer_ceiling(bench: Bench) -> None:
         lead = bench.figure(name, "gain", tasks, minus="random")
         needed = cells_for(2.0, lead, cells)
         print(f"{name:<26}{gain!s:>18}{lead!s:>18}{lead.z:>+7.1f}{needed:>17.0f}{seconds}")
-    greedy = getattr(bench, "greedy", None)
-    if greedy is not None and greedy.fits:
-        print(
-            f"expected-greedy (mbpp) fit: {len(greedy.fits)} states, {args.greedy_tasks} "
-            "training-pool tasks each; the chosen action's mean one-step reward has SE "
-            f"{statistics.fmean(se for se, _ in greedy.fits):.4f} over them (mean over states), "
-            f"its lead over the second best {statistics.fmean(d for _, d in greedy.fits):.4f}"
-        )
+    print_greedy_fit(bench, TRANSFER_GREEDY)
     print(
         f"(cells for +2 SE: (unit, seed) cells at which the lead, held, would reach +2 SE; "
         f"this run has {cells})"
