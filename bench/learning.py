@@ -7,13 +7,15 @@ benchmark (mbpp). The held-out benchmark is a code task: its seed workflow lists
 training benchmark shows, so its row measures transfer to an unseen action list.
 
 **Problems never overlap.** Each benchmark's validation problems are split into disjoint pools
-(``environment.evaluation.pools``: 30 % held out, 20 % tuning, 50 % training; by a stable hash
-of the problem id). Training tasks, the warm start's episodes and the expected-greedy table use
-the training pool; settings (the defaults below, ``--split tuning``) were chosen on tuning-pool
-tasks; every figure of the evaluation (``--split eval``, the default) comes from tasks on
-problems no training or tuning task sees: ``--eval-tasks`` (7) per training benchmark (28
-tasks) and as many of mbpp, each ``--problems`` (20) problems, ``--eval-episodes`` (1) episode
-per task and seed (with more, a (task, seed) cell's figure is their mean).
+(``environment.evaluation.pools``: 30 % held out, 20 % tuning, 50 % training; by a stable hash of
+the problem id). Training tasks, the warm start's episodes and the expected-greedy table use the
+training pool; settings (the defaults below, ``--split tuning``; ``--try-iterations`` and
+``--try-value-scales`` play GiGPO at other iteration counts and value weights in the same run,
+paired) were chosen on tuning-pool tasks; every figure of the evaluation (``--split eval``, the
+default) comes from tasks on problems no training or tuning task sees: ``--eval-tasks`` (7) per
+training benchmark (28 tasks) and as many of mbpp, each ``--problems`` (20) problems,
+``--eval-episodes`` (1) episode per task and seed (with more, a (task, seed) cell's figure is their
+mean).
 
 **The units of the standard errors are problems and seeds.** GSM8K, MATH, DROP and MBPP
 evaluation tasks play the ``test`` problem pool: task k takes chunk k of its benchmark's test
@@ -1448,15 +1450,35 @@ class Bench:
             await self._load(warm_ckpt)
             started = time.perf_counter()
             run_dir = self.root / f"{method_name}-{seed}"
+            # --try-iterations: one run as long as the longest count, with a checkpoint at each.
+            counts = sorted({args.iterations, *args.try_iterations}) if algorithm == "gigpo" else []
             spec = make_spec(args, steps=args.train_steps, seed=seed, checkpointDir=str(run_dir))
             doc = spec.to_document()
             doc["trainer"]["warmStart"]["episodes"] = 0  # already warm
+            if len(counts) > 1:
+                doc["trainer"].update(
+                    iterations=counts[-1],
+                    checkpointEvery=math.gcd(*counts),
+                    keepCheckpoints=counts[-1] // math.gcd(*counts),
+                )
             if algorithm == "grpo":
                 doc["learner"]["algorithm"] = {"type": "grpo"}
             spec = RunSpec.from_document(doc)
             clock = self.clock()
             records = await self._train(spec, run_dir)
             self.phase(f"train {method_name}", clock)
+            if len(counts) > 1:
+                await self._other_iterations(
+                    seed,
+                    spec=spec,
+                    run_dir=run_dir,
+                    counts=counts,
+                    records=records,
+                    warm=warm,
+                    warm_pis=warm_pis,
+                )
+                await self._load(checkpoint(run_dir, args.iterations))
+                records = records[: args.iterations]
             method = self.method(method_name)
             method.seconds += time.perf_counter() - started
             evaluations = sum(r.get("env/workflow_evaluations", 0.0) for r in records)
@@ -1500,6 +1522,34 @@ class Bench:
             await self._evaluate_policy("warm start (equal budget)", spec, seed, None)
             report(f"warm start (equal budget, {episodes} episodes)", method, seed)
 
+    async def _other_iterations(
+        self,
+        seed: int,
+        *,
+        spec: RunSpec,
+        run_dir: Path,
+        counts: Sequence[int],
+        records: Sequence[dict[str, Any]],
+        warm: Method,
+        warm_pis: list[np.ndarray],
+    ) -> None:
+        """--try-iterations: GiGPO after each other count of iterations (the checkpoints of
+        one run as long as the longest: the first k iterations of a longer run are a k-iteration
+        run, the learning rate being constant), played as GiGPO is (``fused`` on its values)."""
+        for count in counts:
+            if count == self.args.iterations:
+                continue
+            await self._load(checkpoint(run_dir, count))
+            name = iterations_name(count)
+            method = self.method(name)
+            method.updates.extend(records[:count])
+            method.evaluations.append(
+                warm.evaluations[-1]
+                + sum(r.get("env/workflow_evaluations", 0.0) for r in records[:count])
+            )
+            await self._evaluate_policy(name, spec, seed, warm_pis)
+            report(name, method, seed)
+
     async def _state_dependence(self, pis: list[np.ndarray]) -> None:
         """state-TV and the shuffle check of the served (GiGPO) policy (module docstring)."""
         by_list: dict[tuple[str, ...], list[int]] = {}
@@ -1541,6 +1591,15 @@ class Bench:
         return Figure(float(a.mean()), two_way_bootstrap(a, self.args.bootstrap, clusters=clusters))
 
 
+def checkpoint(run_dir: Path, iterations: int) -> Path:
+    """The trainer's checkpoint after ``iterations`` (trainer/loop.py's layout)."""
+    return run_dir / "checkpoints" / f"iter-{iterations:06d}"
+
+
+def iterations_name(count: int) -> str:
+    return f"gigpo ({count} it)"
+
+
 def report(name: str, method: Method, seed: int) -> None:
     gains = [v for (task, s), vs in method.gain.values.items() if s == seed for v in vs]
     onestep = [v for (task, s), vs in method.onestep.values.items() if s == seed for v in vs]
@@ -1563,6 +1622,7 @@ def print_tables(bench: Bench) -> None:
         "warm start (equal budget)",
         "gigpo",
         "gigpo (ucb)",
+        *(iterations_name(n) for n in sorted(args.try_iterations)),
         "grpo",
     ]
     names = [n for n in order if n in bench.methods]
@@ -1632,6 +1692,17 @@ def print_tables(bench: Bench) -> None:
             f"TV from the warm start after the iteration {span('policy/start_tv')}, "
             f"entropy {span('policy/entropy')}"
         )
+    for count in args.try_iterations:
+        name = iterations_name(count)
+        if count == args.iterations or name not in bench.methods:
+            continue
+        for b in ("gigpo", "warm start"):
+            gain = bench.figure(name, "gain", bench.tasks, minus=b)
+            onestep = bench.figure(name, "onestep", bench.tasks, minus=b)
+            print(
+                f"  {name} - {b}: {gain} ({gain.z:+.1f} SE); one-step {onestep} "
+                f"({onestep.z:+.1f} SE)"
+            )
     for name in bench.methods:
         if name.startswith("gigpo (V x") and bench.has("gigpo (ucb)", bench.tasks):
             lead = bench.figure(name, "gain", bench.tasks, minus="gigpo (ucb)")
@@ -1922,6 +1993,14 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         help="also play GiGPO's fused search at these value scales (with --split tuning: "
         "how --value-scale is chosen)",
+    )
+    p.add_argument(
+        "--try-iterations",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also play GiGPO after these numbers of iterations (checkpoints of one run as long "
+        "as the longest; with --split tuning: how --iterations is chosen)",
     )
     p.add_argument(
         "--value-ceiling",
