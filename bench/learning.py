@@ -215,6 +215,7 @@ from aflowrl.trainer.clients import EnvironmentClient, LearnerClient, RolloutCli
 from aflowrl.trainer.collect import PROBLEM_POOLS
 from aflowrl.trainer.evaluate import evaluate_policy, play_episodes, policy_actor
 from aflowrl.trainer.rows import Decision, Episode, Observed
+from aflowrl.trainer.state import CheckpointIndex
 from aflowrl.trainer.tasks import Task, held_out_tasks, test_pool_tasks
 from aflowrl.trainer.values import ValueTable
 from aflowrl.trainer.weight_sync import make_weight_sync
@@ -1456,11 +1457,7 @@ class Bench:
             doc = spec.to_document()
             doc["trainer"]["warmStart"]["episodes"] = 0  # already warm
             if len(counts) > 1:
-                doc["trainer"].update(
-                    iterations=counts[-1],
-                    checkpointEvery=math.gcd(*counts),
-                    keepCheckpoints=counts[-1] // math.gcd(*counts),
-                )
+                doc["trainer"].update(checkpoints_at(counts))
             if algorithm == "grpo":
                 doc["learner"]["algorithm"] = {"type": "grpo"}
             spec = RunSpec.from_document(doc)
@@ -1592,8 +1589,22 @@ class Bench:
 
 
 def checkpoint(run_dir: Path, iterations: int) -> Path:
-    """The trainer's checkpoint after ``iterations`` (trainer/loop.py's layout)."""
-    return run_dir / "checkpoints" / f"iter-{iterations:06d}"
+    """The checkpoint the run in ``run_dir`` saved after ``iterations`` (its own index)."""
+    for entry in CheckpointIndex(run_dir).entries():
+        if entry.iteration == iterations:
+            return Path(entry.path)
+    raise RuntimeError(f"{run_dir} holds no checkpoint after {iterations} iterations")
+
+
+def checkpoints_at(counts: Sequence[int]) -> dict[str, int]:
+    """The trainer fields of one run that saves, and keeps, a checkpoint after each of
+    ``counts`` iterations (and at multiples of their common divisor between them)."""
+    every = math.gcd(*counts)
+    return {
+        "iterations": max(counts),
+        "checkpointEvery": every,
+        "keepCheckpoints": max(counts) // every,
+    }
 
 
 def iterations_name(count: int) -> str:

@@ -1,5 +1,5 @@
-"""bench/learning.py's oracle values (--value-ceiling) and the --transfer-ceiling arithmetic against
-hand-computed figures."""
+"""bench/learning.py's oracle values (--value-ceiling), the --transfer-ceiling arithmetic against
+hand-computed figures, and where --try-iterations finds its checkpoints."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from aflowrl.trainer.state import CheckpointEntry, CheckpointIndex
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "learning.py"
 
@@ -116,3 +118,17 @@ def test_cells_for_two_se_grow_as_the_square_of_the_missing_z() -> None:
     assert bench.cells_for(2.0, bench.Figure(0.0, 0.02), 14) == float("inf")
     # A deterministic lead (SE zero) needs no cells beyond the ones it has shown.
     assert bench.cells_for(2.0, bench.Figure(0.01, 0.0), 14) == 0.0
+
+
+def test_checkpoints_at_each_count_kept_until_the_end(tmp_path: Path) -> None:
+    learning = _bench()
+    fields = learning.checkpoints_at([8, 12, 16])
+    assert fields == {"iterations": 16, "checkpointEvery": 4, "keepCheckpoints": 4}
+    saved = [i for i in range(1, 17) if i % fields["checkpointEvery"] == 0]
+    assert {8, 12, 16} <= set(saved[-fields["keepCheckpoints"] :])
+    index = CheckpointIndex(tmp_path)
+    for i in saved:
+        index.add(CheckpointEntry(i, str(tmp_path / f"ckpt-{i}"), i), fields["keepCheckpoints"])
+    assert learning.checkpoint(tmp_path, 12) == tmp_path / "ckpt-12"
+    with pytest.raises(RuntimeError, match="no checkpoint after 10 iterations"):
+        learning.checkpoint(tmp_path, 10)
