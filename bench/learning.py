@@ -116,9 +116,11 @@ find (the warm start 11.3 s a cell, GiGPO with UCB 3.6), expected-greedy grows s
 The defaults before (S 3, E 12, G 8, I 8, W 40, t 3) come to about 6,900 s of CPU: 68 minutes
 on 2 idle cores at the 1.7 cores the services kept busy in the small profile run on a quiet
 machine (366 s of CPU in 218 s), 88 at 1.3. **What was cut to fit 45 minutes**: the
-evaluation, not the training (I 8 and W 40 were chosen on tuning tasks): 2 seeds instead of 3,
-7 evaluation tasks per benchmark instead of 12 and 6 greedy fit tasks instead of 8, so 20 + 63
-+ 1,554 + 571 + 952 = about 3,150 s of CPU: 31 minutes at 1.7 cores, 35 at 1.5, 40 at 1.3.
+evaluation, not the training (I and W were chosen on tuning tasks; I 12 since 2026-11-29, by
+``--split tuning --seeds 0 1 2 --eval-tasks 4 --try-iterations 12 16``, docs/results/learning.md):
+2 seeds instead of 3, 7 evaluation tasks per benchmark instead of 12 and 6 greedy fit tasks
+instead of 8, so 20 + 63 + 1,554 + 571 + 1,232 = about 3,440 s of CPU: 34 minutes at 1.7
+cores, 38 at 1.5, 44 at 1.3.
 The ablations (grpo, equal budget), the oracle's own search and the constant and uniform-new
 rows stay off (they cost more than the rest together and no verdict reads them), one episode
 per (task, seed). The SE stays honest with fewer units because its units are disjoint problem
@@ -1954,7 +1956,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=sorted(SPLIT_POOL), default="eval")
     p.add_argument("--preset", default="tiny", choices=["tiny", "small", "base"])
     # RL (chosen on tuning tasks: README, "How the defaults were chosen")
-    p.add_argument("--iterations", type=int, default=8)
+    p.add_argument("--iterations", type=int, default=12)
     p.add_argument("--tasks-per-iteration", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-3, help="learner.optimizer.lr (RL)")
