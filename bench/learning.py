@@ -2103,9 +2103,65 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--from-dump",
         metavar="FILE",
-        help="print the tables of a --dump FILE (run with the same arguments) instead of running",
+        nargs="+",
+        help="print the tables of --dump FILEs (runs with the same arguments but disjoint "
+        "--seeds, which then lists them all: merge_dumps) instead of running",
     )
     return p
+
+
+def dump_seeds(data: dict[str, Any]) -> set[int]:
+    """The seeds whose cells a --dump holds."""
+    return {seed for m in data["methods"].values() for _, seed in m.gain.values}
+
+
+def merge_dumps(dumps: Sequence[dict[str, Any]], seeds: Sequence[int]) -> dict[str, Any]:
+    """One dump of runs made with the same arguments but disjoint seeds: every method's cells
+    and per-seed lists joined, the held-out states and the expected-greedy fit (the same in each
+    run: they do not depend on the seed) from the first, the phases' seconds added. ``seeds``
+    (the printing run's ``--seeds``) must be exactly the seeds the dumps hold."""
+    held = [dump_seeds(d) for d in dumps]
+    if sum(map(len, held)) != len(set().union(*held)):
+        raise ValueError(f"the dumps share seeds ({' '.join(str(sorted(h)) for h in held)})")
+    if set().union(*held) != set(seeds):
+        raise ValueError(
+            f"the dumps hold seeds {sorted(set().union(*held))}, --seeds lists {sorted(seeds)}"
+        )
+    first = dumps[0]
+    for d in dumps[1:]:
+        if [s.text for s in d["states"]] != [s.text for s in first["states"]]:
+            raise ValueError("the dumps' held-out states differ (not the same arguments)")
+    methods: dict[str, Method] = {}
+    for d in dumps:
+        for name, m in d["methods"].items():
+            into = methods.setdefault(name, Method(name))
+            for metric in ("gain", "onestep"):
+                for key, values in getattr(m, metric).values.items():
+                    getattr(into, metric).values.setdefault(key, []).extend(values)
+            for column in (
+                "duplicates",
+                "evaluations",
+                "executor_calls",
+                "moved",
+                "updates",
+                "calibration",
+            ):
+                getattr(into, column).extend(getattr(m, column))
+            into.seconds += m.seconds
+    phases: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    for d in dumps:
+        for total, part in ((phases, d["phases"]), (cpu, d.get("cpu", {}))):
+            for k, v in part.items():
+                total[k] = total.get(k, 0.0) + v
+    return {
+        **first,
+        "methods": methods,
+        "tv": [x for d in dumps for x in d["tv"]],
+        "shuffle": [x for d in dumps for x in d["shuffle"]],
+        "phases": phases,
+        "cpu": cpu,
+    }
 
 
 @dataclass
@@ -2121,8 +2177,14 @@ def main() -> None:
         sys.exit("bench/learning.py needs the AFlow splits: --data-dir DIR or $AFLOWRL_DATA_DIR")
     started = time.perf_counter()
     if args.from_dump:
-        with open(args.from_dump, "rb") as f:
-            data = pickle.load(f)  # the file --dump wrote
+        dumps = []
+        for name in args.from_dump:
+            with open(name, "rb") as f:
+                dumps.append(pickle.load(f))  # files --dump wrote
+        try:
+            data = merge_dumps(dumps, args.seeds)
+        except ValueError as exc:
+            sys.exit(f"--from-dump: {exc}")
         bench = Bench(args, Path(tempfile.gettempdir()))
         bench.methods, bench.states = data["methods"], data["states"]
         bench.tv, bench.shuffle, bench.phases = data["tv"], data["shuffle"], data["phases"]

@@ -1,12 +1,14 @@
 """bench/learning.py's oracle values (--value-ceiling), the --transfer-ceiling arithmetic against
-hand-computed figures, and where --try-iterations finds its checkpoints."""
+hand-computed figures, where --try-iterations finds its checkpoints, and how --from-dump joins
+runs of other seeds."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -132,3 +134,45 @@ def test_checkpoints_at_each_count_kept_until_the_end(tmp_path: Path) -> None:
     assert learning.checkpoint(tmp_path, 12) == tmp_path / "ckpt-12"
     with pytest.raises(RuntimeError, match="no checkpoint after 10 iterations"):
         learning.checkpoint(tmp_path, 10)
+
+
+def _dump(seed: int, gain: float, states: list[Any]) -> dict[str, Any]:
+    learning = _bench()
+    method = learning.Method("gigpo")
+    method.gain.add("task-a", seed, gain)
+    method.onestep.add("task-a", seed, gain / 2)
+    method.moved.append(0.5 + seed)
+    return {
+        "methods": {"gigpo": method},
+        "states": states,
+        "tv": [0.1 * seed],
+        "shuffle": [(0.1, 0.6)],
+        "phases": {"play gigpo": 10.0},
+        "cpu": {"play gigpo": 15.0},
+        "greedy_fits": [(0.02, 0.01)],
+    }
+
+
+def test_dumps_of_disjoint_seeds_merge_into_one_run_of_all_seeds() -> None:
+    learning = _bench()
+    states = [SimpleNamespace(text="state one")]
+    merged = learning.merge_dumps([_dump(0, 0.1, states), _dump(2, 0.3, states)], [0, 2])
+    gigpo = merged["methods"]["gigpo"]
+    assert gigpo.gain.values == {("task-a", 0): [0.1], ("task-a", 2): [0.3]}
+    assert gigpo.onestep.matrix(["task-a"], [0, 2]).tolist() == [[0.05, 0.15]]
+    assert gigpo.moved == [0.5, 2.5]
+    assert merged["tv"] == [0.0, 0.2] and len(merged["shuffle"]) == 2
+    assert merged["phases"] == {"play gigpo": 20.0} and merged["cpu"] == {"play gigpo": 30.0}
+    assert merged["states"] is states and merged["greedy_fits"] == [(0.02, 0.01)]
+
+
+def test_dumps_that_share_a_seed_or_miss_one_are_refused() -> None:
+    learning = _bench()
+    states = [SimpleNamespace(text="state one")]
+    with pytest.raises(ValueError, match="share seeds"):
+        learning.merge_dumps([_dump(1, 0.1, states), _dump(1, 0.3, states)], [1])
+    with pytest.raises(ValueError, match=r"hold seeds \[0, 2\], --seeds lists \[0, 1, 2\]"):
+        learning.merge_dumps([_dump(0, 0.1, states), _dump(2, 0.3, states)], [0, 1, 2])
+    other = [SimpleNamespace(text="another state")]
+    with pytest.raises(ValueError, match="held-out states differ"):
+        learning.merge_dumps([_dump(0, 0.1, states), _dump(2, 0.3, other)], [0, 2])
