@@ -165,6 +165,10 @@ the held-out benchmark's tasks, paired; learnable-share as above.
         [--split eval|tuning] [--data-dir DIR] [--keep DIR] [--methods gigpo grpo equal-budget]
     python bench/learning.py --value-ceiling [--seeds 0 1] [--eval-tasks 6] [--data-dir DIR]
     python bench/learning.py --transfer-ceiling [--seeds 0 1] [--eval-tasks 14] [--data-dir DIR]
+
+Seeds can run apart (one machine each) and be read together: each run ``--dump FILE``, then
+``--seeds`` listing them all ``--from-dump FILE...`` prints the tables and the final line of one
+run of every seed (the held-out states and the references' fits do not depend on the seed).
 """
 
 from __future__ import annotations
