@@ -188,14 +188,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from aflowrl._proto.v1 import environment_pb2, rollout_pb2
 from aflowrl.benchmarks import get_benchmark
 from aflowrl.config import RunSpec
-from aflowrl.config.environment import WITH_TEST_SPLIT
+from aflowrl.config.environment import WITH_TEST_SPLIT, PoolName
 from aflowrl.envsvc.blob import StateCodec
 from aflowrl.executor.surrogate import SurrogateExecutor
 from aflowrl.local.launcher import local_services, local_spec
@@ -1018,6 +1018,8 @@ class Bench:
         """--value-ceiling: V* expected and best of every workflow valued."""
         self.phases: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
+        self.greedy: GreedyActor | GreedyFits | None = None
+        """expected-greedy (its fits, from a --dump)."""
         """Per phase: CPU seconds of the bench and its services (:func:`tree_cpu_seconds`)."""
 
     def method(self, name: str) -> Method:
@@ -1107,7 +1109,8 @@ class Bench:
 
         async def one(o: Observed) -> State:
             found = await readings(self.env, self.second, o)
-            return State(Task(o.benchmark, o.seed, o.pool), o.text, o.admissible, found, o)
+            task = Task(o.benchmark, o.seed, cast("PoolName", o.pool))
+            return State(task, o.text, o.admissible, found, o)
 
         self.states = list(await asyncio.gather(*(one(o) for o in recorder.seen)))
         self.phase("held-out states", started)
@@ -1298,8 +1301,8 @@ class Bench:
                 for t, e in self.ceiling_played[CEILING_UCB]
                 if e.rows
             ]
-        for name, played in self.ceiling_played.items():
-            shaped = [e for _, e in played if e.rows]
+        for name, searches in self.ceiling_played.items():
+            shaped = [e for _, e in searches if e.rows]
             self.ceiling_shape[name] = (
                 statistics.fmean(len({r.anchor for r in e.rows}) for e in shaped),
                 statistics.fmean(
@@ -1714,10 +1717,10 @@ def print_tables(bench: Bench) -> None:
         if count == args.iterations or name not in bench.methods:
             continue
         for b in ("gigpo", "warm start"):
-            gain = bench.figure(name, "gain", bench.tasks, minus=b)
+            lead = bench.figure(name, "gain", bench.tasks, minus=b)
             onestep = bench.figure(name, "onestep", bench.tasks, minus=b)
             print(
-                f"  {name} - {b}: {gain} ({gain.z:+.1f} SE); one-step {onestep} "
+                f"  {name} - {b}: {lead} ({lead.z:+.1f} SE); one-step {onestep} "
                 f"({onestep.z:+.1f} SE)"
             )
     for name in bench.methods:
