@@ -2135,8 +2135,13 @@ def merge_dumps(dumps: Sequence[dict[str, Any]], seeds: Sequence[int]) -> dict[s
             f"the dumps hold seeds {sorted(set().union(*held))}, --seeds lists {sorted(seeds)}"
         )
     first = dumps[0]
+
+    def held_out(d: dict[str, Any]) -> list[tuple[str, str]]:
+        # The same states, in the order their concurrent readings finished.
+        return sorted((repr(s.task), s.text) for s in d["states"])
+
     for d in dumps[1:]:
-        if [s.text for s in d["states"]] != [s.text for s in first["states"]]:
+        if held_out(d) != held_out(first):
             raise ValueError("the dumps' held-out states differ (not the same arguments)")
     methods: dict[str, Method] = {}
     for d in dumps:

@@ -155,8 +155,9 @@ def _dump(seed: int, gain: float, states: list[Any]) -> dict[str, Any]:
 
 def test_dumps_of_disjoint_seeds_merge_into_one_run_of_all_seeds() -> None:
     learning = _bench()
-    states = [SimpleNamespace(text="state one")]
-    merged = learning.merge_dumps([_dump(0, 0.1, states), _dump(2, 0.3, states)], [0, 2])
+    states = [SimpleNamespace(task="a", text="state one"), SimpleNamespace(task="b", text="two")]
+    reordered = states[::-1]
+    merged = learning.merge_dumps([_dump(0, 0.1, states), _dump(2, 0.3, reordered)], [0, 2])
     gigpo = merged["methods"]["gigpo"]
     assert gigpo.gain.values == {("task-a", 0): [0.1], ("task-a", 2): [0.3]}
     assert gigpo.onestep.matrix(["task-a"], [0, 2]).tolist() == [[0.05, 0.15]]
@@ -168,11 +169,11 @@ def test_dumps_of_disjoint_seeds_merge_into_one_run_of_all_seeds() -> None:
 
 def test_dumps_that_share_a_seed_or_miss_one_are_refused() -> None:
     learning = _bench()
-    states = [SimpleNamespace(text="state one")]
+    states = [SimpleNamespace(task="a", text="state one")]
     with pytest.raises(ValueError, match="share seeds"):
         learning.merge_dumps([_dump(1, 0.1, states), _dump(1, 0.3, states)], [1])
     with pytest.raises(ValueError, match=r"hold seeds \[0, 2\], --seeds lists \[0, 1, 2\]"):
         learning.merge_dumps([_dump(0, 0.1, states), _dump(2, 0.3, states)], [0, 1, 2])
-    other = [SimpleNamespace(text="another state")]
+    other = [SimpleNamespace(task="a", text="another state")]
     with pytest.raises(ValueError, match="held-out states differ"):
         learning.merge_dumps([_dump(0, 0.1, states), _dump(2, 0.3, other)], [0, 2])
