@@ -1018,9 +1018,9 @@ class Bench:
         """--value-ceiling: V* expected and best of every workflow valued."""
         self.phases: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
+        """Per phase: CPU seconds of the bench and its services (:func:`tree_cpu_seconds`)."""
         self.greedy: GreedyActor | GreedyFits | None = None
         """expected-greedy (its fits, from a --dump)."""
-        """Per phase: CPU seconds of the bench and its services (:func:`tree_cpu_seconds`)."""
 
     def method(self, name: str) -> Method:
         return self.methods.setdefault(name, Method(name))
@@ -2127,6 +2127,8 @@ def merge_dumps(dumps: Sequence[dict[str, Any]], seeds: Sequence[int]) -> dict[s
     and per-seed lists joined, the held-out states and the expected-greedy fit (the same in each
     run: they do not depend on the seed) from the first, the phases' seconds added. ``seeds``
     (the printing run's ``--seeds``) must be exactly the seeds the dumps hold."""
+    if len(dumps) > 1 and any(d.get("ceiling_values") or d.get("ceiling_shape") for d in dumps):
+        raise ValueError("a --value-ceiling dump is read alone (its values are per run)")
     held = [dump_seeds(d) for d in dumps]
     if sum(map(len, held)) != len(set().union(*held)):
         raise ValueError(f"the dumps share seeds ({' '.join(str(sorted(h)) for h in held)})")
@@ -2137,7 +2139,7 @@ def merge_dumps(dumps: Sequence[dict[str, Any]], seeds: Sequence[int]) -> dict[s
     first = dumps[0]
 
     def held_out(d: dict[str, Any]) -> list[tuple[str, str]]:
-        # The same states, in the order their concurrent readings finished.
+        # The same states, in the order the concurrent episodes reached them.
         return sorted((repr(s.task), s.text) for s in d["states"])
 
     for d in dumps[1:]:

@@ -174,6 +174,9 @@ def test_dumps_that_share_a_seed_or_miss_one_are_refused() -> None:
         learning.merge_dumps([_dump(1, 0.1, states), _dump(1, 0.3, states)], [1])
     with pytest.raises(ValueError, match=r"hold seeds \[0, 2\], --seeds lists \[0, 1, 2\]"):
         learning.merge_dumps([_dump(0, 0.1, states), _dump(2, 0.3, states)], [0, 1, 2])
+    ceiling = {**_dump(2, 0.3, states), "ceiling_values": [(0.1, 0.2)]}
+    with pytest.raises(ValueError, match="read alone"):
+        learning.merge_dumps([_dump(0, 0.1, states), ceiling], [0, 2])
     other = [SimpleNamespace(task="a", text="another state")]
     with pytest.raises(ValueError, match="held-out states differ"):
         learning.merge_dumps([_dump(0, 0.1, states), _dump(2, 0.3, other)], [0, 2])
