@@ -1487,7 +1487,7 @@ class Bench:
                 records = records[: args.iterations]
             method = self.method(method_name)
             method.seconds += time.perf_counter() - started
-            evaluations = sum(r.get("env/workflow_evaluations", 0.0) for r in records)
+            evaluations = workflow_evaluations(records)
             method.evaluations.append(warm.evaluations[-1] + evaluations)
             method.executor_calls.append(
                 warm.executor_calls[-1]
@@ -1549,10 +1549,7 @@ class Bench:
             name = iterations_name(count)
             method = self.method(name)
             method.updates.extend(records[:count])
-            method.evaluations.append(
-                warm.evaluations[-1]
-                + sum(r.get("env/workflow_evaluations", 0.0) for r in records[:count])
-            )
+            method.evaluations.append(warm.evaluations[-1] + workflow_evaluations(records[:count]))
             await self._evaluate_policy(name, spec, seed, warm_pis)
             report(name, method, seed)
 
@@ -1614,6 +1611,11 @@ def checkpoints_at(counts: Sequence[int]) -> dict[str, int]:
         "checkpointEvery": every,
         "keepCheckpoints": max(counts) // every,
     }
+
+
+def workflow_evaluations(records: Sequence[dict[str, Any]]) -> float:
+    """The workflow evaluations the iterations of ``records`` (metrics.jsonl lines) made."""
+    return float(sum(r.get("env/workflow_evaluations", 0.0) for r in records))
 
 
 def iterations_name(count: int) -> str:
@@ -2149,19 +2151,15 @@ def merge_dumps(dumps: Sequence[dict[str, Any]], seeds: Sequence[int]) -> dict[s
     for d in dumps:
         for name, m in d["methods"].items():
             into = methods.setdefault(name, Method(name))
-            for metric in ("gain", "onestep"):
-                for key, values in getattr(m, metric).values.items():
-                    getattr(into, metric).values.setdefault(key, []).extend(values)
-            for column in (
-                "duplicates",
-                "evaluations",
-                "executor_calls",
-                "moved",
-                "updates",
-                "calibration",
-            ):
-                getattr(into, column).extend(getattr(m, column))
-            into.seconds += m.seconds
+            for f in dataclasses.fields(Method):  # every column, whatever Method gains later
+                ours, theirs = getattr(into, f.name), getattr(m, f.name)
+                if isinstance(ours, Cells):
+                    for key, values in theirs.values.items():
+                        ours.values.setdefault(key, []).extend(values)
+                elif isinstance(ours, list):
+                    ours.extend(theirs)
+                elif isinstance(ours, float):
+                    setattr(into, f.name, ours + theirs)
     phases: dict[str, float] = {}
     cpu: dict[str, float] = {}
     for d in dumps:
