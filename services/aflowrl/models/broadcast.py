@@ -95,6 +95,9 @@ NamedBucket = list[tuple[str, torch.Tensor]]
 BACKEND_SLACK_S = 60.0
 """The process group's own timeout exceeds the collectives' deadline by this much, so the
 deadline (which aborts the communicator) always acts before torch's watchdog."""
+STORE_VERDICT_GRACE_S = 30.0
+"""How long past the deadline a formation still on the store waits for the store's own timeout
+(set to the deadline) to name the members that never arrived."""
 RECEIVER_WAIT_FACTOR = 2.0
 """A receiver's deadline per collective in multiples of the sender's (:attr:`Rendezvous.wait_s`)."""
 NCCL_CLEANUP_ONLY = "2"
@@ -312,7 +315,8 @@ class Formation:
     ends by itself: gloo's constructor waits no longer than the deadline, an aborted NCCL
     initialisation returns, and a group that forms after all is aborted, never used.
 
-    The caller's thread is held for the deadline at most, and only by its own group: other
+    The caller's thread is held for the deadline (plus the moment the store takes to time out
+    at it, when the members were still checking in), and only by its own group: other
     groups form, broadcast and close meanwhile (the learner forms off its command thread).
     """
 
@@ -327,6 +331,7 @@ class Formation:
         self._given_up = False
         self._error: BaseException | None = None
         self._done = threading.Event()
+        self._checked_in = threading.Event()  # the store phase is over, either way
         threading.Thread(target=self._form, name=f"form-{rendezvous.group}", daemon=True).start()
 
     @property
@@ -357,6 +362,7 @@ class Formation:
                 f"aflowrl-weights/{rendezvous.group}", store
             )
             self._check_in(prefixed)
+            self._checked_in.set()
             backend = group_backend(self.device)
             pg = _new_process_group(
                 backend,
@@ -383,6 +389,7 @@ class Formation:
         except BaseException as exc:  # noqa: BLE001 - handed to the waiter
             self._error = exc
         finally:
+            self._checked_in.set()
             self._done.set()
 
     def _check_in(self, store: Any) -> None:
@@ -409,6 +416,11 @@ class Formation:
         """The formed group; at the deadline (or once forming failed), the communicator is
         aborted and :class:`BroadcastBrokenError` raised."""
         self._done.wait(max(self.deadline - time.monotonic(), 0.0))
+        if not self._checked_in.is_set():
+            # Still on the store at the deadline: its own timeouts end that phase there too,
+            # and its verdict (which members never arrived) beats a bare "not joined". The cap
+            # only guards against a store that ignores its timeout.
+            self._checked_in.wait(STORE_VERDICT_GRACE_S)
         with self._lock:
             group = self._group if self._formed else None
             self._given_up = group is None

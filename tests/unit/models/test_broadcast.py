@@ -490,6 +490,24 @@ def test_a_member_that_never_arrives_is_found_on_the_store_before_any_communicat
     assert calls == [] and built == []
 
 
+def test_a_store_that_times_out_late_still_names_the_members_that_never_arrived(monkeypatch):
+    """On a loaded machine the store's own timeout (set to the deadline) can fire after the
+    caller's wait has reached the deadline: the caller then waits for the store's verdict
+    instead of reporting a bare "not joined", and still no communicator is built."""
+    calls, built = _fake_nccl(monkeypatch)
+    check_in = broadcast.Formation._check_in
+
+    def late_check_in(self: Any, store: Any) -> None:
+        time.sleep(self.rendezvous.timeout_s + 1.0)  # the store is scheduled late, past it
+        check_in(self, store)
+
+    monkeypatch.setattr(broadcast.Formation, "_check_in", late_check_in)
+    rendezvous = broadcast.Rendezvous("127.0.0.1", 1, "g", 0, 2, timeout_s=0.5)
+    with pytest.raises(BroadcastBrokenError, match=r"1 of 2 members never arrived"):
+        broadcast.WeightGroup.join(rendezvous, torch.device("cuda", 0), store=dist.HashStore())
+    assert calls == [] and built == []
+
+
 def test_an_nccl_group_is_initialised_eagerly_then_aborted_at_the_deadline(monkeypatch):
     """The NCCL order a GPU runs once every member has checked in (one that then dies before
     the communicator forms): the communicator is created non-blocking at the join (not lazily
