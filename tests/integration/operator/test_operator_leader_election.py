@@ -27,6 +27,7 @@ from operator_harness import (
     TINY,
     WORKLOADS,
     Cluster,
+    Operator,
     admit,
     admitted_status,
     emulated_cluster,
@@ -85,9 +86,15 @@ async def test_two_operators_make_each_once_only_write_once_over_a_whole_run(
     first = await cluster.start_elected("aflow-rl-operator-a")
     await cluster.eventually(lambda: _lease(cluster).get("holderIdentity"), what="a leader")
     second = await cluster.start_elected("aflow-rl-operator-b")
-    holder = _lease(cluster)["holderIdentity"]
-    lead, standby = (first, second) if holder == "aflow-rl-operator-a" else (second, first)
-    assert lead.leading() and not standby.leading()
+
+    def one_leads() -> tuple[Operator, Operator] | None:
+        # The Lease's holder leads once its renewal is in; a replica whose loop a loaded
+        # machine starved past the renew deadline steps down until its next renewal.
+        holder = _lease(cluster)["holderIdentity"]
+        lead, standby = (first, second) if holder == "aflow-rl-operator-a" else (second, first)
+        return (lead, standby) if lead.leading() and not standby.leading() else None
+
+    lead, standby = await cluster.eventually(one_leads, what="one replica leading")
 
     # Queued, admitted, running.
     await cluster.create_run("demo", TINY, labels=QUEUE)
