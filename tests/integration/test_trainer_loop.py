@@ -140,6 +140,44 @@ async def test_a_resumed_run_records_every_iteration_once(policy, tmp_path):
     assert records[2]["policy_version"] > records[1]["policy_version"] + 1
 
 
+async def test_a_resumed_run_sends_its_last_iteration_to_the_trackers_again(
+    policy, tmp_path, monkeypatch
+):
+    """A stop after an iteration's checkpoint and before its tracker call (a SIGKILL there)
+    would leave that iteration out of TensorBoard for good: the resumed run sends it again."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from aflowrl.trainer import tracking
+
+    log = tracking.TensorBoardTracker.log
+
+    def stopped_before_its_tracker_call(self, step, scalars):
+        if step != 1:
+            log(self, step, scalars)
+
+    doc = _spec(tmp_path, iterations=2, checkpointEvery=1, finalTestEval=False).to_document()
+    doc["monitoring"]["loggers"] = ["tensorboard"]
+    servers = [await serve_toy("a")]
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(tracking.TensorBoardTracker, "log", stopped_before_its_tracker_call)
+            await _train(RunSpec.from_document(doc), policy, servers, tmp_path)
+        doc["trainer"]["iterations"] = 3
+        await _train(RunSpec.from_document(doc), policy, servers, tmp_path)
+    finally:
+        for server, _ in servers:
+            await server.stop()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    scalars = events.Scalars("charts/episode_return")
+    assert [s.step for s in scalars] == [0, 1, 2]
+    assert [s.value for s in scalars] == pytest.approx(
+        [r["charts/episode_return"] for r in records], rel=1e-6
+    )
+
+
 async def test_a_stopped_environment_replica_fails_over(policy, tmp_path):
     # Replica a answers six calls and stops itself on its seventh: the point of failure is a
     # request count, so the failover happens however fast either side runs. (Resets and

@@ -202,6 +202,8 @@ class Trainer:
         """The starting policy's held-out episodes (:meth:`_starting_point`)."""
         self.trackers = tracking.Trackers()
         """The experiment trackers, open while :meth:`run` runs."""
+        self._resumed_record: dict[str, Any] | None = None
+        """The last recorded iteration of a resumed run, sent to the trackers again on start."""
 
     # ---- start ----------------------------------------------------------------------------------
 
@@ -269,6 +271,10 @@ class Trainer:
             if state.last_record is not None and len(self.run_dir.read_metrics()) < state.iteration:
                 # Saved, then stopped before its record was written: write it now.
                 self.run_dir.append_metrics(state.last_record)
+            # The trackers may not have seen it either: a stop after the checkpoint, before
+            # the iteration's tracker call, would leave it out of TensorBoard for good.
+            kept = self.run_dir.read_metrics()
+            self._resumed_record = kept[-1] if kept else None
             self._elapsed_before = state.elapsed_s
             logger.info(
                 "resumed from %s: %d iterations done, policy v%d (%d later records dropped)",
@@ -323,6 +329,10 @@ class Trainer:
         await self.start()
         self.trackers = tracking.open_trackers(self.spec, self.run_dir.path)
         with self.trackers:
+            if self._resumed_record is not None:
+                # Sent again whether or not they saw it: TensorBoard's new session starts at
+                # this step and replaces it, W&B and MLflow start new runs on a resume.
+                self.trackers.log(int(self._resumed_record["iteration"]), self._resumed_record)
             return await self._run()
 
     async def _run(self) -> RunResult:

@@ -20,9 +20,10 @@ step = the iteration. Non-finite values are left out.
 A tracker whose library is missing is a configuration error naming the extra to install
 (:func:`check_available`, called before any service starts). A tracker that fails while the run
 goes on is logged and dropped: tracking never stops a training run. Each start of the trainer
-(a resumed run too) opens new W&B and MLflow runs; in TensorBoard a resumed run's first
-iteration starts a new session, which replaces the steps it repeats. Used by
-:mod:`aflowrl.trainer.loop`.
+(a resumed run too) opens new W&B and MLflow runs. A resumed run first sends its last recorded
+iteration again, so that a stop between that iteration's checkpoint and its tracker call loses
+nothing; in TensorBoard this starts a new session at that step, which replaces the steps it
+repeats. Used by :mod:`aflowrl.trainer.loop`.
 """
 
 from __future__ import annotations
