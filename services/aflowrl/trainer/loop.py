@@ -268,12 +268,13 @@ class Trainer:
                 self.collector.values = self.values
             self.index.discard_after(state.iteration)
             dropped = self.run_dir.truncate_metrics(state.iteration)
-            if state.last_record is not None and len(self.run_dir.read_metrics()) < state.iteration:
+            kept = self.run_dir.read_metrics()
+            if state.last_record is not None and len(kept) < state.iteration:
                 # Saved, then stopped before its record was written: write it now.
                 self.run_dir.append_metrics(state.last_record)
+                kept.append(state.last_record)
             # The trackers may not have seen it either: a stop after the checkpoint, before
             # the iteration's tracker call, would leave it out of TensorBoard for good.
-            kept = self.run_dir.read_metrics()
             self._resumed_record = kept[-1] if kept else None
             self._elapsed_before = state.elapsed_s
             logger.info(
